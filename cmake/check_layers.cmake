@@ -1,0 +1,21 @@
+# Run as: cmake -DFOLDER=kernels -DFORBIDDEN=comm,models -DROOT=... -DSTAMP=... -P check_layers.cmake
+# Fails when a file of FOLDER includes a header of a forbidden project folder.
+string(REPLACE "," ";" forbidden "${FORBIDDEN}")
+file(GLOB_RECURSE files ${ROOT}/${FOLDER}/*.h ${ROOT}/${FOLDER}/*.cc ${ROOT}/${FOLDER}/*.cu ${ROOT}/${FOLDER}/*.cuh)
+set(errors "")
+foreach(f ${files})
+  file(STRINGS ${f} lines REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<]")
+  foreach(line ${lines})
+    foreach(layer ${forbidden})
+      if(line MATCHES "#[ \t]*include[ \t]*[\"<]${layer}/")
+        file(RELATIVE_PATH rel ${ROOT} ${f})
+        string(APPEND errors "  ${rel}: ${line}\n")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(errors)
+  message(FATAL_ERROR "layer violation: ${FOLDER}/ may not include these project folders "
+          "(the stack is core <- kernels, comm <- models <- runtime <- tools):\n${errors}")
+endif()
+file(WRITE ${STAMP} "ok\n")

@@ -1,0 +1,27 @@
+// kernels/elementwise.h: GELU (tanh form), residual adds, scaling, casts,
+// and reductions used by the optimizer.
+#pragma once
+
+#include "kernels/context.h"
+
+namespace xirang {
+
+// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x);
+// dx = dy * gelu'(x); dx may alias dy.
+void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x);
+
+// out = a + b (out may alias a or b).
+void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b);
+// x *= s
+void scale(const KernelContext& ctx, Tensor x, double s);
+// x = 0
+void zero(const KernelContext& ctx, Tensor x);
+// out = in converted to out's dtype (f32, f64, bf16, f16 in any direction).
+void cast(const KernelContext& ctx, Tensor out, const Tensor& in);
+// Sum of squares of all elements, accumulated in double.
+double sum_squares(const KernelContext& ctx, const Tensor& x);
+// True when every element is finite.
+bool all_finite(const KernelContext& ctx, const Tensor& x);
+
+}  // namespace xirang

@@ -1,0 +1,23 @@
+// kernels/layernorm.h: LayerNorm over the last dimension.
+//
+//   layernorm_forward(ctx, y, mean, rstd, x, w, b);   // x, y (N, C); mean, rstd (N)
+//   layernorm_backward(ctx, dx, dw, db, dy, x, w, mean, rstd, GradMode::Accumulate);
+//
+// mean and rstd are saved by forward for backward and have the dtype of x;
+// statistics accumulate in double.
+#pragma once
+
+#include "kernels/context.h"
+
+namespace xirang {
+
+constexpr double kLayerNormEps = 1e-5;
+
+void layernorm_forward(const KernelContext& ctx, Tensor y, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& w,
+                       const Tensor& b);
+
+// dx per dx_mode; dw, db accumulate (+=).
+void layernorm_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const Tensor& x,
+                        const Tensor& w, const Tensor& mean, const Tensor& rstd, GradMode dx_mode);
+
+}  // namespace xirang

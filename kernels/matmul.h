@@ -1,0 +1,27 @@
+// kernels/matmul.h: matrix products and the linear layer built on them.
+//
+// Conventions: row-major; a linear weight is (out_features, in_features) and
+// y = x W^T + b. Activations are flattened to (N, features) by the caller.
+//
+//   linear_forward(ctx, y, x, w, b);                  // y (N, out)
+//   linear_backward(ctx, dx, dw, db, dy, x, w, GradMode::Overwrite);
+#pragma once
+
+#include "kernels/context.h"
+
+namespace xirang {
+
+// out (M, N) = alpha * op(a) op(b) + beta * out, op = transpose when trans_*.
+// F32 and F64; all three tensors share the dtype.
+void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+            double alpha = 1.0, double beta = 0.0);
+
+// y (N, out) = x (N, in) w (out, in)^T + bias (out); bias may be undefined.
+void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
+
+// dx (N, in) = dy w (overwritten or accumulated per dx_mode; skipped when dx is undefined);
+// dw (out, in) += dy^T x;  dbias (out) += sum over rows of dy (skipped when undefined).
+void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x,
+                     const Tensor& w, GradMode dx_mode);
+
+}  // namespace xirang

@@ -1,0 +1,95 @@
+// runtime/config.h: the typed run configuration.
+//
+// A YAML file (yaml-cpp) becomes a Config; strings stop here. Each subsystem
+// owns one struct; load_config() rejects unknown keys and wrong types, and
+// validate() checks the rules between fields. Every error names the key, the
+// value and the rule, in one line.
+//
+//   Config c = load_config("configs/gpt2_debug.yaml", {"train.steps=20", "parallel.tp=2"});
+//   validate(c, world_size);   // throws Error(ErrorKind::Config, "...")
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace xirang {
+
+struct ModelConfig {
+  std::string arch = "gpt2";
+  int n_layer = 12;
+  int n_head = 12;
+  int d_model = 768;
+  int seq_len = 1024;     // maximum context, the size of the position table
+  int vocab_size = 50257; // real tokens; the model pads to padded_vocab()
+  int vocab_multiple = 128;
+  int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
+};
+
+struct ParallelConfig {
+  int dp = 0;  // 0: inferred as world / (tp * pp)
+  int tp = 1;
+  int pp = 1;
+};
+
+struct TrainConfig {
+  int steps = 10;
+  int global_batch = 8;  // sequences per optimizer step (all dp ranks, all microbatches)
+  int micro_batch = 1;   // sequences per microbatch per dp rank
+  int seq_len = 0;       // tokens per sequence; 0 means model.seq_len
+  double lr = 6e-4;
+  double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio
+  int warmup_steps = 0;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // global-norm clip; 0 disables
+  uint64_t seed = 1234;
+  int eval_every = 0;    // 0 disables validation
+  int eval_batches = 4;  // microbatches of validation data per evaluation
+};
+
+struct DataConfig {
+  std::string train;  // dataset split directory (written by `xirang data prepare`)
+  std::string val;    // optional
+};
+
+struct MetricsConfig {
+  std::string jsonl;          // per-step JSON lines; empty disables
+  double peak_tflops = 0;     // MFU denominator per rank; 0 measures the sgemm rate at start
+  int log_every = 1;          // progress line cadence when not on a terminal
+};
+
+struct MemoryConfig {
+  double limit_gb = 0;  // refuse to start when the plan exceeds this; 0 is no limit
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  DataConfig data;
+  MetricsConfig metrics;
+  MemoryConfig memory;
+  std::string source;  // the file it came from, for messages
+  std::string yaml;    // the effective config (after overrides) as YAML, for logs and checkpoints
+
+  int seq_len() const { return train.seq_len > 0 ? train.seq_len : model.seq_len; }
+  // Microbatches per step on each dp rank: global_batch / (micro_batch * dp).
+  int microbatches() const { return train.global_batch / (train.micro_batch * parallel.dp); }
+};
+
+// Reads `path`, applies "section.key=value" overrides in order, and returns
+// the typed config (not yet validated). Throws ErrorKind::Config on a missing
+// file, a YAML syntax error, an unknown key, or a value of the wrong type.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from YAML text (tests).
+Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides = {},
+                    const std::string& source = "<string>");
+
+// Checks the rules between fields for a world of `world_size` ranks and fills
+// inferred values (parallel.dp). Throws ErrorKind::Config naming key, value, rule.
+void validate(Config& c, int world_size);
+
+}  // namespace xirang
