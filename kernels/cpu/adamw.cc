@@ -1,0 +1,42 @@
+// CPU AdamW.
+#include "kernels/adamw.h"
+
+#include <cmath>
+
+#include "kernels/cpu/common.h"
+
+namespace xirang {
+
+using cpu::dispatch_float;
+
+void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s) {
+  cpu::require_cpu(ctx, "adamw_update");
+  check_same_shape("adamw_update", param, grad);
+  check_same_shape("adamw_update", param, m);
+  check_same_shape("adamw_update", param, v);
+  check_dtype("adamw_update", "grad", grad, param.dtype());
+  int64_t n = param.numel();
+  const double c1 = 1.0 - std::pow(s.beta1, double(s.step));
+  const double c2 = 1.0 - std::pow(s.beta2, double(s.step));
+  dispatch_float(param.dtype(), "adamw_update", [&](auto tag) {
+    using T = decltype(tag);
+    T* p = param.data<T>();
+    const T* g = grad.data<T>();
+    T* pm = m.data<T>();
+    T* pv = v.data<T>();
+    const T b1 = T(s.beta1), b2 = T(s.beta2), lr = T(s.lr), eps = T(s.eps), wd = T(s.weight_decay);
+    const T gs = T(s.grad_scale), ic1 = T(1.0 / c1), ic2 = T(1.0 / c2);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      T gi = g[i] * gs;
+      T mi = b1 * pm[i] + (T(1) - b1) * gi;
+      T vi = b2 * pv[i] + (T(1) - b2) * gi * gi;
+      pm[i] = mi;
+      pv[i] = vi;
+      T update = (mi * ic1) / (std::sqrt(vi * ic2) + eps) + wd * p[i];
+      p[i] -= lr * update;
+    }
+  });
+}
+
+}  // namespace xirang

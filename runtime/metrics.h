@@ -1,0 +1,68 @@
+// runtime/metrics.h: per-step metrics, the JSON-lines log and the live
+// progress line.
+//
+//   MetricsLog log(cfg.metrics.jsonl, peak);      // empty path: no file
+//   log.write(m);                                 // one JSON object per step
+//   ProgressLine progress(total_steps, every);    // '\r' line on a terminal
+//   progress.update(m);
+#pragma once
+
+#include <cstdio>
+#include <optional>
+#include <string>
+
+namespace xirang {
+
+// The FLOP/s that MFU is measured against, and where the number came from.
+struct PeakFlops {
+  double flops = 0;    // per rank
+  std::string source;  // "config metrics.peak_tflops" or "measured sgemm"
+};
+
+struct StepMetrics {
+  int step = 0;  // 1-based
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  double mfu = 0;  // fraction of the peak
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double optimizer_ms = 0;
+  double data_wait_ms = 0;
+  std::optional<double> val_loss;
+};
+
+// Measures this process's fp32 matrix rate (sgemm of n x n) for about `seconds`.
+double measure_sgemm_flops(int n = 1024, double seconds = 0.3);
+
+class MetricsLog {
+ public:
+  MetricsLog(const std::string& path, PeakFlops peak);  // creates parent directories
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  void write(const StepMetrics& m);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  PeakFlops peak_;
+  std::FILE* f_ = nullptr;
+};
+
+class ProgressLine {
+ public:
+  ProgressLine(int total_steps, int every);
+  void update(const StepMetrics& m, double elapsed_s);
+  void finish();  // ends a terminal line
+
+ private:
+  int total_;
+  int every_;
+  bool tty_;
+  bool open_ = false;
+};
+
+}  // namespace xirang

@@ -1,0 +1,46 @@
+// The `xirang` command line: one binary, one subcommand per verb.
+//
+//   xirang train CONFIG [--set section.key=value ...]
+//   xirang data prepare --tokenizer bytes --out DIR FILE...
+//
+// Only this layer exits: library errors arrive as xirang::Error and leave as
+// one line on stderr ("xirang: config error: ...") and exit code 1; usage
+// errors exit with 2.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "core/error.h"
+#include "tools/commands.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: xirang <command> [args]\n"
+    "commands:\n"
+    "  train CONFIG [--set section.key=value ...]   train a model (under mpirun for several ranks)\n"
+    "  data prepare --tokenizer bytes --out DIR [--val-fraction F] [--force] INPUT...\n"
+    "  data inspect DIR                              describe and verify a dataset split\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  std::string cmd = argv[1];
+  try {
+    if (cmd == "train") return xirang::tools::train_command(argc - 1, argv + 1);
+    if (cmd == "data") return xirang::tools::data_command(argc - 1, argv + 1);
+    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train or data)\n", cmd.c_str());
+    return 2;
+  } catch (const xirang::Error& e) {
+    std::fprintf(stderr, "xirang: %s: %s\n", xirang::error_kind_name(e.kind()), e.what());
+    return e.kind() == xirang::ErrorKind::Usage ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "xirang: internal error: %s\n", e.what());
+    return 1;
+  }
+}
