@@ -51,7 +51,7 @@ MetricsLog::~MetricsLog() {
 
 void MetricsLog::write(const StepMetrics& m) {
   if (!f_) return;
-  nlohmann::json j = {{"step", m.step},
+  nlohmann::ordered_json j = {{"step", m.step},
                       {"loss", m.loss},
                       {"lr", m.lr},
                       {"grad_norm", m.grad_norm},

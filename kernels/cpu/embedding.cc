@@ -25,6 +25,8 @@ void embedding_forward(const KernelContext& ctx, Tensor out, const Tensor& token
   check_shape("embedding_forward", "out", out, {B, T, C});
   if (wpe.rank() != 2 || wpe.size(0) < T || wpe.size(1) != C)
     fail(ErrorKind::Shape, "embedding_forward: wpe ", wpe.shape().str(), " cannot cover ", T, " positions of width ", C);
+  check_dtype("embedding_forward", "wpe", wpe, wte.dtype());
+  check_dtype("embedding_forward", "out", out, wte.dtype());
   check_tokens("embedding_forward", tokens, V);
   dispatch_float(wte.dtype(), "embedding_forward", [&](auto tag) {
     using E = decltype(tag);
@@ -46,6 +48,10 @@ void embedding_backward(const KernelContext& ctx, Tensor dwte, Tensor dwpe, cons
   cpu::require_cpu(ctx, "embedding_backward");
   int64_t B = tokens.size(0), T = tokens.size(1), V = dwte.size(0), C = dwte.size(1);
   check_shape("embedding_backward", "dout", dout, {B, T, C});
+  if (dwpe.rank() != 2 || dwpe.size(0) < T || dwpe.size(1) != C)
+    fail(ErrorKind::Shape, "embedding_backward: dwpe ", dwpe.shape().str(), " cannot cover ", T, " positions of width ", C);
+  check_dtype("embedding_backward", "dwpe", dwpe, dwte.dtype());
+  check_dtype("embedding_backward", "dout", dout, dwte.dtype());
   check_tokens("embedding_backward", tokens, V);
   dispatch_float(dwte.dtype(), "embedding_backward", [&](auto tag) {
     using E = decltype(tag);

@@ -53,6 +53,9 @@ void layernorm_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor d
   check_same_shape("layernorm_backward", dx, x);
   check_shape("layernorm_backward", "dw", dw, {C});
   check_shape("layernorm_backward", "db", db, {C});
+  check_shape("layernorm_backward", "w", w, {C});
+  check_shape("layernorm_backward", "mean", mean.flat(), {N});
+  check_shape("layernorm_backward", "rstd", rstd.flat(), {N});
   dispatch_float(x.dtype(), "layernorm_backward", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();

@@ -1,0 +1,131 @@
+// Tests for kernels/adamw.h against the float64 reference, over several
+// steps with weight decay and a gradient scale != 1.
+//
+// fp32 tolerance: 1e-5 of max(1, max|ref|). The update is elementwise (no
+// reductions): about 15 fp32 roundings per element per step, over 5 steps,
+// plus the bias corrections 1 - beta^t computed in float or double. The
+// state stays ~1e-6 relative to the reference; the parameter change per
+// step is lr * O(1) = 1e-2, so a wrong formula (no bias correction, decay
+// on the wrong term, scale applied twice) moves p by >= 1e-4.
+#include <cmath>
+
+#include "kernels/adamw.h"
+#include "tests/kernels/reference.h"
+
+namespace xirang::test {
+namespace {
+
+constexpr double kTolF32 = 1e-5;
+constexpr int64_t kRows = 37, kCols = 48;
+
+template <class T>
+class AdamWTest : public ::testing::Test {};
+using ComputeTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(AdamWTest, ComputeTypes);
+
+AdamWStep make_step(int64_t t) {
+  AdamWStep s;
+  s.lr = 1e-2;
+  s.beta1 = 0.9;
+  s.beta2 = 0.95;
+  s.eps = 1e-8;
+  s.weight_decay = 0.1;
+  s.step = t;
+  s.grad_scale = 0.37;
+  return s;
+}
+AdamWRef as_ref(const AdamWStep& s) {
+  return {s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.grad_scale};
+}
+
+// Master and state of type T, gradient of type G (same as T, or bf16 read
+// through float); steps t0 .. t0 + 4 with a fresh gradient each step.
+template <class T, class G>
+void run_steps(int64_t t0, bool zero_state, uint64_t seed) {
+  KernelContext ctx;
+  const int64_t n = kRows * kCols;
+  auto p = cast_vec<T>(randn(n, seed, 0.5));
+  // A resumed run has m of either sign and v > 0; a fresh one starts at zero
+  // (the only place zeros are the realistic input).
+  auto m = cast_vec<T>(zero_state ? Vec(n, 0.0) : randn(n, seed + 1, 0.1));
+  Vec vv = randn(n, seed + 2, 0.1);
+  for (double& x : vv) x = zero_state ? 0.0 : x * x;
+  auto v = cast_vec<T>(vv);
+  Vec rp = to_f64(p), rm = to_f64(m), rv = to_f64(v);
+  for (int64_t t = t0; t < t0 + 5; ++t) {
+    SCOPED_TRACE(testing::Message() << "step " << t);
+    // Gradients of scale 1 with a few large ones (x 30), as before clipping.
+    Vec g = randn(n, seed + 10 + uint64_t(t));
+    for (int64_t i = 0; i < n; i += 97) g[i] *= 30.0;
+    std::vector<G> gs(n);
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<G, bf16>) gs[i] = float_to_bf16(float(g[i]));
+      else gs[i] = G(g[i]);
+    }
+    Vec gr(n);  // the gradient values the kernel reads
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<G, bf16>) gr[i] = bf16_to_float(gs[i]);
+      else gr[i] = double(gs[i]);
+    }
+    AdamWStep s = make_step(t);
+    adamw_update(ctx, view(p, {kRows, kCols}), Tensor(gs.data(), {kRows, kCols}, dtype_of<G>::value),
+                 view(m, {kRows, kCols}), view(v, {kRows, kCols}), s);
+    ref_adamw(rp, rm, rv, gr, as_ref(s), t);
+    expect_near(p, rp, tol<T>(kTolF32), "param");
+    expect_near(m, rm, tol<T>(kTolF32), "m");
+    // v is O(1e-1 .. 1e1) with a few large entries; compare at its own scale.
+    expect_near(v, rv, tol<T>(kTolF32), "v");
+    if (::testing::Test::HasFailure()) return;  // later steps only repeat the first difference
+  }
+}
+
+TYPED_TEST(AdamWTest, FiveStepsFromZeroState) { run_steps<TypeParam, TypeParam>(1, true, 601); }
+
+// Resumed at step 7 with non-zero moments: bias corrections at t > 1 and
+// the decay of existing m, v are exercised.
+TYPED_TEST(AdamWTest, FiveStepsResumed) { run_steps<TypeParam, TypeParam>(7, false, 611); }
+
+// Mixed precision: fp32 master weights, bf16 gradients read through float.
+TEST(AdamWMixed, Bf16GradientsIntoF32Master) { run_steps<float, bf16>(3, false, 621); }
+
+// With beta1 = beta2 = 0 and no decay one step moves every parameter by
+// lr * g / (|g| + eps) = lr * sign(g): a closed form that does not need the
+// reference at all.
+TEST(AdamWClosedForm, ZeroBetasGiveSignUpdate) {
+  KernelContext ctx;
+  const int64_t n = 301;
+  Vec p = randn(n, 631), g = randn(n, 632), m = randn(n, 633), v = randu(n, 634, 0.1, 1.0);
+  Vec p0 = p;
+  AdamWStep s;
+  s.lr = 0.05;
+  s.beta1 = 0;
+  s.beta2 = 0;
+  s.eps = 1e-12;
+  s.weight_decay = 0;
+  s.step = 1;
+  s.grad_scale = 3.0;
+  adamw_update(ctx, view(p, {n}), view(g, {n}), view(m, {n}), view(v, {n}), s);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(p[i], p0[i] - 0.05 * (g[i] > 0 ? 1.0 : -1.0), 1e-10) << i;
+    ASSERT_NEAR(m[i], 3.0 * g[i], 1e-12) << i;
+    ASSERT_NEAR(v[i], 9.0 * g[i] * g[i], 1e-11 * (1 + v[i])) << i;
+  }
+}
+
+TEST(AdamWErrors, GradShapeMismatchNamesTheOp) {
+  KernelContext ctx;
+  std::vector<float> p(12), g(13), m(12), v(12);
+  expect_error([&] { adamw_update(ctx, view(p, {12}), view(g, {13}), view(m, {12}), view(v, {12}), make_step(1)); },
+               ErrorKind::Shape, {"adamw"});
+}
+
+TEST(AdamWErrors, StateDtypeMismatchNamesTheOp) {
+  KernelContext ctx;
+  std::vector<float> p(12), g(12), m(12);
+  std::vector<double> v(12);
+  expect_error([&] { adamw_update(ctx, view(p, {12}), view(g, {12}), view(m, {12}), view(v, {12}), make_step(1)); },
+               ErrorKind::Shape, {"adamw"});
+}
+
+}  // namespace
+}  // namespace xirang::test

@@ -1,0 +1,213 @@
+// Single-rank training: golden losses, gradient accumulation, determinism,
+// the learning-rate schedule, and start-up refusals.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/config.h"
+#include "runtime/dataset.h"
+#include "runtime/optimizer.h"
+#include "runtime/trainer.h"
+
+namespace xirang {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Real English text: a few files of the fortunes collection (set-up installs
+// it), one document per file, byte tokens.
+std::string fortunes_dataset() {
+  static const std::string dir = [] {
+    const fs::path out = fs::path(::testing::TempDir()) / "xirang_trainer_test" / "train";
+    fs::remove_all(out);
+    DatasetWriter w(out.string(), "bytes", 256, -1);
+    for (const char* name : {"fortunes", "literature", "riddles", "science"}) {
+      std::ifstream f(fs::path("/usr/share/games/fortunes") / name, std::ios::binary);
+      EXPECT_TRUE(f.good()) << "missing /usr/share/games/fortunes/" << name << " (run tools/setup.sh)";
+      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      std::vector<int32_t> ids(text.begin(), text.end());
+      for (auto& id : ids) id &= 0xff;
+      w.add_document(ids.data(), ids.size());
+    }
+    w.finish();
+    return out.string();
+  }();
+  return dir;
+}
+
+Config debug_config(std::vector<std::string> overrides = {}) {
+  overrides.insert(overrides.begin(), "data.train=" + fortunes_dataset());
+  Config c = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", overrides);
+  validate(c, 1);
+  return c;
+}
+
+TrainerOptions quiet() {
+  TrainerOptions o;
+  o.print = false;
+  o.peak = PeakFlops{1e11, "test"};
+  return o;
+}
+
+std::vector<double> flat_params(Trainer& t) {
+  std::vector<double> out;
+  for (auto& p : t.model().parameters())
+    for (int64_t i = 0; i < p.value.numel(); ++i) out.push_back(p.value.data<float>()[i]);
+  return out;
+}
+
+double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return diff / scale;
+}
+
+// Golden per-step losses of gpt2_debug, 10 steps, one rank. The tolerance
+// covers summation-order differences between BLAS kernels on other CPUs;
+// set XIRANG_UPDATE_GOLDEN=1 to rewrite the file after an intended change.
+TEST(Trainer, GoldenLossesOfTheDebugModel) {
+  Trainer t(debug_config(), quiet());
+  TrainResult r = t.run();
+  ASSERT_EQ(r.losses.size(), 10u);
+  const std::string path = std::string(XIRANG_SOURCE_DIR) + "/tests/assets/losses/gpt2_debug.txt";
+  if (const char* u = std::getenv("XIRANG_UPDATE_GOLDEN"); u && std::string(u) == "1") {
+    std::ofstream f(path);
+    f << "# gpt2_debug.yaml, 1 rank, fp32, fortunes/literature/riddles/science bytes: loss per step\n";
+    f.precision(10);
+    for (double l : r.losses) f << l << "\n";
+    GTEST_SKIP() << "rewrote " << path;
+  }
+  std::ifstream f(path);
+  ASSERT_TRUE(f.good()) << "missing golden file " << path;
+  std::vector<double> golden;
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty() && line[0] != '#') golden.push_back(std::stod(line));
+  ASSERT_EQ(golden.size(), r.losses.size());
+  for (size_t i = 0; i < golden.size(); ++i)
+    EXPECT_NEAR(r.losses[i], golden[i], 1e-4 * golden[i]) << "step " << i + 1;
+  EXPECT_LT(r.losses.back(), r.losses.front() - 0.5) << "the debug model did not learn";
+}
+
+// The global batch is the same whatever the microbatch split, so the losses
+// and the final parameters agree to fp32 accuracy.
+TEST(Trainer, GradientAccumulationMatchesOneLargeMicrobatch) {
+  Trainer a(debug_config({"train.micro_batch=1", "train.steps=6"}), quiet());
+  Trainer b(debug_config({"train.micro_batch=8", "train.steps=6"}), quiet());
+  Trainer c(debug_config({"train.micro_batch=2", "train.steps=6"}), quiet());
+  TrainResult ra = a.run(), rb = b.run(), rc = c.run();
+  for (size_t i = 0; i < ra.losses.size(); ++i) {
+    EXPECT_NEAR(ra.losses[i], rb.losses[i], 1e-5 * rb.losses[i]) << "step " << i + 1;
+    EXPECT_NEAR(rc.losses[i], rb.losses[i], 1e-5 * rb.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_LT(max_rel_diff(flat_params(a), flat_params(b)), 1e-5);
+  EXPECT_LT(max_rel_diff(flat_params(c), flat_params(b)), 1e-5);
+}
+
+TEST(Trainer, SameConfigTrainsBitwiseIdentically) {
+  Trainer a(debug_config({"train.steps=3"}), quiet());
+  Trainer b(debug_config({"train.steps=3"}), quiet());
+  TrainResult ra = a.run(), rb = b.run();
+  EXPECT_EQ(ra.losses, rb.losses);
+  EXPECT_EQ(flat_params(a), flat_params(b));
+  Trainer c(debug_config({"train.steps=3", "train.seed=7"}), quiet());
+  EXPECT_NE(c.run().losses, ra.losses);
+}
+
+// Reductions use a fixed chunking, so the thread count does not change a bit.
+TEST(Trainer, ThreadCountDoesNotChangeTheResult) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  Trainer a(debug_config({"train.steps=2"}), quiet());
+  TrainResult ra = a.run();
+  omp_set_num_threads(3);
+  Trainer b(debug_config({"train.steps=2"}), quiet());
+  TrainResult rb = b.run();
+  omp_set_num_threads(saved);
+  EXPECT_EQ(ra.losses, rb.losses);
+  EXPECT_EQ(flat_params(a), flat_params(b));
+}
+
+TEST(Trainer, ValidationLossIsReportedOnEvalSteps) {
+  Trainer t(debug_config({"train.steps=4", "train.eval_every=2", "data.val=" + fortunes_dataset(),
+                          "train.eval_batches=2"}),
+            quiet());
+  TrainResult r = t.run();
+  EXPECT_FALSE(r.steps[0].val_loss.has_value());
+  ASSERT_TRUE(r.steps[1].val_loss.has_value());
+  ASSERT_TRUE(r.steps[3].val_loss.has_value());
+  EXPECT_GT(*r.steps[1].val_loss, 1.0);
+  EXPECT_LT(*r.steps[1].val_loss, 6.0);
+  EXPECT_EQ(r.final_val_loss, r.steps[3].val_loss);
+}
+
+TEST(Trainer, MemoryPlanAboveTheLimitIsRefused) {
+  try {
+    Trainer t(debug_config({"memory.limit_gb=0.001"}), quiet());
+    FAIL() << "expected a memory error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Memory);
+    EXPECT_NE(std::string(e.what()).find("memory.limit_gb"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, MemoryPlanCountsEveryCategory) {
+  Trainer t(debug_config(), quiet());
+  const MemoryPlan& plan = t.memory_plan();
+  const size_t n = size_t(t.model().num_parameters());
+  EXPECT_GE(plan.bytes_of("parameters"), n * 4);
+  EXPECT_LT(plan.bytes_of("parameters"), n * 4 + 64 * 1024);  // only alignment padding on top
+  EXPECT_EQ(plan.bytes_of("gradients"), plan.bytes_of("parameters"));
+  EXPECT_EQ(plan.bytes_of("optimizer state"), 2 * plan.bytes_of("parameters"));
+  EXPECT_GT(plan.bytes_of("activations"), 0u);
+}
+
+TEST(Trainer, DatasetVocabularyLargerThanTheModelIsRefused) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "xirang_trainer_test" / "big_vocab";
+  fs::remove_all(dir);
+  DatasetWriter w(dir.string(), "bytes", 1000, -1);
+  std::vector<int32_t> ids(500);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37) % 1000);
+  w.add_document(ids.data(), ids.size());
+  w.finish();
+  Config c = debug_config({"data.train=" + dir.string()});
+  try {
+    Trainer t(c, quiet());
+    FAIL() << "expected a config error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("vocab"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LearningRate, WarmupThenCosineToTheFloor) {
+  TrainConfig t;
+  t.lr = 1e-3;
+  t.min_lr_ratio = 0.1;
+  t.warmup_steps = 10;
+  t.steps = 110;
+  EXPECT_DOUBLE_EQ(lr_at(t, 0), 1e-4);
+  EXPECT_DOUBLE_EQ(lr_at(t, 9), 1e-3);
+  EXPECT_DOUBLE_EQ(lr_at(t, 10), 1e-3);
+  EXPECT_NEAR(lr_at(t, 10 + 99 / 2.0), 0.55e-3, 1e-5);  // halfway: the mean of lr and the floor
+  EXPECT_NEAR(lr_at(t, 109), 1e-4, 1e-12);
+  for (int s = 11; s < 110; ++s) EXPECT_LE(lr_at(t, s), lr_at(t, s - 1));
+}
+
+TEST(LearningRate, ClipScaleOnlyShrinks) {
+  EXPECT_EQ(clip_scale(1.0, 0.5), 1.0);
+  EXPECT_NEAR(clip_scale(1.0, 4.0), 0.25, 1e-6);
+  EXPECT_EQ(clip_scale(0.0, 100.0), 1.0);
+}
+
+}  // namespace
+}  // namespace xirang

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set-up, build, and every test through ctest. Works on a fresh machine from
+# a clean clone. Extra arguments go to ctest (e.g. -R Config).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+tools/setup.sh
+tools/build.sh
+# Multi-rank tests run Open MPI as root in containers and CI, oversubscribed.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+cd "${XIRANG_BUILD_DIR:-$root/build}"
+ctest --output-on-failure -j "${XIRANG_TEST_JOBS:-2}" "$@"
