@@ -1,15 +1,30 @@
-// comm/communicator.h: the collective-communication interface the model and
-// runtime talk to. A layer never calls MPI or NCCL directly; it is handed the
-// Communicator of its group (its tensor-parallel group, say) by the runtime.
+// comm/communicator.h: the collective-communication interface that the
+// model and runtime talk to.
 //
-//   comm.all_reduce(grad, ReduceOp::Sum);   // count and dtype come from the view
+// A layer never calls MPI or NCCL directly: the runtime hands it the
+// Communicator of its group (its tensor-parallel group, say). Every operation
+// takes tensor views (count and dtype come from the view) and has an
+// asynchronous form that returns a Work handle; the blocking form is the
+// asynchronous one followed by wait().
 //
-// LocalCommunicator is the group of one rank: every collective is the
-// identity, which is exactly right for a single-rank layout. The MPI and
-// NCCL backends implement the same interface.
+//   WorkPtr w = dp.all_reduce_async(bucket, ReduceOp::Sum);  // starts now
+//   ... compute ...
+//   w->wait();                                               // rethrows a failure
+//
+// Uneven splits: reduce_scatter and all_gather divide a buffer of n elements
+// over the group's `size` ranks as chunk r = [n * r / size, n * (r + 1) / size)
+// (split_range below), so any n works for any group size.
+//
+// Implementations: LocalCommunicator (the group of one rank; every
+// collective is the identity), MpiCommunicator (comm/mpi_communicator.h) and
+// SimulatedLink (comm/simulated_link.h), a decorator that adds latency,
+// bandwidth and faults for tests and benchmarks.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -17,24 +32,78 @@ namespace xirang {
 
 enum class ReduceOp { Sum, Max };
 
+struct CommOptions {
+  double timeout_s = 300;  // an operation outstanding longer than this fails
+};
+
+// A pending operation. wait() blocks until it completes and rethrows its
+// error (ErrorKind::Comm) if it failed; test() polls without blocking.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+  // Milliseconds the operation took from the moment it started executing
+  // (not from when it was queued) to completion; valid after wait().
+  virtual double duration_ms() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work that is already complete (the identity collectives of a group of one).
+WorkPtr completed_work();
+
+// The chunk [begin, end) of rank r when n elements are split over `size` ranks.
+inline std::pair<int64_t, int64_t> split_range(int64_t n, int size, int r) {
+  return {n * r / size, n * (r + 1) / size};
+}
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // The group's name in messages and metrics ("dp", "tp", "pp", "world").
+  virtual const std::string& name() const = 0;
+
   // In place over all ranks of the group.
-  virtual void all_reduce(Tensor t, ReduceOp op) = 0;
-  virtual void broadcast(Tensor t, int root) = 0;
+  virtual WorkPtr all_reduce_async(Tensor t, ReduceOp op) = 0;
+  // out (this rank's chunk of in, see split_range) = reduction of in over ranks.
+  virtual WorkPtr reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) = 0;
+  // out (all chunks) = concatenation of every rank's in. `in` may be this
+  // rank's chunk inside `out` (in-place all-gather).
+  virtual WorkPtr all_gather_async(const Tensor& in, Tensor out) = 0;
+  virtual WorkPtr broadcast_async(Tensor t, int root) = 0;
+  // Point-to-point within the group; `tag` distinguishes concurrent messages.
+  virtual WorkPtr send_async(const Tensor& t, int peer, int tag) = 0;
+  virtual WorkPtr recv_async(Tensor t, int peer, int tag) = 0;
   virtual void barrier() = 0;
+
+  void all_reduce(Tensor t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
+  void reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) { reduce_scatter_async(in, out, op)->wait(); }
+  void all_gather(const Tensor& in, Tensor out) { all_gather_async(in, out)->wait(); }
+  void broadcast(Tensor t, int root) { broadcast_async(t, root)->wait(); }
+  void send(const Tensor& t, int peer, int tag) { send_async(t, peer, tag)->wait(); }
+  void recv(Tensor t, int peer, int tag) { recv_async(t, peer, tag)->wait(); }
+  // Sum of a scalar over the group (losses, norms).
+  double all_reduce_sum(double x);
 };
 
 class LocalCommunicator final : public Communicator {
  public:
+  explicit LocalCommunicator(std::string name = "local") : name_(std::move(name)) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void all_reduce(Tensor, ReduceOp) override {}
-  void broadcast(Tensor, int) override {}
+  const std::string& name() const override { return name_; }
+  WorkPtr all_reduce_async(Tensor, ReduceOp) override { return completed_work(); }
+  WorkPtr reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp) override;
+  WorkPtr all_gather_async(const Tensor& in, Tensor out) override;
+  WorkPtr broadcast_async(Tensor, int) override { return completed_work(); }
+  WorkPtr send_async(const Tensor& t, int peer, int tag) override;
+  WorkPtr recv_async(Tensor t, int peer, int tag) override;
   void barrier() override {}
+
+ private:
+  std::string name_;
 };
 
 }  // namespace xirang

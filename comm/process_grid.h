@@ -1,0 +1,65 @@
+// comm/process_grid.h: the dp x tp x pp process grid and its groups.
+//
+// World rank = pp_index * (dp * tp) + dp_index * tp + tp_index: tp varies
+// fastest (tensor-parallel groups on neighbouring ranks, in one node), then
+// dp, then pp. Each rank belongs to one group of each kind; the grid owns a
+// Communicator per group, plus a separate channel for data-parallel gradient
+// buckets so that bucket traffic never queues behind other dp operations.
+//
+//   GridShape shape{.dp = 2, .tp = 2, .pp = 1};
+//   auto grid = ProcessGrid::create_mpi(shape, CommOptions{.timeout_s = 60}, link);
+//   grid->tp().all_reduce(partial, ReduceOp::Sum);
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/simulated_link.h"
+
+namespace xirang {
+
+struct GridShape {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int world() const { return dp * tp * pp; }
+};
+
+struct GridCoords {
+  int dp = 0;
+  int tp = 0;
+  int pp = 0;
+};
+
+int grid_rank(const GridShape& s, const GridCoords& c);
+GridCoords grid_coords(const GridShape& s, int world_rank);
+
+class ProcessGrid {
+ public:
+  virtual ~ProcessGrid() = default;
+  // One rank, no MPI: every group is a LocalCommunicator.
+  static std::unique_ptr<ProcessGrid> single();
+  // Over MPI_COMM_WORLD (MpiRuntime must be alive); the world size must equal
+  // shape.world(), else ErrorKind::Config. When `link` injects latency,
+  // bandwidth or faults, every group's communicator is wrapped in a SimulatedLink.
+  static std::unique_ptr<ProcessGrid> create_mpi(const GridShape& shape, const CommOptions& opts,
+                                                 const LinkModel& link = {});
+
+  const GridShape& shape() const { return shape_; }
+  const GridCoords& coords() const { return coords_; }
+  int world_rank() const { return world_rank_; }
+  virtual Communicator& world() = 0;
+  virtual Communicator& dp() = 0;
+  virtual Communicator& tp() = 0;
+  virtual Communicator& pp() = 0;
+  // The channel for data-parallel gradient buckets (same ranks as dp()).
+  virtual Communicator& dp_grads() = 0;
+
+ protected:
+  GridShape shape_;
+  GridCoords coords_;
+  int world_rank_ = 0;
+};
+
+}  // namespace xirang
