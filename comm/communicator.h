@@ -43,8 +43,9 @@ class Work {
   virtual ~Work() = default;
   virtual void wait() = 0;
   virtual bool test() = 0;
-  // Milliseconds the operation took from the moment it started executing
-  // (not from when it was queued) to completion; valid after wait().
+  // Milliseconds from submission to completion (time queued behind earlier
+  // operations of the channel included), so that submission time plus
+  // duration is when it completed; valid after wait().
   virtual double duration_ms() const = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;

@@ -206,12 +206,17 @@ void GPT2::backward(const KernelContext& ctx, int slot, const Tensor& tokens) {
     zero(ctx, d_res_);
     layernorm_backward(ctx, d_res_, lnf_w_->grad, lnf_b_->grad, d_c_, last, lnf_w_->value, s.lnf_mean, s.lnf_rstd,
                        GradMode::Accumulate);
+    if (grad_ready_) grad_ready_(shape_.n_layer);
   }
   for (int l = int(blocks_.size()) - 1; l >= 0; --l) {
     const Tensor& x = l == 0 ? s.input : s.blocks[size_t(l - 1)].res3;
     block_backward(ctx, l, x, s.blocks[size_t(l)], d_res_);
+    if (grad_ready_) grad_ready_(stage_.first_layer + l);
   }
-  if (stage_.has_embedding) embedding_backward(ctx, wte_->grad, wpe_->grad, d_res_, tokens);
+  if (stage_.has_embedding) {
+    embedding_backward(ctx, wte_->grad, wpe_->grad, d_res_, tokens);
+    if (grad_ready_) grad_ready_(-1);
+  }
 }
 
 int64_t GPT2::num_parameters() const {

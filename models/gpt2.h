@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,11 @@ class GPT2 {
   double forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets, double dloss);
   // Backward of the microbatch in `slot`; parameter gradients accumulate.
   void backward(const KernelContext& ctx, int slot, const Tensor& tokens);
+  // Called during backward() each time a layer's parameter gradients are
+  // complete for this microbatch: n_layer after the head (final norm), l after
+  // block l, -1 after the embeddings (the tied token table gets its last
+  // contribution there). The data-parallel gradient reduction starts from it.
+  void set_grad_ready_hook(std::function<void(int layer)> hook) { grad_ready_ = std::move(hook); }
 
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
@@ -130,6 +136,7 @@ class GPT2 {
   Tensor d_res_;  // (B, T, C) gradient of the residual stream
   Tensor d_c_;    // (B, T, C) scratch
   Tensor d_big_;  // (B, T, 4C) scratch (also holds dqkv)
+  std::function<void(int)> grad_ready_;
 };
 
 }  // namespace xirang

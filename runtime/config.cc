@@ -26,7 +26,7 @@
 namespace xirang {
 namespace {
 
-using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*>;
+using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*>;
 
 struct Field {
   const char* key;
@@ -47,7 +47,9 @@ std::vector<Section> schema(Config& c) {
       {"model",
        {{"arch", &m.arch}, {"n_layer", &m.n_layer}, {"n_head", &m.n_head}, {"d_model", &m.d_model},
         {"seq_len", &m.seq_len}, {"vocab_size", &m.vocab_size}, {"vocab_multiple", &m.vocab_multiple}}},
-      {"parallel", {{"dp", &p.dp}, {"tp", &p.tp}, {"pp", &p.pp}}},
+      {"parallel",
+       {{"dp", &p.dp}, {"tp", &p.tp}, {"pp", &p.pp}, {"zero", &p.zero}, {"bucket_mb", &p.bucket_mb},
+        {"overlap_grad_reduce", &p.overlap_grad_reduce}}},
       {"train",
        {{"steps", &t.steps}, {"global_batch", &t.global_batch}, {"micro_batch", &t.micro_batch},
         {"seq_len", &t.seq_len}, {"lr", &t.lr}, {"min_lr_ratio", &t.min_lr_ratio},
@@ -59,6 +61,10 @@ std::vector<Section> schema(Config& c) {
        {{"jsonl", &c.metrics.jsonl}, {"peak_tflops", &c.metrics.peak_tflops},
         {"log_every", &c.metrics.log_every}}},
       {"memory", {{"limit_gb", &c.memory.limit_gb}}},
+      {"comm",
+       {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
+        {"bandwidth_gbps", &c.comm.bandwidth_gbps}}},
+      {"faults", {{"kind", &c.faults.kind}, {"rank", &c.faults.rank}, {"step", &c.faults.step}}},
   };
 }
 
@@ -130,6 +136,7 @@ const char* expected_name(const FieldPtr& ptr) {
     const char* operator()(uint64_t*) const { return "a non-negative integer"; }
     const char* operator()(double*) const { return "a finite number"; }
     const char* operator()(std::string*) const { return "a string"; }
+    const char* operator()(bool*) const { return "true or false"; }
   } v;
   return std::visit(v, ptr);
 }
@@ -145,6 +152,11 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
           return true;
         } else if constexpr (std::is_same_v<T, double>) {
           return parse_double(text, p);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (text == "true") *p = true;
+          else if (text == "false") *p = false;
+          else return false;
+          return true;
         } else {
           return parse_integer(text, p);
         }
@@ -416,6 +428,19 @@ void validate(Config& c, int world_size) {
   v.non_negative("metrics.peak_tflops", c.metrics.peak_tflops, " (0 measures it at start)");
   v.at_least("metrics.log_every", c.metrics.log_every, 1);
   v.non_negative("memory.limit_gb", c.memory.limit_gb, " (0 is no limit)");
+  if (p.zero != 0 && p.zero != 1) v.fail_rule(str_cat("parallel.zero=", p.zero, " must be 0 or 1"));
+  v.positive("parallel.bucket_mb", p.bucket_mb);
+  v.positive("comm.timeout_s", c.comm.timeout_s);
+  v.non_negative("comm.latency_us", c.comm.latency_us);
+  v.non_negative("comm.bandwidth_gbps", c.comm.bandwidth_gbps, " (0 is no limit)");
+  const std::string& fk = c.faults.kind;
+  if (fk != "none" && fk != "kill" && fk != "hang" && fk != "fail_transfer")
+    v.fail_rule(str_cat("faults.kind='", fk, "' is not one of none, kill, hang, fail_transfer"));
+  if (fk != "none") {
+    if (c.faults.rank < 0 || c.faults.rank >= world_size)
+      v.fail_rule(str_cat("faults.rank=", c.faults.rank, " is not a rank of this world (0..", world_size - 1, ")"));
+    v.at_least("faults.step", c.faults.step, 1);
+  }
 
   // Data last: the checks above need no filesystem.
   if (c.data.train.empty())

@@ -30,6 +30,24 @@ struct ParallelConfig {
   int dp = 0;  // 0: inferred as world / (tp * pp)
   int tp = 1;
   int pp = 1;
+  int zero = 0;                     // 1: ZeRO-1, optimizer state sharded over dp
+  double bucket_mb = 25;            // gradient bucket size for the dp reduction
+  bool overlap_grad_reduce = true;  // start each bucket's reduction during the backward pass
+};
+
+// Communication settings; latency and bandwidth inject a slower link (tests, benchmarks).
+struct CommConfig {
+  double timeout_s = 300;     // an operation outstanding longer than this ends the job
+  double latency_us = 0;      // added to every operation
+  double bandwidth_gbps = 0;  // gigabytes per second per link; 0 is no limit
+};
+
+// Fault injection for tests: at the start of `step` (1-based), rank `rank`
+// is killed (kill), stops answering (hang), or fails its next transfer (fail_transfer).
+struct FaultConfig {
+  std::string kind = "none";
+  int rank = 0;
+  int step = 0;
 };
 
 struct TrainConfig {
@@ -72,6 +90,8 @@ struct Config {
   DataConfig data;
   MetricsConfig metrics;
   MemoryConfig memory;
+  CommConfig comm;
+  FaultConfig faults;
   std::string source;  // the file it came from, for messages
   std::string yaml;    // the effective config (after overrides) as YAML, for logs and checkpoints
 

@@ -31,6 +31,8 @@ struct StepMetrics {
   double backward_ms = 0;
   double optimizer_ms = 0;
   double data_wait_ms = 0;
+  double dp_comm_ms = 0;          // time data-parallel communication took this step
+  double dp_comm_exposed_ms = 0;  // time the step waited for it
   std::optional<double> val_loss;
 };
 

@@ -21,39 +21,33 @@ double clip_scale(double clip, double norm) {
   return clip / (norm + 1e-6);
 }
 
-AdamW::AdamW(std::vector<Parameter>& params, const TrainConfig& cfg) : params_(params), cfg_(cfg) {}
-
 void AdamW::layout_state(Arena& state) {
   m_.clear();
   v_.clear();
-  for (auto& p : params_) {
-    m_.push_back(state.alloc(p.value.shape(), p.value.dtype(), p.name + " (adam m)"));
-    v_.push_back(state.alloc(p.value.shape(), p.value.dtype(), p.name + " (adam v)"));
+  for (auto& s : segments_) {
+    m_.push_back(state.alloc(s.param.shape(), s.param.dtype(), "adam m"));
+    v_.push_back(state.alloc(s.param.shape(), s.param.dtype(), "adam v"));
   }
 }
 
-double AdamW::grad_norm(const KernelContext& ctx) const {
+double AdamW::local_grad_sum_squares(const KernelContext& ctx) const {
   double s = 0;
-  for (auto& p : params_) s += sum_squares(ctx, p.grad);
-  return std::sqrt(s);
+  for (auto& seg : segments_) s += sum_squares(ctx, seg.grad);
+  return s;
 }
 
 void AdamW::step(const KernelContext& ctx, int64_t step_number, double lr, double grad_scale) {
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i = 0; i < segments_.size(); ++i) {
     AdamWStep s;
     s.lr = lr;
     s.beta1 = cfg_.beta1;
     s.beta2 = cfg_.beta2;
     s.eps = cfg_.eps;
-    s.weight_decay = params_[i].decay ? cfg_.weight_decay : 0.0;
+    s.weight_decay = segments_[i].decay ? cfg_.weight_decay : 0.0;
     s.step = step_number;
     s.grad_scale = grad_scale;
-    adamw_update(ctx, params_[i].value, params_[i].grad, m_[i], v_[i], s);
+    adamw_update(ctx, segments_[i].param, segments_[i].grad, m_[i], v_[i], s);
   }
-}
-
-void AdamW::zero_grads(const KernelContext& ctx) {
-  for (auto& p : params_) zero(ctx, p.grad);
 }
 
 }  // namespace xirang

@@ -1,16 +1,22 @@
-// runtime/optimizer.h: AdamW over a model's parameters, the learning-rate
-// schedule, and global-norm gradient clipping.
+// runtime/optimizer.h: AdamW, the learning-rate schedule and global-norm
+// clipping.
 //
-//   AdamW opt(model.parameters(), cfg.train);
-//   opt.layout_state(state_arena);                    // m and v, like the parameters
-//   double norm = opt.grad_norm(ctx);
+// The optimizer updates a list of segments: (parameter view, gradient view,
+// weight decay or not). Without ZeRO a segment is a whole parameter; with
+// ZeRO-1 it is the part of a parameter inside this rank's shard of a
+// gradient bucket (runtime/grad_sync.h builds them), so the optimizer state
+// it allocates is only this rank's share.
+//
+//   AdamW opt(cfg.train);
+//   opt.set_segments(sync.optimizer_segments());
+//   opt.layout_state(state_arena);                 // m and v per segment
 //   opt.step(ctx, step, lr_at(cfg.train, step), clip_scale(cfg.train.grad_clip, norm));
 #pragma once
 
 #include <vector>
 
+#include "core/arena.h"
 #include "kernels/context.h"
-#include "models/gpt2.h"
 #include "runtime/config.h"
 
 namespace xirang {
@@ -21,20 +27,28 @@ double lr_at(const TrainConfig& t, int step);
 // The factor that scales gradients to a global norm of at most `clip` (1 when clip is 0 or not exceeded).
 double clip_scale(double clip, double norm);
 
+struct OptimizerSegment {
+  Tensor param;  // 1-D view into the parameter arena
+  Tensor grad;   // 1-D view, same length: the (reduced) gradient of those elements
+  bool decay;    // weight decay applies
+};
+
 class AdamW {
  public:
-  AdamW(std::vector<Parameter>& params, const TrainConfig& cfg);
+  explicit AdamW(const TrainConfig& cfg) : cfg_(cfg) {}
+  void set_segments(std::vector<OptimizerSegment> segments) { segments_ = std::move(segments); }
+  const std::vector<OptimizerSegment>& segments() const { return segments_; }
+  // Carves m and v for every segment (call after set_segments, twice: measuring, then real).
   void layout_state(Arena& state);
-  // sqrt of the sum of squares of every gradient.
-  double grad_norm(const KernelContext& ctx) const;
+  // Sum of squares of the segments' gradients on this rank.
+  double local_grad_sum_squares(const KernelContext& ctx) const;
   // One update with learning rate lr; gradients are multiplied by grad_scale first.
   void step(const KernelContext& ctx, int64_t step_number, double lr, double grad_scale);
-  void zero_grads(const KernelContext& ctx);
 
  private:
-  std::vector<Parameter>& params_;
   TrainConfig cfg_;
-  std::vector<Tensor> m_, v_;  // per parameter, same shapes
+  std::vector<OptimizerSegment> segments_;
+  std::vector<Tensor> m_, v_;  // per segment
 };
 
 }  // namespace xirang

@@ -1,14 +1,17 @@
 // runtime/trainer.h: the training loop of one rank.
 //
-// Builds the model, optimizer and data from a validated Config, prints the
-// memory plan (refusing to start when it exceeds memory.limit_gb), then runs
-// train.steps optimizer steps: gradient accumulation over microbatches,
-// global-norm clipping, AdamW with warmup and cosine decay, validation every
-// train.eval_every steps, metrics per step.
+// Builds the model, optimizer, gradient synchronisation and data from a
+// validated Config and a ProcessGrid, prints the memory plan (refusing to
+// start when it exceeds memory.limit_gb), then runs train.steps optimizer
+// steps: gradient accumulation over microbatches, bucketed data-parallel
+// gradient reduction overlapped with the last backward pass, global-norm
+// clipping, AdamW (ZeRO-1 sharded when parallel.zero=1) with warmup and
+// cosine decay, validation every train.eval_every steps, metrics per step.
+// Every rank computes the same global loss; world rank 0 prints and logs.
 //
 //   Config cfg = load_config(path, overrides);
-//   validate(cfg, 1);
-//   Trainer trainer(cfg, TrainerOptions{.dtype = DType::F32});
+//   validate(cfg, world_size);
+//   Trainer trainer(cfg, TrainerOptions{}, grid.get());   // grid: nullptr for one rank
 //   TrainResult r = trainer.run();   // r.losses[i] is step i + 1's loss
 #pragma once
 
@@ -17,10 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_grid.h"
 #include "core/arena.h"
 #include "models/gpt2.h"
 #include "runtime/config.h"
 #include "runtime/dataset.h"
+#include "runtime/grad_sync.h"
 #include "runtime/metrics.h"
 #include "runtime/optimizer.h"
 #include "runtime/sampler.h"
@@ -28,8 +33,8 @@
 namespace xirang {
 
 struct TrainerOptions {
-  DType dtype = DType::F32;   // model and optimizer dtype (F64 for exactness tests)
-  bool print = true;          // memory plan, progress line, summary on stderr
+  DType dtype = DType::F32;       // model and optimizer dtype (F64 for exactness tests)
+  bool print = true;              // memory plan, progress line, summary on stderr (world rank 0)
   std::optional<PeakFlops> peak;  // skips measuring/config lookup (tests, benchmarks)
 };
 
@@ -42,26 +47,35 @@ struct TrainResult {
 
 class Trainer {
  public:
-  Trainer(const Config& cfg, TrainerOptions opts = {});
+  // `grid` may be null (one rank); it must outlive the trainer.
+  Trainer(const Config& cfg, TrainerOptions opts = {}, ProcessGrid* grid = nullptr);
   TrainResult run();
-  // Mean loss over train.eval_batches microbatches of the validation split.
+  // Mean loss over train.eval_batches microbatches of the validation split
+  // (split over dp ranks, the same number on every rank).
   double evaluate();
   GPT2& model() { return *model_; }
   const MemoryPlan& memory_plan() const { return plan_; }
   const PeakFlops& peak() const { return peak_; }
+  ProcessGrid& grid() { return *grid_; }
 
  private:
-  // Runs forward and backward over this step's microbatches; returns the mean loss.
+  // Runs forward and backward over this rank's microbatches of `step`;
+  // returns this rank's mean loss.
   double accumulate_gradients(int step, StepMetrics& m);
+  void inject_fault(int step);
+  bool is_logger() const { return grid_->world_rank() == 0; }
 
   Config cfg_;
   TrainerOptions opts_;
+  std::unique_ptr<ProcessGrid> own_grid_;
+  ProcessGrid* grid_;
   KernelContext ctx_;
   MemoryPlan plan_;
   PeakFlops peak_;
   std::unique_ptr<GPT2> model_;
   std::unique_ptr<AdamW> opt_;
-  Arena params_, grads_, opt_state_, acts_, io_;
+  std::unique_ptr<GradSync> sync_;
+  Arena params_, grads_, opt_state_, shard_, acts_, io_;
   Tensor tokens_, targets_;  // (B, T) int32 for the current microbatch
   std::optional<TokenDataset> train_data_, val_data_;
   std::unique_ptr<SequenceSampler> train_sampler_, val_sampler_;

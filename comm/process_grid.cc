@@ -1,0 +1,136 @@
+#include "comm/process_grid.h"
+
+#include <mpi.h>
+
+#include "comm/mpi_check.h"
+#include "comm/mpi_communicator.h"
+#include "comm/mpi_runtime.h"
+#include "core/error.h"
+
+namespace xirang {
+
+int grid_rank(const GridShape& s, const GridCoords& c) { return (c.pp * s.dp + c.dp) * s.tp + c.tp; }
+
+GridCoords grid_coords(const GridShape& s, int world_rank) {
+  GridCoords c;
+  c.tp = world_rank % s.tp;
+  c.dp = (world_rank / s.tp) % s.dp;
+  c.pp = world_rank / (s.tp * s.dp);
+  return c;
+}
+
+namespace {
+
+class SingleGrid final : public ProcessGrid {
+ public:
+  SingleGrid() : world_("world"), dp_("dp"), tp_("tp"), pp_("pp"), dp_grads_("dp_grads") {}
+  Communicator& world() override { return world_; }
+  Communicator& dp() override { return dp_; }
+  Communicator& tp() override { return tp_; }
+  Communicator& pp() override { return pp_; }
+  Communicator& dp_grads() override { return dp_grads_; }
+
+ private:
+  LocalCommunicator world_, dp_, tp_, pp_, dp_grads_;
+};
+
+class MpiGrid final : public ProcessGrid {
+ public:
+  MpiGrid(const GridShape& shape, const CommOptions& opts, const LinkModel& link);
+  ~MpiGrid() override;
+  Communicator& world() override { return *world_; }
+  Communicator& dp() override { return *dp_; }
+  Communicator& tp() override { return *tp_; }
+  Communicator& pp() override { return *pp_; }
+  Communicator& dp_grads() override { return *dp_grads_; }
+
+ private:
+  std::unique_ptr<Communicator> make(MPI_Comm comm, const char* name);
+  void release();  // destroys the communicators, then frees the split groups
+
+  CommOptions opts_;
+  LinkModel link_;
+  // The split groups; each MpiCommunicator works on its own duplicate of one.
+  MPI_Comm tp_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<Communicator> world_, dp_, tp_, pp_, dp_grads_;
+};
+
+MPI_Comm split(int color, int key, int expected_rank, const char* group) {
+  MPI_Comm c = MPI_COMM_NULL;
+  XR_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &c));
+  XR_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+  int r = -1;
+  XR_MPI_CHECK(MPI_Comm_rank(c, &r));
+  XR_CHECK(r == expected_rank, "rank ", r, " in the ", group, " group after MPI_Comm_split, expected ", expected_rank);
+  return c;
+}
+
+MpiGrid::MpiGrid(const GridShape& shape, const CommOptions& opts, const LinkModel& link) : opts_(opts), link_(link) {
+  shape_ = shape;
+  XR_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
+  coords_ = grid_coords(shape, world_rank_);
+  const GridCoords& c = coords_;
+  try {
+    // Colors number the groups uniquely; keys order each group by its index,
+    // so a rank's index in its group is its coordinate along that axis.
+    tp_comm_ = split(c.pp * shape.dp + c.dp, c.tp, c.tp, "tp");
+    dp_comm_ = split(c.pp * shape.tp + c.tp, c.dp, c.dp, "dp");
+    pp_comm_ = split(c.dp * shape.tp + c.tp, c.pp, c.pp, "pp");
+    // Every rank creates the communicators in the same order: each creation
+    // duplicates an MPI communicator, a collective call over its group.
+    world_ = make(MPI_COMM_WORLD, "world");
+    tp_ = make(tp_comm_, "tp");
+    dp_ = make(dp_comm_, "dp");
+    pp_ = make(pp_comm_, "pp");
+    dp_grads_ = make(dp_comm_, "dp");
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+MpiGrid::~MpiGrid() {
+  release();
+}
+
+void MpiGrid::release() {
+  // The communicators hold duplicates of the split groups and drain their
+  // work on destruction, so they go first and the groups after.
+  dp_grads_.reset();
+  pp_.reset();
+  dp_.reset();
+  tp_.reset();
+  world_.reset();
+  if (!MpiRuntime::active()) return;
+  // Return codes are ignored: a destructor cannot throw, and a failure to
+  // free a communicator at shutdown changes nothing for the job.
+  for (MPI_Comm* c : {&tp_comm_, &dp_comm_, &pp_comm_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+std::unique_ptr<Communicator> MpiGrid::make(MPI_Comm comm, const char* name) {
+  std::unique_ptr<Communicator> c = std::make_unique<MpiCommunicator>(comm, name, opts_);
+  if (link_.active()) c = std::make_unique<SimulatedLink>(std::move(c), link_, opts_.timeout_s);
+  return c;
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGrid> ProcessGrid::single() { return std::make_unique<SingleGrid>(); }
+
+std::unique_ptr<ProcessGrid> ProcessGrid::create_mpi(const GridShape& shape, const CommOptions& opts,
+                                                     const LinkModel& link) {
+  if (!MpiRuntime::active())
+    fail(ErrorKind::Comm, "ProcessGrid::create_mpi: MPI is not initialised (create an MpiRuntime first)");
+  if (shape.dp < 1 || shape.tp < 1 || shape.pp < 1)
+    fail(ErrorKind::Config, "parallel.dp x tp x pp = ", shape.dp, " x ", shape.tp, " x ", shape.pp,
+         ": every size must be at least 1");
+  int world = 0;
+  XR_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  if (world != shape.world())
+    fail(ErrorKind::Config, "world size ", world, " does not match parallel.dp x tp x pp = ", shape.dp, " x ",
+         shape.tp, " x ", shape.pp, " = ", shape.world());
+  return std::make_unique<MpiGrid>(shape, opts, link);
+}
+
+}  // namespace xirang

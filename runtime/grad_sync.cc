@@ -1,0 +1,149 @@
+#include "runtime/grad_sync.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/clock.h"
+#include "core/error.h"
+
+namespace xirang {
+
+GradSync::GradSync(std::vector<Parameter>& params, Communicator& dp, GradSyncOptions opts)
+    : params_(params), dp_(dp), opts_(opts) {
+  XR_CHECK(!params.empty(), "GradSync without parameters");
+  const DType dt = params.front().grad.dtype();
+  const size_t es = dtype_size(dt);
+  char* pbase = static_cast<char*>(params.front().value.raw());
+  char* gbase = static_cast<char*>(params.front().grad.raw());
+  for (auto& p : params) {
+    const int64_t po = (static_cast<char*>(p.value.raw()) - pbase) / int64_t(es);
+    const int64_t go = (static_cast<char*>(p.grad.raw()) - gbase) / int64_t(es);
+    XR_CHECK(po == go && p.grad.dtype() == dt, "parameter ", p.name, " is not laid out like its gradient");
+    XR_CHECK(offset_.empty() || po >= offset_.back(), "parameters are not in arena order");
+    offset_.push_back(po);
+  }
+  // The flat span ends at the last parameter's aligned allocation end, so
+  // buckets tile the buffers without gaps (padding elements are zero and stay zero).
+  const int64_t align = int64_t(Arena::kAlignment / es);
+  const int64_t total = (offset_.back() + params.back().value.numel() + align - 1) / align * align;
+  flat_params_ = Tensor(pbase, {total}, dt);
+  flat_grads_ = Tensor(gbase, {total}, dt);
+
+  // Buckets from the end of the buffer (reverse layer order).
+  const int64_t bucket_elems = std::max<int64_t>(1, int64_t(opts_.bucket_mb * 1024 * 1024 / double(es)));
+  bucket_of_.assign(params.size(), -1);
+  int64_t end = total;
+  Bucket cur;
+  for (int i = int(params.size()) - 1; i >= 0; --i) {
+    cur.params.push_back(i);
+    cur.begin = offset_[size_t(i)];
+    if (end - cur.begin >= bucket_elems || i == 0) {
+      cur.end = end;
+      for (int q : cur.params) bucket_of_[size_t(q)] = int(buckets_.size());
+      buckets_.push_back(cur);
+      end = cur.begin;
+      cur = Bucket();
+    }
+  }
+  int64_t shard_off = 0;
+  for (auto& b : buckets_) {
+    auto [c0, c1] = split_range(b.end - b.begin, dp_.size(), dp_.rank());
+    b.chunk_begin = b.begin + c0;
+    b.chunk_end = b.begin + c1;
+    b.shard_offset = shard_off;
+    shard_off += c1 - c0;
+  }
+  if (opts_.zero) shard_elems_ = shard_off;
+}
+
+void GradSync::layout(Arena& shard) {
+  if (opts_.zero) shard_grads_ = shard.alloc({shard_elems_}, flat_grads_.dtype(), "ZeRO gradient shard");
+}
+
+std::vector<OptimizerSegment> GradSync::optimizer_segments() const {
+  std::vector<OptimizerSegment> segs;
+  if (!opts_.zero) {
+    for (auto& p : params_) segs.push_back({p.value.flat(), p.grad.flat(), p.decay});
+    return segs;
+  }
+  // This rank's chunk of each bucket, cut at parameter boundaries (decay differs per parameter).
+  for (const Bucket& b : buckets_) {
+    for (int i : b.params) {
+      const int64_t p0 = offset_[size_t(i)], p1 = p0 + params_[size_t(i)].value.numel();
+      const int64_t s0 = std::max(p0, b.chunk_begin), s1 = std::min(p1, b.chunk_end);
+      if (s0 >= s1) continue;
+      Tensor g = shard_grads_.defined()
+                     ? shard_grads_.flat_range(s0 - b.chunk_begin + b.shard_offset, s1 - b.chunk_begin + b.shard_offset)
+                     : Tensor(nullptr, {s1 - s0}, flat_grads_.dtype());
+      segs.push_back({flat_params_.flat_range(s0, s1), g, params_[size_t(i)].decay});
+    }
+  }
+  return segs;
+}
+
+void GradSync::begin_step() {
+  for (auto& b : buckets_) {
+    b.pending = int(b.params.size());
+    b.work.reset();
+  }
+  comm_ms_ = exposed_ms_ = 0;
+  first_launch_ = 0;
+}
+
+void GradSync::launch(Bucket& b) {
+  b.launched_at = now_seconds();
+  if (first_launch_ == 0) first_launch_ = b.launched_at;
+  Tensor grads = flat_grads_.flat_range(b.begin, b.end);
+  if (opts_.zero)
+    b.work = dp_.reduce_scatter_async(
+        grads, shard_grads_.flat_range(b.shard_offset, b.shard_offset + (b.chunk_end - b.chunk_begin)), ReduceOp::Sum);
+  else
+    b.work = dp_.all_reduce_async(grads, ReduceOp::Sum);
+}
+
+void GradSync::layer_done(int layer) {
+  if (!opts_.overlap) return;
+  // Buckets complete in order during backward; launch each as soon as it is whole.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].layer != layer) continue;
+    Bucket& b = buckets_[size_t(bucket_of_[i])];
+    if (--b.pending == 0) launch(b);
+  }
+}
+
+void GradSync::finish() {
+  Stopwatch sw;
+  for (auto& b : buckets_) {
+    if (!b.work) launch(b);
+  }
+  // A bucket's completion is its launch plus its duration; the span to the
+  // last one is the communication time (operations overlap one another).
+  double last_done = first_launch_;
+  for (auto& b : buckets_) {
+    b.work->wait();
+    last_done = std::max(last_done, b.launched_at + b.work->duration_ms() / 1e3);
+  }
+  comm_ms_ += (last_done - first_launch_) * 1e3;
+  exposed_ms_ += sw.ms();
+}
+
+void GradSync::gather_parameters() {
+  if (!opts_.zero) return;
+  Stopwatch sw;
+  const double start = now_seconds();
+  std::vector<WorkPtr> works;
+  for (auto& b : buckets_)
+    works.push_back(dp_.all_gather_async(flat_params_.flat_range(b.chunk_begin, b.chunk_end),
+                                         flat_params_.flat_range(b.begin, b.end)));
+  for (auto& w : works) w->wait();
+  comm_ms_ += (now_seconds() - start) * 1e3;
+  exposed_ms_ += sw.ms();
+}
+
+double GradSync::grad_norm(const KernelContext& ctx, const AdamW& opt) {
+  double s = opt.local_grad_sum_squares(ctx);
+  if (opts_.zero) s = dp_.all_reduce_sum(s);
+  return std::sqrt(s);
+}
+
+}  // namespace xirang

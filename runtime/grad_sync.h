@@ -1,0 +1,99 @@
+// runtime/grad_sync.h: data-parallel gradient reduction in buckets, and the
+// ZeRO-1 sharding of the optimizer.
+//
+// The gradients live in one flat arena, in the parameters' order (forward
+// order). Buckets tile that buffer from its end: the last layers' gradients
+// are final first during backward, so bucket 0 holds the final LayerNorm and
+// the last blocks, and the embeddings close the last bucket. A bucket is
+// reduced over the dp group the moment every parameter in it is final
+// (layer_done() from the model's backward hook during the last microbatch),
+// on its own communication channel, while the backward pass goes on. The
+// optimizer waits in finish() only for what is still in flight.
+//
+// zero = 0: each bucket is all-reduced; every rank updates every parameter.
+// zero = 1: each bucket is reduce-scattered; rank r receives the summed
+// gradients of its chunk of every bucket (split_range), updates only those
+// elements (so optimizer state is 1/dp), and gather_parameters() all-gathers
+// the updated chunks back into every rank's parameters.
+//
+//   GradSync sync(model.parameters(), grid.dp_grads(), {.bucket_mb = 25, .overlap = true, .zero = false});
+//   sync.layout(shard_arena);           // ZeRO shard gradients (measuring, then real)
+//   opt.set_segments(sync.optimizer_segments());
+//   sync.begin_step();
+//   ... last microbatch: model backward calls sync.layer_done(l) ...
+//   sync.finish();                      // all reductions complete
+//   opt.step(...); sync.gather_parameters();
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/arena.h"
+#include "models/gpt2.h"
+#include "runtime/optimizer.h"
+
+namespace xirang {
+
+struct GradSyncOptions {
+  double bucket_mb = 25;
+  bool overlap = true;  // launch buckets during backward (else all after it)
+  bool zero = false;    // ZeRO-1
+};
+
+class GradSync {
+ public:
+  // `params` must be carved contiguously and in order from one parameter
+  // arena and one gradient arena with the same layout (GPT2::layout_parameters).
+  GradSync(std::vector<Parameter>& params, Communicator& dp, GradSyncOptions opts);
+
+  // Carves the ZeRO shard-gradient buffer (nothing without ZeRO).
+  void layout(Arena& shard);
+  // Segments for the optimizer: whole parameters, or this rank's shard pieces.
+  std::vector<OptimizerSegment> optimizer_segments() const;
+
+  void begin_step();
+  // The gradients of `layer` (-1 embeddings, n_layer final norm) are final.
+  void layer_done(int layer);
+  // Launches what is left, waits for every bucket.
+  void finish();
+  // ZeRO: all-gathers updated parameter chunks (no-op without ZeRO).
+  void gather_parameters();
+  // Global gradient norm: local sum of squares, summed over dp when sharded.
+  double grad_norm(const KernelContext& ctx, const AdamW& opt);
+
+  // Time dp communication was in flight this step (from the first launch to
+  // the last completion, per phase: gradients, then ZeRO parameter gather)
+  // and the time the caller was blocked waiting for it.
+  double comm_ms() const { return comm_ms_; }
+  double exposed_ms() const { return exposed_ms_; }
+  int num_buckets() const { return int(buckets_.size()); }
+  int64_t shard_elements() const { return shard_elems_; }
+
+  struct Bucket {
+    int64_t begin = 0, end = 0;        // element range of the flat buffers
+    int64_t chunk_begin = 0, chunk_end = 0;  // this rank's chunk (ZeRO)
+    int64_t shard_offset = 0;          // where the chunk sits in the shard buffer
+    std::vector<int> params;           // parameter indices in the bucket
+    int pending = 0;                   // parameters not yet final this step
+    WorkPtr work;
+    double launched_at = 0;            // seconds, steady clock
+  };
+
+ private:
+  void launch(Bucket& b);
+
+  std::vector<Parameter>& params_;
+  Communicator& dp_;
+  GradSyncOptions opts_;
+  Tensor flat_params_, flat_grads_;  // 1-D views over the arenas
+  std::vector<int64_t> offset_;      // element offset of each parameter
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;       // parameter -> bucket
+  Tensor shard_grads_;               // (shard_elems_) ZeRO
+  int64_t shard_elems_ = 0;
+  double comm_ms_ = 0, exposed_ms_ = 0;
+  double first_launch_ = 0;  // seconds; 0 before the first launch of the step
+};
+
+}  // namespace xirang

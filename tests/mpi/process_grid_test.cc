@@ -1,0 +1,147 @@
+// Tests of the process grid: the rank <-> coordinates mapping, the
+// single-rank grid, and over MPI every dp x tp x pp factorisation of the
+// world size, checking each group's members by a sum of world ranks.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "comm/process_grid.h"
+#include "tests/mpi/mpi_test_util.h"
+
+namespace xirang::test {
+namespace {
+
+std::string shape_str(const GridShape& s) { return str_cat("dp=", s.dp, " tp=", s.tp, " pp=", s.pp); }
+
+TEST(GridMath, CoordinatesRoundTripWithTpFastestThenDpThenPp) {
+  for (GridShape s : {GridShape{1, 1, 1}, GridShape{4, 1, 1}, GridShape{1, 4, 1}, GridShape{1, 1, 4},
+                      GridShape{2, 2, 1}, GridShape{3, 2, 2}, GridShape{2, 4, 3}, GridShape{5, 1, 3}}) {
+    SCOPED_TRACE(shape_str(s));
+    for (int r = 0; r < s.world(); ++r) {
+      GridCoords c = grid_coords(s, r);
+      EXPECT_GE(c.dp, 0);
+      EXPECT_LT(c.dp, s.dp);
+      EXPECT_GE(c.tp, 0);
+      EXPECT_LT(c.tp, s.tp);
+      EXPECT_GE(c.pp, 0);
+      EXPECT_LT(c.pp, s.pp);
+      EXPECT_EQ(grid_rank(s, c), r);
+      EXPECT_EQ(r, c.pp * s.dp * s.tp + c.dp * s.tp + c.tp);
+    }
+  }
+  GridShape s{.dp = 2, .tp = 2, .pp = 2};
+  GridCoords c1 = grid_coords(s, 1), c2 = grid_coords(s, 2), c4 = grid_coords(s, 4);
+  EXPECT_EQ(c1.tp, 1);  // neighbours differ in tp first
+  EXPECT_EQ(c1.dp, 0);
+  EXPECT_EQ(c2.dp, 1);
+  EXPECT_EQ(c2.tp, 0);
+  EXPECT_EQ(c4.pp, 1);
+  EXPECT_EQ(c4.dp, 0);
+}
+
+TEST(ProcessGridSingle, EveryGroupIsOneRank) {
+  auto g = ProcessGrid::single();
+  EXPECT_EQ(g->shape().world(), 1);
+  EXPECT_EQ(g->world_rank(), 0);
+  EXPECT_EQ(g->world().name(), "world");
+  EXPECT_EQ(g->dp().name(), "dp");
+  EXPECT_EQ(g->tp().name(), "tp");
+  EXPECT_EQ(g->pp().name(), "pp");
+  EXPECT_EQ(g->dp_grads().name(), "dp_grads");
+  for (Communicator* c : {&g->world(), &g->dp(), &g->tp(), &g->pp(), &g->dp_grads()}) {
+    EXPECT_EQ(c->size(), 1);
+    EXPECT_EQ(c->rank(), 0);
+    EXPECT_EQ(c->all_reduce_sum(3.5), 3.5);
+  }
+}
+
+// Sum of the world ranks of the members of this rank's group along one axis.
+double group_rank_sum(const GridShape& s, GridCoords c, int GridCoords::*axis, int axis_size) {
+  double sum = 0;
+  for (int k = 0; k < axis_size; ++k) {
+    c.*axis = k;
+    sum += grid_rank(s, c);
+  }
+  return sum;
+}
+
+void check_grid(ProcessGrid& g, const GridShape& s) {
+  int w = world_rank();
+  EXPECT_EQ(g.world_rank(), w);
+  GridCoords c = g.coords(), want = grid_coords(s, w);
+  EXPECT_EQ(c.dp, want.dp);
+  EXPECT_EQ(c.tp, want.tp);
+  EXPECT_EQ(c.pp, want.pp);
+  EXPECT_EQ(g.world().size(), s.world());
+  EXPECT_EQ(g.world().rank(), w);
+  EXPECT_EQ(g.tp().size(), s.tp);
+  EXPECT_EQ(g.tp().rank(), c.tp);
+  EXPECT_EQ(g.dp().size(), s.dp);
+  EXPECT_EQ(g.dp().rank(), c.dp);
+  EXPECT_EQ(g.pp().size(), s.pp);
+  EXPECT_EQ(g.pp().rank(), c.pp);
+  EXPECT_EQ(g.dp_grads().size(), s.dp);
+  EXPECT_EQ(g.dp_grads().rank(), c.dp);
+  EXPECT_EQ(g.world().name(), "world");
+  EXPECT_EQ(g.tp().name(), "tp");
+  EXPECT_EQ(g.dp().name(), "dp");
+  EXPECT_EQ(g.pp().name(), "pp");
+  EXPECT_EQ(g.dp_grads().name(), "dp");
+  // Every rank runs the same sequence of group collectives.
+  EXPECT_EQ(g.world().all_reduce_sum(w), s.world() * (s.world() - 1) / 2.0);
+  EXPECT_EQ(g.tp().all_reduce_sum(w), group_rank_sum(s, c, &GridCoords::tp, s.tp));
+  EXPECT_EQ(g.dp().all_reduce_sum(w), group_rank_sum(s, c, &GridCoords::dp, s.dp));
+  EXPECT_EQ(g.pp().all_reduce_sum(w), group_rank_sum(s, c, &GridCoords::pp, s.pp));
+  EXPECT_EQ(g.dp_grads().all_reduce_sum(w), group_rank_sum(s, c, &GridCoords::dp, s.dp));
+  // The bucket channel and the dp channel run at the same time without mixing.
+  double a = w, b = 10.0 * w;
+  WorkPtr wa = g.dp_grads().all_reduce_async(Tensor(&a, {1}, DType::F64), ReduceOp::Sum);
+  WorkPtr wb = g.dp().all_reduce_async(Tensor(&b, {1}, DType::F64), ReduceOp::Max);
+  wb->wait();
+  wa->wait();
+  EXPECT_EQ(a, group_rank_sum(s, c, &GridCoords::dp, s.dp));
+  GridCoords top = c;
+  top.dp = s.dp - 1;
+  EXPECT_EQ(b, 10.0 * grid_rank(s, top));
+}
+
+std::vector<GridShape> factorisations(int world) {
+  std::vector<GridShape> out;
+  for (int pp = 1; pp <= world; ++pp)
+    for (int tp = 1; tp <= world; ++tp)
+      if (world % (pp * tp) == 0) out.push_back(GridShape{.dp = world / (pp * tp), .tp = tp, .pp = pp});
+  return out;
+}
+
+TEST(ProcessGridMpi, EveryFactorisationOfTheWorld) {
+  for (const GridShape& s : factorisations(world_size())) {
+    SCOPED_TRACE(shape_str(s));
+    auto g = ProcessGrid::create_mpi(s, kOpts);
+    check_grid(*g, s);
+  }
+}
+
+// With a link model every group is a SimulatedLink around an MpiCommunicator;
+// results and names are the same.
+TEST(ProcessGridMpi, WithSimulatedLink) {
+  int w = world_size();
+  GridShape s = w % 2 == 0 ? GridShape{.dp = w / 2, .tp = 2, .pp = 1} : GridShape{.dp = w, .tp = 1, .pp = 1};
+  auto g = ProcessGrid::create_mpi(s, kOpts, LinkModel{.latency_us = 200, .bandwidth_gbps = 0});
+  check_grid(*g, s);
+}
+
+TEST(ProcessGridMpi, MismatchedShapeIsAConfigError) {
+  int w = world_size();
+  GridShape s = w == 4 ? GridShape{.dp = 3, .tp = 1, .pp = 1} : GridShape{.dp = 2, .tp = 2, .pp = 1};
+  expect_error([&] { ProcessGrid::create_mpi(s, kOpts); }, ErrorKind::Config,
+               {str_cat("world size ", w, " does not match parallel.dp x tp x pp = ", s.dp, " x ", s.tp, " x ", s.pp,
+                        " = ", s.world())});
+  expect_error([&] { ProcessGrid::create_mpi(GridShape{.dp = 0, .tp = w, .pp = 1}, kOpts); }, ErrorKind::Config,
+               {"parallel.dp x tp x pp = 0 x"});
+  // Nothing collective happened on the failed attempts: a good grid follows.
+  auto g = ProcessGrid::create_mpi(GridShape{.dp = w, .tp = 1, .pp = 1}, kOpts);
+  check_grid(*g, GridShape{.dp = w, .tp = 1, .pp = 1});
+}
+
+}  // namespace
+}  // namespace xirang::test

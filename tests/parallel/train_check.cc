@@ -1,0 +1,151 @@
+// Layout equivalence under MPI: every parallel layout trains exactly like
+// one rank.
+//
+//   mpirun -np 4 parallel_train_check --data DIR --set parallel.zero=1 [--steps 10]
+//
+// World rank 0 first trains the single-rank reference (parallel.dp = tp = pp
+// = 1, same global batch and seed) on its own; then every rank trains the
+// layout given by the overrides on the process grid. Rank 0 compares the
+// per-step losses (relative difference < 1e-5) and the final parameters
+// (largest difference < 1e-5 of the largest parameter), and every rank
+// checks that its replica equals rank 0's bit for bit. Prints one line per
+// check and a closing "N passed, M failed"; exits non-zero on any failure.
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/mpi_runtime.h"
+#include "comm/process_grid.h"
+#include "core/rng.h"
+#include "runtime/config.h"
+#include "runtime/trainer.h"
+
+using namespace xirang;
+
+namespace {
+
+struct Args {
+  std::string data;
+  std::vector<std::string> overrides;
+  int steps = 10;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s == "--data" && i + 1 < argc) a.data = argv[++i];
+    else if (s == "--set" && i + 1 < argc) a.overrides.push_back(argv[++i]);
+    else if (s == "--steps" && i + 1 < argc) a.steps = std::stoi(argv[++i]);
+    else fail(ErrorKind::Usage, "parallel_train_check: unexpected argument '", s, "'");
+  }
+  if (a.data.empty()) fail(ErrorKind::Usage, "parallel_train_check: --data DIR is required");
+  return a;
+}
+
+Config make_config(const Args& a, std::vector<std::string> extra, int world) {
+  std::vector<std::string> o = {"data.train=" + a.data + "/train", "train.steps=" + std::to_string(a.steps),
+                                "metrics.jsonl="};
+  o.insert(o.end(), a.overrides.begin(), a.overrides.end());
+  o.insert(o.end(), extra.begin(), extra.end());
+  Config c = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", o);
+  validate(c, world);
+  return c;
+}
+
+std::vector<float> flat_params(Trainer& t) {
+  std::vector<float> out;
+  for (auto& p : t.model().parameters()) {
+    const float* v = p.value.data<float>();
+    out.insert(out.end(), v, v + p.value.numel());
+  }
+  return out;
+}
+
+int passed = 0, failed = 0;
+
+std::string sci(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2e", x);
+  return buf;
+}
+
+void check(bool ok, const std::string& what) {
+  std::printf("%s: %s\n", ok ? "ok" : "FAIL", what.c_str());
+  (ok ? passed : failed)++;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiRuntime mpi(&argc, &argv);
+  const int rank = mpi.world_rank(), world = mpi.world_size();
+  try {
+    Args args = parse(argc, argv);
+    TrainerOptions quiet;
+    quiet.print = false;
+    quiet.peak = PeakFlops{1e11, "test"};
+
+    std::vector<double> ref_losses;
+    std::vector<float> ref_params;
+    if (rank == 0) {
+      Trainer ref(make_config(args, {"parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.zero=0"}, 1), quiet);
+      ref_losses = ref.run().losses;
+      ref_params = flat_params(ref);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    Config cfg = make_config(args, {}, world);
+    auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
+                                        CommOptions{cfg.comm.timeout_s},
+                                        LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
+    Trainer t(cfg, quiet, grid.get());
+    TrainResult r = t.run();
+    std::vector<float> params = flat_params(t);
+
+    // Replicas: every rank's parameters hash to rank 0's.
+    uint64_t h = 1469598103934665603ull;
+    for (float v : params) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      h = (h ^ bits) * 1099511628211ull;
+    }
+    uint64_t h0 = h;
+    MPI_Bcast(&h0, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    int same = h == h0, all_same = 0;
+    MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+
+    if (rank == 0) {
+      std::printf("layout dp=%d tp=%d pp=%d zero=%d overlap=%d bucket_mb=%g, %d ranks, %d steps\n", cfg.parallel.dp,
+                  cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero, int(cfg.parallel.overlap_grad_reduce),
+                  cfg.parallel.bucket_mb, world, args.steps);
+      double worst = 0;
+      for (size_t i = 0; i < r.losses.size(); ++i) {
+        const double rel = std::abs(r.losses[i] - ref_losses[i]) / std::abs(ref_losses[i]);
+        worst = std::max(worst, rel);
+        std::printf("  step %2zu  loss %.8f  single rank %.8f  rel diff %.2e\n", i + 1, r.losses[i], ref_losses[i], rel);
+      }
+      check(worst < 1e-5, "per-step losses within 1e-5 relative of one rank (worst " + sci(worst) + ")");
+      double diff = 0, scale = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        diff = std::max(diff, double(std::abs(params[i] - ref_params[i])));
+        scale = std::max(scale, double(std::abs(ref_params[i])));
+      }
+      check(params.size() == ref_params.size() && diff / scale < 1e-5,
+            "final parameters within 1e-5 of one rank (largest difference " + sci(diff / scale) + " of the largest parameter)");
+      check(all_same == 1, "every replica's parameters equal rank 0's bit for bit");
+      check(r.losses.back() < r.losses.front(), "the loss went down");
+      std::printf("%d passed, %d failed\n", passed, failed);
+    }
+    int bad = failed, any_bad = 0;
+    MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return any_bad ? 1 : 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "parallel_train_check: rank %d: %s: %s\n", rank, error_kind_name(e.kind()), e.what());
+    MpiRuntime::abort_world(1);
+  }
+}
