@@ -92,8 +92,10 @@ int main(int argc, char** argv) {
 
     std::vector<double> ref_losses;
     std::vector<float> ref_params;
+    size_t ref_opt_bytes = 0;
     if (rank == 0) {
       Trainer ref(make_config(args, {"parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.zero=0"}, 1), quiet);
+      ref_opt_bytes = ref.memory_plan().bytes_of("optimizer state");
       ref_losses = ref.run().losses;
       ref_params = flat_params(ref);
     }
@@ -139,6 +141,12 @@ int main(int argc, char** argv) {
             "final parameters within 1e-5 of one rank (largest difference " + sci(diff / scale) + " of the largest parameter)");
       check(all_same == 1, "every replica's parameters equal rank 0's bit for bit");
       check(r.losses.back() < r.losses.front(), "the loss went down");
+      // ZeRO-1 keeps 1/dp of the AdamW state per rank (plus alignment padding of its pieces).
+      const double opt = double(t.memory_plan().bytes_of("optimizer state"));
+      const double expect = double(ref_opt_bytes) / (cfg.parallel.zero ? cfg.parallel.dp : 1);
+      check(opt >= 0.99 * expect && opt <= 1.02 * expect + 65536,
+            "optimizer state per rank " + std::to_string(size_t(opt)) + " bytes, expected about " +
+                std::to_string(size_t(expect)) + (cfg.parallel.zero ? " (1/dp of one rank's)" : " (as one rank)"));
       std::printf("%d passed, %d failed\n", passed, failed);
     }
     int bad = failed, any_bad = 0;
