@@ -11,6 +11,8 @@ void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x);
 // dx = dy * gelu'(x); dx may alias dy.
 void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x);
 
+// y (N, C) += bias (C) for every row.
+void add_bias(const KernelContext& ctx, Tensor y, const Tensor& bias);
 // out = a + b (out may alias a or b).
 void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b);
 // x *= s

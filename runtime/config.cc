@@ -49,7 +49,7 @@ std::vector<Section> schema(Config& c) {
         {"seq_len", &m.seq_len}, {"vocab_size", &m.vocab_size}, {"vocab_multiple", &m.vocab_multiple}}},
       {"parallel",
        {{"dp", &p.dp}, {"tp", &p.tp}, {"pp", &p.pp}, {"zero", &p.zero}, {"bucket_mb", &p.bucket_mb},
-        {"overlap_grad_reduce", &p.overlap_grad_reduce}}},
+        {"overlap_grad_reduce", &p.overlap_grad_reduce}, {"sequence_parallel", &p.sequence_parallel}}},
       {"train",
        {{"steps", &t.steps}, {"global_batch", &t.global_batch}, {"micro_batch", &t.micro_batch},
         {"seq_len", &t.seq_len}, {"lr", &t.lr}, {"min_lr_ratio", &t.min_lr_ratio},
@@ -430,6 +430,13 @@ void validate(Config& c, int world_size) {
   v.non_negative("memory.limit_gb", c.memory.limit_gb, " (0 is no limit)");
   if (p.zero != 0 && p.zero != 1) v.fail_rule(str_cat("parallel.zero=", p.zero, " must be 0 or 1"));
   v.positive("parallel.bucket_mb", p.bucket_mb);
+  if (p.sequence_parallel) {
+    const int64_t rows = int64_t{t.micro_batch} * c.seq_len();
+    if (rows % p.tp != 0)
+      v.fail_rule(str_cat("parallel.sequence_parallel splits the ", rows, " token rows of a microbatch (train.micro_batch ",
+                          t.micro_batch, " x seq_len ", c.seq_len(), ") over parallel.tp=", p.tp,
+                          ", which does not divide them"));
+  }
   v.positive("comm.timeout_s", c.comm.timeout_s);
   v.non_negative("comm.latency_us", c.comm.latency_us);
   v.non_negative("comm.bandwidth_gbps", c.comm.bandwidth_gbps, " (0 is no limit)");

@@ -33,6 +33,7 @@ struct ParallelConfig {
   int zero = 0;                     // 1: ZeRO-1, optimizer state sharded over dp
   double bucket_mb = 25;            // gradient bucket size for the dp reduction
   bool overlap_grad_reduce = true;  // start each bucket's reduction during the backward pass
+  bool sequence_parallel = false;   // split LayerNorm regions along the tokens over tp
 };
 
 // Communication settings; latency and bandwidth inject a slower link (tests, benchmarks).

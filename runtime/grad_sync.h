@@ -45,7 +45,8 @@ class GradSync {
  public:
   // `params` must be carved contiguously and in order from one parameter
   // arena and one gradient arena with the same layout (GPT2::layout_parameters).
-  GradSync(std::vector<Parameter>& params, Communicator& dp, GradSyncOptions opts);
+  // `tp` (may be null) is the tensor-parallel group, for the gradient norm.
+  GradSync(std::vector<Parameter>& params, Communicator& dp, Communicator* tp, GradSyncOptions opts);
 
   // Carves the ZeRO shard-gradient buffer (nothing without ZeRO).
   void layout(Arena& shard);
@@ -59,7 +60,8 @@ class GradSync {
   void finish();
   // ZeRO: all-gathers updated parameter chunks (no-op without ZeRO).
   void gather_parameters();
-  // Global gradient norm: local sum of squares, summed over dp when sharded.
+  // Global gradient norm: the sum of squares of this rank's segments
+  // (tensor-parallel replicas counted once), summed over tp, and over dp when sharded.
   double grad_norm(const KernelContext& ctx, const AdamW& opt);
 
   // Time dp communication was in flight this step (from the first launch to
@@ -85,6 +87,7 @@ class GradSync {
 
   std::vector<Parameter>& params_;
   Communicator& dp_;
+  Communicator* tp_;
   GradSyncOptions opts_;
   Tensor flat_params_, flat_grads_;  // 1-D views over the arenas
   std::vector<int64_t> offset_;      // element offset of each parameter

@@ -64,6 +64,7 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"data_wait_ms", m.data_wait_ms},
                       {"dp_comm_ms", m.dp_comm_ms},
                       {"dp_comm_exposed_ms", m.dp_comm_exposed_ms},
+                      {"tp_comm_ms", m.tp_comm_ms},
                       {"peak_tflops", peak_.flops / 1e12},
                       {"peak_source", peak_.source}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;

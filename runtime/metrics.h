@@ -33,6 +33,7 @@ struct StepMetrics {
   double data_wait_ms = 0;
   double dp_comm_ms = 0;          // time data-parallel communication took this step
   double dp_comm_exposed_ms = 0;  // time the step waited for it
+  double tp_comm_ms = 0;          // time in tensor-parallel communication (blocking, so all exposed)
   std::optional<double> val_loss;
 };
 

@@ -31,6 +31,7 @@ struct OptimizerSegment {
   Tensor param;  // 1-D view into the parameter arena
   Tensor grad;   // 1-D view, same length: the (reduced) gradient of those elements
   bool decay;    // weight decay applies
+  bool tp_replicated = true;  // every tensor-parallel rank holds the same values (count once in the norm)
 };
 
 class AdamW {

@@ -53,13 +53,14 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   if (gs.dp != cfg_.parallel.dp || gs.tp != cfg_.parallel.tp || gs.pp != cfg_.parallel.pp)
     fail(ErrorKind::Config, "the process grid (dp ", gs.dp, ", tp ", gs.tp, ", pp ", gs.pp,
          ") does not match parallel.dp=", cfg_.parallel.dp, ", tp=", cfg_.parallel.tp, ", pp=", cfg_.parallel.pp);
-  if (cfg_.parallel.tp != 1 || cfg_.parallel.pp != 1)
-    fail(ErrorKind::Config, "parallel.tp=", cfg_.parallel.tp, " and parallel.pp=", cfg_.parallel.pp,
-         ": tensor and pipeline parallelism are not built yet (only data parallelism; set both to 1)");
+  if (cfg_.parallel.pp != 1)
+    fail(ErrorKind::Config, "parallel.pp=", cfg_.parallel.pp,
+         ": pipeline parallelism is not built yet (set parallel.pp=1)");
   opts_.print = opts_.print && is_logger();
 
   GPT2Batch batch{cfg_.train.micro_batch, cfg_.seq_len(), 1};
-  model_ = std::make_unique<GPT2>(model_shape(cfg_), GPT2Stage::whole(model_shape(cfg_)), opts_.dtype, batch);
+  model_ = std::make_unique<GPT2>(model_shape(cfg_), GPT2Stage::whole(model_shape(cfg_)), opts_.dtype, batch,
+                                  GPT2Parallel{&grid_->tp(), cfg_.parallel.sequence_parallel});
 
   // The data come first: a missing or corrupt dataset should fail before any large allocation.
   train_data_.emplace(open_split(cfg_.data.train, "data.train", cfg_));
@@ -86,7 +87,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   params_ = Arena("parameters", mp.used());
   grads_ = Arena("gradients", mg.used());
   model_->layout_parameters(params_, grads_);
-  sync_ = std::make_unique<GradSync>(model_->parameters(), grid_->dp_grads(),
+  sync_ = std::make_unique<GradSync>(model_->parameters(), grid_->dp_grads(), &grid_->tp(),
                                      GradSyncOptions{cfg_.parallel.bucket_mb, cfg_.parallel.overlap_grad_reduce, zero});
   opt_ = std::make_unique<AdamW>(cfg_.train);
   sync_->layout(mz);
@@ -97,10 +98,13 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   if (zero) plan_.add("gradient shard", mz.used(), str_cat("reduce-scattered gradients, 1/", dp));
   plan_.add("activations", ma.used(),
             str_cat("micro_batch ", batch.micro_batch, " x seq_len ", batch.seq_len, " x ", batch.activation_slots,
-                    " slot(s)"));
+                    " slot(s)", cfg_.parallel.tp > 1 ? str_cat(", split over tp=", cfg_.parallel.tp) : "",
+                    cfg_.parallel.sequence_parallel ? " with sequence parallelism" : ""));
   const size_t io_bytes = 2 * size_t(batch.micro_batch) * batch.seq_len * 4 + 2 * Arena::kAlignment;
   plan_.add("input batch", io_bytes, "tokens and targets, int32");
-  if (opts_.print) std::fprintf(stderr, "%s", plan_.table(str_cat("memory plan (per rank, dp=", dp, "):")).c_str());
+  if (opts_.print)
+    std::fprintf(stderr, "%s",
+                 plan_.table(str_cat("memory plan (per rank; dp=", dp, ", tp=", cfg_.parallel.tp, "):")).c_str());
   plan_.check_limit(size_t(cfg_.memory.limit_gb * double(1ull << 30)), "memory.limit_gb");
 
   opt_state_ = Arena("optimizer state", ms.used());
@@ -113,8 +117,10 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   model_->layout_activations(acts_);
   tokens_ = io_.alloc({batch.micro_batch, batch.seq_len}, DType::I32, "tokens");
   targets_ = io_.alloc({batch.micro_batch, batch.seq_len}, DType::I32, "targets");
-  // Every rank initialises the full model from the same seed: replicas start identical without a broadcast.
+  // Every rank initialises its part of the model from the same seed: replicas
+  // start identical, and shards equal slices of the one-rank model, without communication.
   model_->init_parameters(cfg_.train.seed);
+  model_->set_grad_ready_hook([this](int l) { sync_->layer_done(l); });
 
   if (opts_.peak) peak_ = *opts_.peak;
   else if (cfg_.metrics.peak_tflops > 0) peak_ = {cfg_.metrics.peak_tflops * 1e12, "config metrics.peak_tflops"};
@@ -143,12 +149,10 @@ double Trainer::accumulate_gradients(int step, StepMetrics& m) {
     m.forward_ms += fw.ms();
     // Only the last microbatch's backward makes gradients final.
     const bool last = mb == micro - 1;
-    model_->set_grad_ready_hook(last ? std::function<void(int)>([this](int l) { sync_->layer_done(l); }) : nullptr);
     Stopwatch bw;
-    model_->backward(ctx_, 0, tokens_);
+    model_->backward(ctx_, 0, tokens_, last ? GradPhase::Final : GradPhase::Accumulate);
     m.backward_ms += bw.ms();
   }
-  model_->set_grad_ready_hook(nullptr);
   return loss_sum / micro;
 }
 
@@ -192,7 +196,7 @@ TrainResult Trainer::run() {
     std::fprintf(stderr,
                  "model: %s parameters, %d layers, d_model %d, %d heads; layout dp %d x tp %d x pp %d%s; %d steps of "
                  "%.0f tokens; peak %.1f GFLOP/s per rank (%s)\n",
-                 count_str(double(model_->num_parameters())).c_str(), cfg_.model.n_layer, cfg_.model.d_model,
+                 count_str(double(model_->num_global_parameters())).c_str(), cfg_.model.n_layer, cfg_.model.d_model,
                  cfg_.model.n_head, cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp,
                  cfg_.parallel.zero ? " (ZeRO-1)" : "", cfg_.train.steps, tokens_per_step, peak_.flops / 1e9,
                  peak_.source.c_str());
@@ -216,6 +220,7 @@ TrainResult Trainer::run() {
     m.loss = grid_->dp().all_reduce_sum(local_loss) / cfg_.parallel.dp;
     m.dp_comm_ms = sync_->comm_ms();
     m.dp_comm_exposed_ms = sync_->exposed_ms();
+    m.tp_comm_ms = model_->take_tp_comm_ms();
     m.step_ms = sw.ms();
     m.tokens_per_s = tokens_per_step / (m.step_ms / 1e3);
     m.mfu = flops_per_rank / (m.step_ms / 1e3) / peak_.flops;

@@ -1,8 +1,10 @@
-// CPU softmax cross entropy fused with its gradient.
+// CPU softmax cross entropy fused with its gradient, and its three-phase
+// vocabulary-parallel form (max, sums, finish) for a shard of the columns.
 #include "kernels/cross_entropy.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/cpu/common.h"
 
@@ -46,6 +48,135 @@ void cross_entropy_forward_backward(const KernelContext& ctx, Tensor losses, Ten
         drow[tg[i]] -= T(dloss);
         std::fill(drow + vocab_size, drow + Vp, T(0));
       }
+    }
+  });
+}
+
+
+namespace {
+
+// Columns of a shard that are real vocabulary entries: [0, n) with n =
+// clamp(vocab_size - vocab_begin, 0, V_shard). The rest (possibly all of
+// them, for a shard lying wholly in the padding) take no part.
+int64_t real_columns(int64_t vocab_begin, int64_t vocab_size, int64_t shard_width) {
+  return std::clamp<int64_t>(vocab_size - vocab_begin, 0, shard_width);
+}
+
+// Checks shared by the three phases; returns the logits as (N, V_shard).
+Tensor check_shard(const char* op, const Tensor& logits, int64_t vocab_begin, int64_t vocab_size) {
+  if (logits.rank() < 1) fail(ErrorKind::Shape, op, ": logits must be (N, V_shard), got ", logits.shape().str());
+  if (vocab_size <= 0 || vocab_begin < 0)
+    fail(ErrorKind::Shape, op, ": vocab_begin ", vocab_begin, " and vocab_size ", vocab_size,
+         " must satisfy vocab_begin >= 0 and vocab_size > 0");
+  return logits.flat2d();
+}
+
+void check_row_vector(const char* op, const char* what, const Tensor& t, int64_t N, DType dtype) {
+  check_shape(op, what, t.flat(), {N});
+  check_dtype(op, what, t, dtype);
+}
+
+void check_targets(const char* op, const Tensor& targets, int64_t N, int64_t vocab_size) {
+  check_shape(op, "targets", targets.flat(), {N});
+  check_dtype(op, "targets", targets, DType::I32);
+  const int32_t* tg = targets.data<int32_t>();
+  for (int64_t i = 0; i < N; ++i)
+    if (tg[i] < 0 || tg[i] >= vocab_size)
+      fail(ErrorKind::Data, op, ": target ", tg[i], " at position ", i, " is outside [0, ", vocab_size, ")");
+}
+
+}  // namespace
+
+void cross_entropy_shard_max(const KernelContext& ctx, Tensor row_max, const Tensor& logits, int64_t vocab_begin,
+                             int64_t vocab_size) {
+  const char* op = "cross_entropy_shard_max";
+  cpu::require_cpu(ctx, op);
+  Tensor l2 = check_shard(op, logits, vocab_begin, vocab_size);
+  const int64_t N = l2.size(0), Vs = l2.size(1), n_real = real_columns(vocab_begin, vocab_size, Vs);
+  check_row_vector(op, "row_max", row_max, N, logits.dtype());
+  dispatch_float(logits.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pl = l2.data<T>();
+    T* pm = row_max.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const T* row = pl + i * Vs;
+      // -inf is the identity of the Max all-reduce, so a shard without real
+      // columns leaves the global max to the others.
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < n_real; ++j) mx = std::max(mx, row[j]);
+      pm[i] = mx;
+    }
+  });
+}
+
+void cross_entropy_shard_sums(const KernelContext& ctx, Tensor sums, const Tensor& logits, const Tensor& targets,
+                              const Tensor& row_max, int64_t vocab_begin, int64_t vocab_size) {
+  const char* op = "cross_entropy_shard_sums";
+  cpu::require_cpu(ctx, op);
+  Tensor l2 = check_shard(op, logits, vocab_begin, vocab_size);
+  const int64_t N = l2.size(0), Vs = l2.size(1), n_real = real_columns(vocab_begin, vocab_size, Vs);
+  check_row_vector(op, "row_max", row_max, N, logits.dtype());
+  check_shape(op, "sums", sums, {N, 2});
+  check_dtype(op, "sums", sums, logits.dtype());
+  check_targets(op, targets, N, vocab_size);
+  dispatch_float(logits.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pl = l2.data<T>();
+    const T* pm = row_max.data<T>();
+    const int32_t* tg = targets.data<int32_t>();
+    T* ps = sums.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const T* row = pl + i * Vs;
+      const double mx = double(pm[i]);
+      // Summed in double: a shard's partial sum is rounded to T once, when stored.
+      double sum = 0;
+      for (int64_t j = 0; j < n_real; ++j) sum += std::exp(double(row[j]) - mx);
+      const int64_t t = int64_t(tg[i]) - vocab_begin;
+      // The target logit travels in the Sum all-reduce: exactly one shard
+      // holds the target, every other one contributes 0.
+      ps[2 * i] = T(sum);
+      ps[2 * i + 1] = (t >= 0 && t < n_real) ? row[t] : T(0);
+    }
+  });
+}
+
+void cross_entropy_shard_finish(const KernelContext& ctx, Tensor losses, Tensor dlogits, const Tensor& logits,
+                                const Tensor& targets, const Tensor& row_max, const Tensor& sums,
+                                int64_t vocab_begin, int64_t vocab_size, double dloss) {
+  const char* op = "cross_entropy_shard_finish";
+  cpu::require_cpu(ctx, op);
+  Tensor l2 = check_shard(op, logits, vocab_begin, vocab_size);
+  const int64_t N = l2.size(0), Vs = l2.size(1), n_real = real_columns(vocab_begin, vocab_size, Vs);
+  check_row_vector(op, "row_max", row_max, N, logits.dtype());
+  check_row_vector(op, "losses", losses, N, logits.dtype());
+  check_shape(op, "sums", sums, {N, 2});
+  check_dtype(op, "sums", sums, logits.dtype());
+  check_targets(op, targets, N, vocab_size);
+  if (dlogits.defined()) {
+    check_same_shape(op, dlogits, logits);
+    check_dtype(op, "dlogits", dlogits, logits.dtype());
+  }
+  dispatch_float(logits.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pl = l2.data<T>();
+    const T* pm = row_max.data<T>();
+    const T* ps = sums.data<T>();
+    const int32_t* tg = targets.data<int32_t>();
+    T* pls = losses.data<T>();
+    T* pd = dlogits.defined() ? dlogits.data<T>() : nullptr;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const double logz = std::log(double(ps[2 * i])) + double(pm[i]);
+      pls[i] = T(logz - double(ps[2 * i + 1]));
+      if (!pd) continue;
+      const T* row = pl + i * Vs;
+      T* drow = pd + i * Vs;  // may alias row: each element is read before it is written
+      for (int64_t j = 0; j < n_real; ++j) drow[j] = T(std::exp(double(row[j]) - logz) * dloss);
+      const int64_t t = int64_t(tg[i]) - vocab_begin;
+      if (t >= 0 && t < n_real) drow[t] -= T(dloss);
+      std::fill(drow + n_real, drow + Vs, T(0));
     }
   });
 }

@@ -52,6 +52,26 @@ void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const 
   });
 }
 
+void add_bias(const KernelContext& ctx, Tensor y, const Tensor& bias) {
+  cpu::require_cpu(ctx, "add_bias");
+  if (bias.rank() != 1) fail(ErrorKind::Shape, "add_bias: bias must be (C), got ", bias.shape().str());
+  const int64_t C = bias.size(0);
+  // Any leading dims are rows: (N, C) and (B, T, C) activations alike.
+  if (y.rank() < 1 || y.size(-1) != C)
+    fail(ErrorKind::Shape, "add_bias: y ", y.shape().str(), " does not have rows of width ", C);
+  check_dtype("add_bias", "bias", bias, y.dtype());
+  Tensor y2 = y.flat2d();
+  const int64_t N = y2.size(0);
+  dispatch_float(y.dtype(), "add_bias", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pb = bias.data<T>();
+    T* py = y2.data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < C; ++j) py[i * C + j] += pb[j];
+  });
+}
+
 void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b) {
   cpu::require_cpu(ctx, "add");
   check_same_shape("add", out, a);

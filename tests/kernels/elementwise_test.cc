@@ -1,6 +1,6 @@
 // Tests for kernels/elementwise.h: GELU forward/backward (with a
-// finite-difference check), add, scale, zero, casts between every pair of
-// float dtypes, sum_squares and all_finite.
+// finite-difference check), add_bias, add, scale, zero, casts between every
+// pair of float dtypes, sum_squares and all_finite.
 //
 // fp32 tolerance for GELU: 1e-5 of max(1, max|ref|). Each element is a
 // handful of fp32 operations plus tanh (a few ulp); the derivative's
@@ -97,6 +97,32 @@ TYPED_TEST(ElementwiseTest, AddIncludingAliases) {
   a = f.x;
   add(f.ctx, view(b, {f.N, f.C}), view(a, {f.N, f.C}), view(b, {f.N, f.C}));
   expect_near(b, ref, tol<T>(2.5e-7), "add out=b");
+}
+
+// y += bias on every row, over random prior y; also on a (B, T, C) view,
+// whose leading dims are rows. One fp32 addition per element (6e-8
+// relative); 2.5e-7 as for add.
+TYPED_TEST(ElementwiseTest, AddBias) {
+  using T = TypeParam;
+  auto& f = *this;
+  auto bias = cast_vec<T>(randn(f.C, 206));
+  Vec ref = ref_add_bias(to_f64(f.x), to_f64(bias), f.N, f.C);
+  auto y = f.x;
+  add_bias(f.ctx, view(y, {f.N, f.C}), view(bias, {f.C}));
+  expect_near(y, ref, tol<T>(2.5e-7), "add_bias");
+  std::vector<T> y3(2 * 5 * f.C);
+  std::copy(f.x.begin(), f.x.begin() + y3.size(), y3.begin());
+  add_bias(f.ctx, view(y3, {2, 5, f.C}), view(bias, {f.C}));
+  expect_near(y3, Vec(ref.begin(), ref.begin() + y3.size()), tol<T>(2.5e-7), "add_bias on (B, T, C)");
+}
+
+TEST(AddBias, WidthAndDtypeMismatchNameTheOp) {
+  KernelContext ctx;
+  std::vector<float> y(4 * 8), b7(7), b8(8);
+  std::vector<double> b8_f64(8);
+  expect_error([&] { add_bias(ctx, view(y, {4, 8}), view(b7, {7})); }, ErrorKind::Shape, {"add_bias"});
+  expect_error([&] { add_bias(ctx, view(y, {4, 8}), view(b8, {1, 8})); }, ErrorKind::Shape, {"add_bias", "bias"});
+  expect_error([&] { add_bias(ctx, view(y, {4, 8}), view(b8_f64, {8})); }, ErrorKind::Shape, {"add_bias", "bias"});
 }
 
 TYPED_TEST(ElementwiseTest, ScaleAndZero) {

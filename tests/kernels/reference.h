@@ -355,6 +355,36 @@ inline void ref_embedding_backward(Vec& dwte, Vec& dwpe, const Vec& dout, const 
       }
 }
 
+// Rows of a vocabulary shard wte (V_shard, C) holding global rows
+// [vocab_begin, vocab_begin + V_shard): out (N, C) is the token's row, or zeros
+// for a token the shard does not hold.
+inline Vec ref_embedding_lookup(const std::vector<int32_t>& tokens, const Vec& wte, int64_t vocab_begin,
+                                int64_t shard_rows, int64_t C) {
+  Vec out(tokens.size() * C, 0.0);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    int64_t r = tokens[i] - vocab_begin;
+    if (r < 0 || r >= shard_rows) continue;
+    for (int64_t c = 0; c < C; ++c) out[i * C + c] = wte[r * C + c];
+  }
+  return out;
+}
+
+// Row i of a run of N rows starting at flattened row `row_offset` of
+// (B * seq_len) rows sits at position (row_offset + i) % seq_len.
+inline Vec ref_add_positions(const Vec& x, const Vec& wpe, int64_t N, int64_t C, int64_t seq_len, int64_t row_offset) {
+  Vec y = x;
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t c = 0; c < C; ++c) y[i * C + c] += wpe[((row_offset + i) % seq_len) * C + c];
+  return y;
+}
+
+// Adds the position gradients of those rows to dwpe (>= seq_len, C).
+inline void ref_add_positions_backward(Vec& dwpe, const Vec& dx, int64_t N, int64_t C, int64_t seq_len,
+                                       int64_t row_offset) {
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t c = 0; c < C; ++c) dwpe[((row_offset + i) % seq_len) * C + c] += dx[i * C + c];
+}
+
 // ---------------------------------------------------------------- AdamW
 struct AdamWRef {
   double lr, beta1, beta2, eps, weight_decay, grad_scale;
@@ -386,6 +416,14 @@ inline double ref_round_bits(double x, int bits) {
 }
 inline double ref_round_bf16(double x) { return ref_round_bits(double(float(x)), 8); }
 inline double ref_round_f16(double x) { return ref_round_bits(double(float(x)), 11); }  // |x| in [2^-14, 65504]
+
+// y (N, C) + bias (C) on every row.
+inline Vec ref_add_bias(const Vec& y, const Vec& bias, int64_t N, int64_t C) {
+  Vec r = y;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) r[n * C + c] += bias[c];
+  return r;
+}
 
 inline double ref_sum_squares(const Vec& x) {
   double s = 0;

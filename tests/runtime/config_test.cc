@@ -387,10 +387,31 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
        {"data.train='" + dir("empty") + "': no dataset there (missing " + dir("empty") + "/index.json)"}},
       {{"data.val=" + dir("empty")}, 1, {"data.val='" + dir("empty") + "'", "index.json"}},
       {{"data.val=", "train.eval_every=5"}, 1, {"train.eval_every=5", "data.val"}},
+      {{"parallel.zero=2"}, 1, {"parallel.zero=2 must be 0 or 1"}},
+      {{"parallel.bucket_mb=0"}, 1, {"parallel.bucket_mb=0 must be > 0"}},
+      {{"parallel.tp=4", "parallel.sequence_parallel=true", "train.micro_batch=1", "train.seq_len=30"}, 4,
+       {"parallel.sequence_parallel", "30 token rows", "parallel.tp=4"}},
+      {{"comm.timeout_s=0"}, 1, {"comm.timeout_s=0 must be > 0"}},
+      {{"comm.latency_us=-1"}, 1, {"comm.latency_us=-1 must be >= 0"}},
+      {{"faults.kind=explode", "faults.step=1"}, 1, {"faults.kind='explode'", "kill, hang, fail_transfer"}},
+      {{"faults.kind=kill", "faults.rank=3", "faults.step=1"}, 2, {"faults.rank=3", "0..1"}},
+      {{"faults.kind=hang", "faults.step=0"}, 1, {"faults.step=0 must be >= 1"}},
   };
   for (const Case& c : cases) expect_invalid(c.overrides, c.world, c.needles);
   // Messages start with the config's source so a multi-file run says which file.
   expect_invalid({"train.lr=0"}, 1, {"v.yaml: train.lr=0"});
+}
+
+TEST_F(ConfigValidate, BooleansAreTrueOrFalse) {
+  EXPECT_TRUE(base({"parallel.sequence_parallel=true"}).parallel.sequence_parallel);
+  EXPECT_FALSE(base({"parallel.overlap_grad_reduce=false"}).parallel.overlap_grad_reduce);
+  try {
+    base({"parallel.sequence_parallel=yes"});
+    FAIL() << "expected a config error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("expected true or false"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(ConfigValidate, EvalDisabledNeedsNoValidationSplit) {
