@@ -23,15 +23,16 @@ namespace {
 
 class SingleGrid final : public ProcessGrid {
  public:
-  SingleGrid() : world_("world"), dp_("dp"), tp_("tp"), pp_("pp"), dp_grads_("dp_grads") {}
+  SingleGrid() : world_("world"), dp_("dp"), tp_("tp"), pp_("pp"), dp_grads_("dp_grads"), embedding_("embedding") {}
   Communicator& world() override { return world_; }
   Communicator& dp() override { return dp_; }
   Communicator& tp() override { return tp_; }
   Communicator& pp() override { return pp_; }
   Communicator& dp_grads() override { return dp_grads_; }
+  Communicator& embedding() override { return embedding_; }
 
  private:
-  LocalCommunicator world_, dp_, tp_, pp_, dp_grads_;
+  LocalCommunicator world_, dp_, tp_, pp_, dp_grads_, embedding_;
 };
 
 class MpiGrid final : public ProcessGrid {
@@ -43,6 +44,7 @@ class MpiGrid final : public ProcessGrid {
   Communicator& tp() override { return *tp_; }
   Communicator& pp() override { return *pp_; }
   Communicator& dp_grads() override { return *dp_grads_; }
+  Communicator& embedding() override { return *embedding_; }
 
  private:
   std::unique_ptr<Communicator> make(MPI_Comm comm, const char* name);
@@ -52,7 +54,8 @@ class MpiGrid final : public ProcessGrid {
   LinkModel link_;
   // The split groups; each MpiCommunicator works on its own duplicate of one.
   MPI_Comm tp_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL;
-  std::unique_ptr<Communicator> world_, dp_, tp_, pp_, dp_grads_;
+  MPI_Comm emb_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<Communicator> world_, dp_, tp_, pp_, dp_grads_, embedding_;
 };
 
 MPI_Comm split(int color, int key, int expected_rank, const char* group) {
@@ -76,6 +79,10 @@ MpiGrid::MpiGrid(const GridShape& shape, const CommOptions& opts, const LinkMode
     tp_comm_ = split(c.pp * shape.dp + c.dp, c.tp, c.tp, "tp");
     dp_comm_ = split(c.pp * shape.tp + c.tp, c.dp, c.dp, "dp");
     pp_comm_ = split(c.dp * shape.tp + c.tp, c.pp, c.pp, "pp");
+    // Every rank takes part in the split; middle stages get no group.
+    const bool end_stage = shape.pp > 1 && (c.pp == 0 || c.pp == shape.pp - 1);
+    XR_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, end_stage ? c.dp * shape.tp + c.tp : MPI_UNDEFINED, c.pp, &emb_comm_));
+    if (emb_comm_ != MPI_COMM_NULL) XR_MPI_CHECK(MPI_Comm_set_errhandler(emb_comm_, MPI_ERRORS_RETURN));
     // Every rank creates the communicators in the same order: each creation
     // duplicates an MPI communicator, a collective call over its group.
     world_ = make(MPI_COMM_WORLD, "world");
@@ -83,6 +90,8 @@ MpiGrid::MpiGrid(const GridShape& shape, const CommOptions& opts, const LinkMode
     dp_ = make(dp_comm_, "dp");
     pp_ = make(pp_comm_, "pp");
     dp_grads_ = make(dp_comm_, "dp");
+    if (emb_comm_ != MPI_COMM_NULL) embedding_ = make(emb_comm_, "embedding");
+    else embedding_ = std::make_unique<LocalCommunicator>("embedding");
   } catch (...) {
     release();
     throw;
@@ -96,6 +105,7 @@ MpiGrid::~MpiGrid() {
 void MpiGrid::release() {
   // The communicators hold duplicates of the split groups and drain their
   // work on destruction, so they go first and the groups after.
+  embedding_.reset();
   dp_grads_.reset();
   pp_.reset();
   dp_.reset();
@@ -104,7 +114,7 @@ void MpiGrid::release() {
   if (!MpiRuntime::active()) return;
   // Return codes are ignored: a destructor cannot throw, and a failure to
   // free a communicator at shutdown changes nothing for the job.
-  for (MPI_Comm* c : {&tp_comm_, &dp_comm_, &pp_comm_})
+  for (MPI_Comm* c : {&tp_comm_, &dp_comm_, &pp_comm_, &emb_comm_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 

@@ -55,6 +55,10 @@ class ProcessGrid {
   virtual Communicator& pp() = 0;
   // The channel for data-parallel gradient buckets (same ranks as dp()).
   virtual Communicator& dp_grads() = 0;
+  // The first and the last pipeline stage of this rank's (dp, tp) position,
+  // which hold the two copies of the tied token embedding (rank 0: first
+  // stage, rank 1: last). A group of one on middle stages and when pp = 1.
+  virtual Communicator& embedding() = 0;
 
  protected:
   GridShape shape_;

@@ -52,8 +52,10 @@ GPT2::GPT2(const GPT2Shape& shape, const GPT2Stage& stage, DType dtype, const GP
   // Pointers into params_ are kept below, so its storage must never move.
   params_.reserve(4 + 12 * size_t(stage.end_layer - stage.first_layer));
   // The tied token embedding is held by the first stage (input) and the last (head).
-  if (stage.has_embedding || stage.has_head)
+  if (stage.has_embedding || stage.has_head) {
     wte_ = add_param("wte.weight", {Vp, C}, split({shape.padded_vocab, C}, 0), true, -1);
+    wte_->tied_copy = !stage.has_embedding;
+  }
   if (stage.has_embedding) wpe_ = add_param("wpe.weight", {shape.max_seq_len, C}, rep({shape.max_seq_len, C}), true, -1);
   for (int l = stage.first_layer; l < stage.end_layer; ++l) {
     std::string p = "h." + std::to_string(l) + ".";
@@ -338,7 +340,13 @@ void GPT2::block_backward(const KernelContext& ctx, int l, const Tensor& x, Bloc
   }
 }
 
-void GPT2::backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase) {
+Tensor GPT2::stage_output(int slot) {
+  SlotActs& s = slots_.at(size_t(slot));
+  return blocks_.empty() ? s.input : s.blocks.back().res3;
+}
+
+void GPT2::backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase,
+                    const Tensor& output_grad) {
   SlotActs& s = slots_.at(size_t(slot));
   const bool final_pass = phase == GradPhase::Final;
   auto ready = [&](int layer) {
@@ -358,6 +366,9 @@ void GPT2::backward(const KernelContext& ctx, int slot, const Tensor& tokens, Gr
                        GradMode::Accumulate);
     if (final_pass) reduce_partial_norm_grads(*lnf_w_, *lnf_b_);
     ready(shape_.n_layer);
+  } else {
+    check_shape("GPT2::backward", "output_grad", output_grad, d_res_.shape());
+    std::memcpy(d_res_.raw(), output_grad.raw(), d_res_.bytes());
   }
   for (int l = int(blocks_.size()) - 1; l >= 0; --l) {
     const Tensor& x = l == 0 ? s.input : s.blocks[size_t(l - 1)].res3;

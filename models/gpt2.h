@@ -95,6 +95,7 @@ struct Parameter {
   bool decay;        // weight decay applies (matrices and embeddings, not biases or norms)
   int layer;         // block index; -1 embeddings, n_layer for the final norm
   ShardSpec shard;   // where `value` sits in the single-rank tensor
+  bool tied_copy = false;  // the last pipeline stage's copy of the tied token table (counted once in norms)
 };
 
 // Whether this backward pass makes the gradients final for the step: the
@@ -119,7 +120,18 @@ class GPT2 {
   // loss gradient (dloss per token) is prepared for backward().
   double forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets, double dloss);
   // Backward of the microbatch in `slot`; parameter gradients accumulate.
-  void backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase = GradPhase::Final);
+  // A stage without the head takes the gradient of its output, (R, C), from
+  // the next stage; afterwards input_grad() holds the gradient of its input.
+  void backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase = GradPhase::Final,
+                const Tensor& output_grad = Tensor());
+  // Pipeline stage boundaries: the (R, C) activation a stage without the
+  // embedding reads (fill it before forward), the (R, C) activation it
+  // hands to the next stage (valid until the slot's backward), and the
+  // gradient of its input after backward (valid until the next backward).
+  Tensor stage_input(int slot) { return slots_.at(size_t(slot)).input; }
+  Tensor stage_output(int slot);
+  Tensor input_grad() { return d_res_; }
+  const GPT2Batch& batch() const { return batch_; }
   // Called during a Final backward each time a layer's parameter gradients
   // are complete: n_layer after the head (final norm), l after block l, -1
   // after the embeddings (the tied token table gets its last contribution

@@ -22,6 +22,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "runtime/schedule.h"
 
 namespace xirang {
 namespace {
@@ -49,7 +50,8 @@ std::vector<Section> schema(Config& c) {
         {"seq_len", &m.seq_len}, {"vocab_size", &m.vocab_size}, {"vocab_multiple", &m.vocab_multiple}}},
       {"parallel",
        {{"dp", &p.dp}, {"tp", &p.tp}, {"pp", &p.pp}, {"zero", &p.zero}, {"bucket_mb", &p.bucket_mb},
-        {"overlap_grad_reduce", &p.overlap_grad_reduce}, {"sequence_parallel", &p.sequence_parallel}}},
+        {"overlap_grad_reduce", &p.overlap_grad_reduce}, {"sequence_parallel", &p.sequence_parallel},
+        {"schedule", &p.schedule}, {"virtual_stages", &p.virtual_stages}}},
       {"train",
        {{"steps", &t.steps}, {"global_batch", &t.global_batch}, {"micro_batch", &t.micro_batch},
         {"seq_len", &t.seq_len}, {"lr", &t.lr}, {"min_lr_ratio", &t.min_lr_ratio},
@@ -407,12 +409,26 @@ void validate(Config& c, int world_size) {
     v.fail_rule(str_cat("padded vocabulary ", m.padded_vocab(), " (model.vocab_size=", m.vocab_size,
                         " rounded up to model.vocab_multiple=", m.vocab_multiple,
                         ") is not divisible by parallel.tp=", p.tp, "; make model.vocab_multiple a multiple of tp"));
-  v.divisible("model.n_layer", m.n_layer, "parallel.pp", p.pp);
+  v.at_least("parallel.virtual_stages", p.virtual_stages, 1);
+  const ScheduleKind kind = parse_schedule(p.schedule, str_cat(c.source.empty() ? "" : c.source + ": ", "parallel.schedule"));
+  // Stages own whole layers, split evenly: n_layer must divide into pp x virtual_stages chunks.
+  if (m.n_layer % (int64_t{p.pp} * p.virtual_stages) != 0)
+    v.fail_rule(str_cat("model.n_layer=", m.n_layer, " is not divisible by parallel.pp (", p.pp,
+                        ") x parallel.virtual_stages (", p.virtual_stages, "): pipeline stages hold equal whole layers"));
+  if (kind != ScheduleKind::Interleaved && p.virtual_stages != 1)
+    v.fail_rule(str_cat("parallel.virtual_stages=", p.virtual_stages, " needs parallel.schedule=interleaved (got ",
+                        p.schedule, ")"));
+  if (kind == ScheduleKind::Interleaved && p.virtual_stages < 2)
+    v.fail_rule("parallel.schedule=interleaved needs parallel.virtual_stages >= 2");
 
   const int64_t per_micro = int64_t{t.micro_batch} * p.dp;
   if (t.global_batch % per_micro != 0)
     v.fail_rule(str_cat("train.global_batch=", t.global_batch, " is not divisible by train.micro_batch (",
                         t.micro_batch, ") x parallel.dp (", p.dp, ")"));
+  if (kind == ScheduleKind::Interleaved && (t.global_batch / per_micro) % p.pp != 0)
+    v.fail_rule(str_cat("parallel.schedule=interleaved needs the microbatches per step (train.global_batch ",
+                        t.global_batch, " / (train.micro_batch ", t.micro_batch, " x parallel.dp ", p.dp, ") = ",
+                        t.global_batch / per_micro, ") to be a multiple of parallel.pp=", p.pp));
 
   v.positive("train.lr", t.lr);
   v.at_least("train.warmup_steps", t.warmup_steps, 0);

@@ -9,8 +9,9 @@
 
 namespace xirang {
 
-GradSync::GradSync(std::vector<Parameter>& params, Communicator& dp, Communicator* tp, GradSyncOptions opts)
-    : params_(params), dp_(dp), tp_(tp), opts_(opts) {
+GradSync::GradSync(std::vector<Parameter>& params, Communicator& dp, Communicator* tp, Communicator* pp,
+                   GradSyncOptions opts)
+    : params_(params), dp_(dp), tp_(tp), pp_(pp), opts_(opts) {
   XR_CHECK(!params.empty(), "GradSync without parameters");
   const DType dt = params.front().grad.dtype();
   const size_t es = dtype_size(dt);
@@ -64,7 +65,8 @@ void GradSync::layout(Arena& shard) {
 std::vector<OptimizerSegment> GradSync::optimizer_segments() const {
   std::vector<OptimizerSegment> segs;
   if (!opts_.zero) {
-    for (auto& p : params_) segs.push_back({p.value.flat(), p.grad.flat(), p.decay, p.shard.replicated()});
+    for (auto& p : params_)
+      segs.push_back({p.value.flat(), p.grad.flat(), p.decay, p.shard.replicated(), p.tied_copy});
     return segs;
   }
   // This rank's chunk of each bucket, cut at parameter boundaries (decay differs per parameter).
@@ -76,7 +78,8 @@ std::vector<OptimizerSegment> GradSync::optimizer_segments() const {
       Tensor g = shard_grads_.defined()
                      ? shard_grads_.flat_range(s0 - b.chunk_begin + b.shard_offset, s1 - b.chunk_begin + b.shard_offset)
                      : Tensor(nullptr, {s1 - s0}, flat_grads_.dtype());
-      segs.push_back({flat_params_.flat_range(s0, s1), g, params_[size_t(i)].decay, params_[size_t(i)].shard.replicated()});
+      const Parameter& p = params_[size_t(i)];
+      segs.push_back({flat_params_.flat_range(s0, s1), g, p.decay, p.shard.replicated(), p.tied_copy});
     }
   }
   return segs;
@@ -145,8 +148,9 @@ double GradSync::grad_norm(const KernelContext& ctx, const AdamW& opt) {
   const bool tp_split = tp_ && tp_->size() > 1;
   double s = 0;
   for (const auto& seg : opt.segments())
-    if (!(tp_split && seg.tp_replicated && tp_->rank() != 0)) s += sum_squares(ctx, seg.grad);
+    if (!(tp_split && seg.tp_replicated && tp_->rank() != 0) && !seg.tied_copy) s += sum_squares(ctx, seg.grad);
   if (tp_split) s = tp_->all_reduce_sum(s);
+  if (pp_ && pp_->size() > 1) s = pp_->all_reduce_sum(s);
   if (opts_.zero) s = dp_.all_reduce_sum(s);
   return std::sqrt(s);
 }

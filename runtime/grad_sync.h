@@ -45,8 +45,9 @@ class GradSync {
  public:
   // `params` must be carved contiguously and in order from one parameter
   // arena and one gradient arena with the same layout (GPT2::layout_parameters).
-  // `tp` (may be null) is the tensor-parallel group, for the gradient norm.
-  GradSync(std::vector<Parameter>& params, Communicator& dp, Communicator* tp, GradSyncOptions opts);
+  // `tp` and `pp` (may be null) are the tensor- and pipeline-parallel groups, for the gradient norm.
+  GradSync(std::vector<Parameter>& params, Communicator& dp, Communicator* tp, Communicator* pp,
+           GradSyncOptions opts);
 
   // Carves the ZeRO shard-gradient buffer (nothing without ZeRO).
   void layout(Arena& shard);
@@ -61,7 +62,8 @@ class GradSync {
   // ZeRO: all-gathers updated parameter chunks (no-op without ZeRO).
   void gather_parameters();
   // Global gradient norm: the sum of squares of this rank's segments
-  // (tensor-parallel replicas counted once), summed over tp, and over dp when sharded.
+  // (tensor-parallel replicas and the last stage's tied token table counted
+  // once), summed over tp and pp, and over dp when sharded.
   double grad_norm(const KernelContext& ctx, const AdamW& opt);
 
   // Time dp communication was in flight this step (from the first launch to
@@ -88,6 +90,7 @@ class GradSync {
   std::vector<Parameter>& params_;
   Communicator& dp_;
   Communicator* tp_;
+  Communicator* pp_;
   GradSyncOptions opts_;
   Tensor flat_params_, flat_grads_;  // 1-D views over the arenas
   std::vector<int64_t> offset_;      // element offset of each parameter

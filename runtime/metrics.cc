@@ -65,6 +65,8 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"dp_comm_ms", m.dp_comm_ms},
                       {"dp_comm_exposed_ms", m.dp_comm_exposed_ms},
                       {"tp_comm_ms", m.tp_comm_ms},
+                      {"pp_bubble_ms", m.pp_bubble_ms},
+                      {"pp_comm_exposed_ms", m.pp_comm_exposed_ms},
                       {"peak_tflops", peak_.flops / 1e12},
                       {"peak_source", peak_.source}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;

@@ -34,6 +34,8 @@ struct StepMetrics {
   double dp_comm_ms = 0;          // time data-parallel communication took this step
   double dp_comm_exposed_ms = 0;  // time the step waited for it
   double tp_comm_ms = 0;          // time in tensor-parallel communication (blocking, so all exposed)
+  double pp_bubble_ms = 0;        // time this stage waited for a neighbour's activation or gradient
+  double pp_comm_exposed_ms = 0;  // time it waited for its own pipeline sends to complete
   std::optional<double> val_loss;
 };
 

@@ -32,6 +32,7 @@ struct OptimizerSegment {
   Tensor grad;   // 1-D view, same length: the (reduced) gradient of those elements
   bool decay;    // weight decay applies
   bool tp_replicated = true;  // every tensor-parallel rank holds the same values (count once in the norm)
+  bool tied_copy = false;     // the last stage's copy of the tied token table (not in the norm)
 };
 
 class AdamW {

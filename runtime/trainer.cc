@@ -42,6 +42,8 @@ TokenDataset open_split(const std::string& dir, const char* key, const Config& c
   return ds;
 }
 
+constexpr int kEvalTag = 30000;  // pipeline tags for evaluation, above any training tag in use
+
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cfg_(cfg), opts_(opts), grid_(grid) {
@@ -53,14 +55,12 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   if (gs.dp != cfg_.parallel.dp || gs.tp != cfg_.parallel.tp || gs.pp != cfg_.parallel.pp)
     fail(ErrorKind::Config, "the process grid (dp ", gs.dp, ", tp ", gs.tp, ", pp ", gs.pp,
          ") does not match parallel.dp=", cfg_.parallel.dp, ", tp=", cfg_.parallel.tp, ", pp=", cfg_.parallel.pp);
-  if (cfg_.parallel.pp != 1)
-    fail(ErrorKind::Config, "parallel.pp=", cfg_.parallel.pp,
-         ": pipeline parallelism is not built yet (set parallel.pp=1)");
   opts_.print = opts_.print && is_logger();
-
-  GPT2Batch batch{cfg_.train.micro_batch, cfg_.seq_len(), 1};
-  model_ = std::make_unique<GPT2>(model_shape(cfg_), GPT2Stage::whole(model_shape(cfg_)), opts_.dtype, batch,
-                                  GPT2Parallel{&grid_->tp(), cfg_.parallel.sequence_parallel});
+  const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, m = cfg_.microbatches();
+  if (p == 1 && v > 1)
+    fail(ErrorKind::Config, "parallel.virtual_stages=", v, " needs parallel.pp > 1 (virtual stages interleave ranks)");
+  schedule_kind_ = parse_schedule(cfg_.parallel.schedule, "parallel.schedule");
+  schedule_ = make_schedule(schedule_kind_, p, grid_->coords().pp, m, v);
 
   // The data come first: a missing or corrupt dataset should fail before any large allocation.
   train_data_.emplace(open_split(cfg_.data.train, "data.train", cfg_));
@@ -69,6 +69,13 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
     val_data_.emplace(open_split(cfg_.data.val, "data.val", cfg_));
     val_sampler_ = std::make_unique<SequenceSampler>(*val_data_, cfg_.seq_len(), cfg_.train.seed, false);
   }
+  scratch_tokens_.resize(size_t(cfg_.seq_len()));
+  scratch_targets_.resize(size_t(cfg_.seq_len()));
+
+  build_chunks();
+  std::vector<GPT2*> raw;
+  for (auto& c : chunks_) raw.push_back(c.get());
+  exec_ = std::make_unique<PipelineExecutor>(raw, grid_->pp(), p, grid_->coords().pp, v, m);
 
   // Size every arena by running the carving code against measuring arenas.
   const int dp = cfg_.parallel.dp;
@@ -76,18 +83,28 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   Arena mp = Arena::measuring("parameters"), mg = Arena::measuring("gradients");
   Arena ms = Arena::measuring("optimizer state"), mz = Arena::measuring("gradient shard");
   Arena ma = Arena::measuring("activations");
-  model_->layout_parameters(mp, mg);
-  model_->layout_activations(ma);
-  // GradSync needs real parameter addresses for its offsets, so the
-  // parameter and gradient arenas are created before the rest is measured.
-  const int64_t n = model_->num_parameters();
-  const std::string per = count_str(double(n)) + " x " + dtype_name(opts_.dtype);
+  for (auto& c : chunks_) c->layout_parameters(mp, mg);
+  for (auto& c : chunks_) c->layout_activations(ma);
+  exec_->layout(ma);
+  int64_t local_params = 0;
+  for (auto& c : chunks_) local_params += c->num_parameters();
+  const std::string per = count_str(double(local_params)) + " x " + dtype_name(opts_.dtype);
   plan_.add("parameters", mp.used(), per);
   plan_.add("gradients", mg.used(), per);
-  params_ = Arena("parameters", mp.used());
+  // GradSync needs real parameter addresses for its offsets, so the
+  // parameter and gradient arenas are created before the rest is measured.
+  params_arena_ = Arena("parameters", mp.used());
   grads_ = Arena("gradients", mg.used());
-  model_->layout_parameters(params_, grads_);
-  sync_ = std::make_unique<GradSync>(model_->parameters(), grid_->dp_grads(), &grid_->tp(),
+  for (auto& c : chunks_) c->layout_parameters(params_arena_, grads_);
+  params_.clear();
+  for (auto& c : chunks_)
+    for (auto& prm : c->parameters()) params_.push_back(prm);
+  if (p > 1) {
+    for (auto& c : chunks_)
+      for (auto& prm : c->parameters())
+        if (prm.name == "wte.weight") (prm.tied_copy ? tied_last_ : tied_first_) = &prm;
+  }
+  sync_ = std::make_unique<GradSync>(params_, grid_->dp_grads(), &grid_->tp(), &grid_->pp(),
                                      GradSyncOptions{cfg_.parallel.bucket_mb, cfg_.parallel.overlap_grad_reduce, zero});
   opt_ = std::make_unique<AdamW>(cfg_.train);
   sync_->layout(mz);
@@ -96,15 +113,19 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   plan_.add("optimizer state", ms.used(),
             zero ? str_cat("AdamW m and v of a 1/", dp, " shard (ZeRO-1)") : "AdamW m and v, " + per + " each");
   if (zero) plan_.add("gradient shard", mz.used(), str_cat("reduce-scattered gradients, 1/", dp));
+  const GPT2Batch& batch = chunks_.front()->batch();
   plan_.add("activations", ma.used(),
             str_cat("micro_batch ", batch.micro_batch, " x seq_len ", batch.seq_len, " x ", batch.activation_slots,
-                    " slot(s)", cfg_.parallel.tp > 1 ? str_cat(", split over tp=", cfg_.parallel.tp) : "",
+                    " slot(s) x ", v, " chunk(s) of ", cfg_.model.n_layer / (p * v), " layer(s)",
+                    cfg_.parallel.tp > 1 ? str_cat(", split over tp=", cfg_.parallel.tp) : "",
                     cfg_.parallel.sequence_parallel ? " with sequence parallelism" : ""));
   const size_t io_bytes = 2 * size_t(batch.micro_batch) * batch.seq_len * 4 + 2 * Arena::kAlignment;
-  plan_.add("input batch", io_bytes, "tokens and targets, int32");
+  plan_.add("input batch", io_bytes, "evaluation tokens and targets, int32");
   if (opts_.print)
     std::fprintf(stderr, "%s",
-                 plan_.table(str_cat("memory plan (per rank; dp=", dp, ", tp=", cfg_.parallel.tp, "):")).c_str());
+                 plan_.table(str_cat("memory plan (per rank; dp=", dp, ", tp=", cfg_.parallel.tp, ", pp=", p,
+                                     p > 1 ? str_cat(" ", schedule_name(schedule_kind_)) : "", "):"))
+                     .c_str());
   plan_.check_limit(size_t(cfg_.memory.limit_gb * double(1ull << 30)), "memory.limit_gb");
 
   opt_state_ = Arena("optimizer state", ms.used());
@@ -114,45 +135,76 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   sync_->layout(shard_);
   opt_->set_segments(sync_->optimizer_segments());
   opt_->layout_state(opt_state_);
-  model_->layout_activations(acts_);
-  tokens_ = io_.alloc({batch.micro_batch, batch.seq_len}, DType::I32, "tokens");
-  targets_ = io_.alloc({batch.micro_batch, batch.seq_len}, DType::I32, "targets");
+  for (auto& c : chunks_) c->layout_activations(acts_);
+  exec_->layout(acts_);
   // Every rank initialises its part of the model from the same seed: replicas
   // start identical, and shards equal slices of the one-rank model, without communication.
-  model_->init_parameters(cfg_.train.seed);
-  model_->set_grad_ready_hook([this](int l) { sync_->layer_done(l); });
+  for (auto& c : chunks_) {
+    c->init_parameters(cfg_.train.seed);
+    c->set_grad_ready_hook([this](int l) {
+      // The embedding's gradient is final: add the last stage's head contribution first.
+      if (l == -1 && tied_first_) reduce_tied_embedding();
+      sync_->layer_done(l);
+    });
+  }
 
   if (opts_.peak) peak_ = *opts_.peak;
   else if (cfg_.metrics.peak_tflops > 0) peak_ = {cfg_.metrics.peak_tflops * 1e12, "config metrics.peak_tflops"};
   else peak_ = {measure_sgemm_flops(), "measured sgemm"};
 }
 
+void Trainer::build_chunks() {
+  const GPT2Shape shape = model_shape(cfg_);
+  const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, rank = grid_->coords().pp;
+  const int per_chunk = cfg_.model.n_layer / (p * v);
+  // Slots: the most microbatches the schedule keeps alive per chunk, plus
+  // the receives the executor posts ahead.
+  const int slots = max_in_flight(schedule_, v) + (p > 1 ? 2 : 0);
+  chunks_.clear();
+  for (int c = 0; c < v; ++c) {
+    const int g = model_chunk(p, rank, c);
+    GPT2Stage stage{g * per_chunk, (g + 1) * per_chunk, g == 0, g == p * v - 1};
+    chunks_.push_back(std::make_unique<GPT2>(shape, stage, opts_.dtype,
+                                             GPT2Batch{cfg_.train.micro_batch, cfg_.seq_len(), slots},
+                                             GPT2Parallel{&grid_->tp(), cfg_.parallel.sequence_parallel}));
+  }
+}
+
+void Trainer::reduce_tied_embedding() {
+  Parameter* w = tied_first_ ? tied_first_ : tied_last_;
+  grid_->embedding().all_reduce(w->grad, ReduceOp::Sum);
+}
+
+void Trainer::fill_batch(int64_t step, int mb, int32_t* tokens, int32_t* targets) {
+  const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
+  const int64_t per_rank = cfg_.train.global_batch / cfg_.parallel.dp;
+  for (int b = 0; b < B; ++b) {
+    // This dp rank's contiguous part of the global batch, microbatch by microbatch.
+    const int64_t k = grid_->coords().dp * per_rank + int64_t(mb) * B + b;
+    train_sampler_->fill(SequenceSampler::global_index(step, cfg_.train.global_batch, k),
+                         tokens ? tokens + int64_t(b) * T : scratch_tokens_.data(),
+                         targets ? targets + int64_t(b) * T : scratch_targets_.data());
+  }
+}
+
 double Trainer::accumulate_gradients(int step, StepMetrics& m) {
   const int micro = cfg_.microbatches();
   const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
-  const int dp = cfg_.parallel.dp, dp_rank = grid_->coords().dp;
   // d(mean loss of the global batch) / d(per-token loss): every microbatch has B*T tokens.
-  const double dloss = 1.0 / (double(B) * T * micro * dp);
-  const int64_t per_rank = cfg_.train.global_batch / dp;
-  double loss_sum = 0;
-  for (int mb = 0; mb < micro; ++mb) {
-    Stopwatch data;
-    for (int b = 0; b < B; ++b) {
-      // This rank's contiguous part of the global batch, microbatch by microbatch.
-      const int64_t k = dp_rank * per_rank + int64_t(mb) * B + b;
-      train_sampler_->fill(SequenceSampler::global_index(step, cfg_.train.global_batch, k),
-                           tokens_.data<int32_t>() + int64_t(b) * T, targets_.data<int32_t>() + int64_t(b) * T);
-    }
-    m.data_wait_ms += data.ms();
-    Stopwatch fw;
-    loss_sum += model_->forward(ctx_, 0, tokens_, targets_, dloss);
-    m.forward_ms += fw.ms();
-    // Only the last microbatch's backward makes gradients final.
-    const bool last = mb == micro - 1;
-    Stopwatch bw;
-    model_->backward(ctx_, 0, tokens_, last ? GradPhase::Final : GradPhase::Accumulate);
-    m.backward_ms += bw.ms();
+  const double dloss = 1.0 / (double(B) * T * micro * cfg_.parallel.dp);
+  PipelineStats st;
+  const double loss_sum = exec_->run(
+      ctx_, schedule_, [&](int mb, int32_t* tk, int32_t* tg) { fill_batch(step, mb, tk, tg); }, dloss, st);
+  // The last stage's copy of the token table is final once its head passes are done.
+  if (tied_last_) {
+    reduce_tied_embedding();
+    sync_->layer_done(-1);
   }
+  m.forward_ms = st.forward_ms;
+  m.backward_ms = st.backward_ms;
+  m.data_wait_ms = st.data_ms;
+  m.pp_bubble_ms = st.bubble_ms;
+  m.pp_comm_exposed_ms = st.comm_exposed_ms;
   return loss_sum / micro;
 }
 
@@ -160,13 +212,24 @@ double Trainer::evaluate() {
   XR_CHECK(val_sampler_, "evaluate() without data.val");
   const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
   const int dp = cfg_.parallel.dp, dp_rank = grid_->coords().dp;
+  const int p = cfg_.parallel.pp, rank = grid_->coords().pp;
   const int64_t n = std::min<int64_t>(cfg_.train.eval_batches, std::max<int64_t>(1, val_sampler_->samples_per_epoch() / B));
+  io_.reset();
+  Tensor tokens = io_.alloc({B, T}, DType::I32, "eval tokens"), targets = io_.alloc({B, T}, DType::I32, "eval targets");
   double sum = 0;
   for (int64_t mb = dp_rank; mb < n; mb += dp) {
-    for (int b = 0; b < B; ++b)
-      val_sampler_->fill(mb * B + b, tokens_.data<int32_t>() + int64_t(b) * T, targets_.data<int32_t>() + int64_t(b) * T);
-    sum += model_->forward(ctx_, 0, tokens_, targets_, 0.0);
+    if (chunks_.front()->stage().has_embedding || chunks_.back()->stage().has_head)
+      for (int b = 0; b < B; ++b)
+        val_sampler_->fill(mb * B + b, tokens.data<int32_t>() + int64_t(b) * T, targets.data<int32_t>() + int64_t(b) * T);
+    // Forward only, through the chunks in model order; each stage waits for its input.
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      GPT2& g = *chunks_[c];
+      if (!g.stage().has_embedding) grid_->pp().recv(g.stage_input(0), (rank + p - 1) % p, kEvalTag);
+      sum += g.forward(ctx_, 0, tokens, targets, 0.0);
+      if (!g.stage().has_head) grid_->pp().send(g.stage_output(0), (rank + 1) % p, kEvalTag);
+    }
   }
+  sum = grid_->pp().all_reduce_sum(sum);  // only the last stage has losses
   return grid_->dp().all_reduce_sum(sum) / double(n);
 }
 
@@ -191,22 +254,25 @@ TrainResult Trainer::run() {
   ProgressLine progress(cfg_.train.steps, cfg_.metrics.log_every);
   const double tokens_per_step = double(cfg_.train.global_batch) * cfg_.seq_len();
   // MFU per rank: this rank's share of the step's FLOPs against one rank's peak.
-  const double flops_per_rank = model_->flops_per_token() * tokens_per_step / grid_->shape().world();
-  if (opts_.print)
+  const double flops_per_rank = chunks_.front()->flops_per_token() * tokens_per_step / grid_->shape().world();
+  if (opts_.print) {
+    int64_t total = 0;
+    for (auto& c : chunks_) total += c->num_global_parameters();
     std::fprintf(stderr,
-                 "model: %s parameters, %d layers, d_model %d, %d heads; layout dp %d x tp %d x pp %d%s; %d steps of "
-                 "%.0f tokens; peak %.1f GFLOP/s per rank (%s)\n",
-                 count_str(double(model_->num_global_parameters())).c_str(), cfg_.model.n_layer, cfg_.model.d_model,
-                 cfg_.model.n_head, cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp,
-                 cfg_.parallel.zero ? " (ZeRO-1)" : "", cfg_.train.steps, tokens_per_step, peak_.flops / 1e9,
-                 peak_.source.c_str());
+                 "model: %d layers, d_model %d, %d heads (%s parameters on this stage); layout dp %d x tp %d x pp %d%s%s; "
+                 "%d steps of %.0f tokens; peak %.1f GFLOP/s per rank (%s)\n",
+                 cfg_.model.n_layer, cfg_.model.d_model, cfg_.model.n_head, count_str(double(total)).c_str(),
+                 cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero ? " (ZeRO-1)" : "",
+                 cfg_.parallel.pp > 1 ? str_cat(" ", schedule_name(schedule_kind_)).c_str() : "", cfg_.train.steps,
+                 tokens_per_step, peak_.flops / 1e9, peak_.source.c_str());
+  }
   Stopwatch elapsed;
   for (int step = 0; step < cfg_.train.steps; ++step) {
     inject_fault(step + 1);
     StepMetrics m;
     m.step = step + 1;
     Stopwatch sw;
-    for (auto& p : model_->parameters()) std::memset(p.grad.raw(), 0, p.grad.bytes());
+    for (auto& p : params_) std::memset(p.grad.raw(), 0, p.grad.bytes());
     sync_->begin_step();
     const double local_loss = accumulate_gradients(step, m);
     sync_->finish();
@@ -216,11 +282,12 @@ TrainResult Trainer::run() {
     opt_->step(ctx_, step + 1, m.lr, clip_scale(cfg_.train.grad_clip, m.grad_norm));
     sync_->gather_parameters();
     m.optimizer_ms = ow.ms();
-    // The logged loss is the global batch's: the mean over dp ranks of equal-sized parts.
-    m.loss = grid_->dp().all_reduce_sum(local_loss) / cfg_.parallel.dp;
+    // The loss lives on the last stage; the global batch's is the mean over dp of equal-sized parts.
+    const double stage_loss = grid_->pp().all_reduce_sum(local_loss);
+    m.loss = grid_->dp().all_reduce_sum(stage_loss) / cfg_.parallel.dp;
     m.dp_comm_ms = sync_->comm_ms();
     m.dp_comm_exposed_ms = sync_->exposed_ms();
-    m.tp_comm_ms = model_->take_tp_comm_ms();
+    for (auto& c : chunks_) m.tp_comm_ms += c->take_tp_comm_ms();
     m.step_ms = sw.ms();
     m.tokens_per_s = tokens_per_step / (m.step_ms / 1e3);
     m.mfu = flops_per_rank / (m.step_ms / 1e3) / peak_.flops;

@@ -1,10 +1,13 @@
 // runtime/trainer.h: the training loop of one rank.
 //
-// Builds the model, optimizer, gradient synchronisation and data from a
-// validated Config and a ProcessGrid, prints the memory plan (refusing to
-// start when it exceeds memory.limit_gb), then runs train.steps optimizer
-// steps: gradient accumulation over microbatches, bucketed data-parallel
-// gradient reduction overlapped with the last backward pass, global-norm
+// Builds this rank's model chunks (its pipeline stage, or its virtual
+// stages under the interleaved schedule), the pipeline executor, gradient
+// synchronisation, optimizer and data from a validated Config and a
+// ProcessGrid; prints the memory plan (refusing to start when it exceeds
+// memory.limit_gb); then runs train.steps optimizer steps: the pipeline
+// schedule's forwards and backwards over the step's microbatches, bucketed
+// data-parallel gradient reduction overlapped with the last backward,
+// the tied-embedding reduction between first and last stage, global-norm
 // clipping, AdamW (ZeRO-1 sharded when parallel.zero=1) with warmup and
 // cosine decay, validation every train.eval_every steps, metrics per step.
 // Every rank computes the same global loss; world rank 0 prints and logs.
@@ -28,7 +31,9 @@
 #include "runtime/grad_sync.h"
 #include "runtime/metrics.h"
 #include "runtime/optimizer.h"
+#include "runtime/pipeline.h"
 #include "runtime/sampler.h"
+#include "runtime/schedule.h"
 
 namespace xirang {
 
@@ -53,15 +58,22 @@ class Trainer {
   // Mean loss over train.eval_batches microbatches of the validation split
   // (split over dp ranks, the same number on every rank).
   double evaluate();
-  GPT2& model() { return *model_; }
+  // This rank's model chunks (one per virtual stage) and all their parameters, in arena order.
+  const std::vector<std::unique_ptr<GPT2>>& chunks() const { return chunks_; }
+  GPT2& model() { return *chunks_.front(); }
+  std::vector<Parameter>& parameters() { return params_; }
   const MemoryPlan& memory_plan() const { return plan_; }
   const PeakFlops& peak() const { return peak_; }
   ProcessGrid& grid() { return *grid_; }
 
  private:
-  // Runs forward and backward over this rank's microbatches of `step`;
-  // returns this rank's mean loss.
+  void build_chunks();
+  // Runs the step's schedule; returns this rank's share of the step loss
+  // (the mean over microbatches on the last stage, 0 elsewhere).
   double accumulate_gradients(int step, StepMetrics& m);
+  void fill_batch(int64_t step, int mb, int32_t* tokens, int32_t* targets);
+  // Sums the tied token table's gradient over the first and last stage.
+  void reduce_tied_embedding();
   void inject_fault(int step);
   bool is_logger() const { return grid_->world_rank() == 0; }
 
@@ -72,11 +84,17 @@ class Trainer {
   KernelContext ctx_;
   MemoryPlan plan_;
   PeakFlops peak_;
-  std::unique_ptr<GPT2> model_;
+  ScheduleKind schedule_kind_;
+  std::vector<PipeInstr> schedule_;
+  std::vector<std::unique_ptr<GPT2>> chunks_;
+  std::vector<Parameter> params_;  // every chunk's parameters (views), in arena order
+  Parameter* tied_first_ = nullptr;  // the token table on the first stage (pp > 1)
+  Parameter* tied_last_ = nullptr;   // its copy on the last stage (pp > 1)
+  std::unique_ptr<PipelineExecutor> exec_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;
-  Arena params_, grads_, opt_state_, shard_, acts_, io_;
-  Tensor tokens_, targets_;  // (B, T) int32 for the current microbatch
+  Arena params_arena_, grads_, opt_state_, shard_, acts_, io_;
+  std::vector<int32_t> scratch_tokens_, scratch_targets_;  // one sequence each (T + 1 sampler read)
   std::optional<TokenDataset> train_data_, val_data_;
   std::unique_ptr<SequenceSampler> train_sampler_, val_sampler_;
 };

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -60,12 +61,17 @@ Config make_config(const Args& a, std::vector<std::string> extra, int world) {
 // All parameters, concatenated in order (the single-rank reference's are full tensors).
 std::vector<float> flat_params(Trainer& t) {
   std::vector<float> out;
-  for (auto& p : t.model().parameters()) {
+  for (auto& p : t.parameters()) {
     const float* v = p.value.data<float>();
     out.insert(out.end(), v, v + p.value.numel());
   }
   return out;
 }
+
+// The single-rank reference: the same model, data, seed and global batch.
+const std::vector<std::string> kOneRank = {"parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.zero=0",
+                                           "parallel.sequence_parallel=false", "parallel.schedule=1f1b",
+                                           "parallel.virtual_stages=1"};
 
 int passed = 0, failed = 0;
 
@@ -95,7 +101,7 @@ int main(int argc, char** argv) {
     std::vector<float> ref_params;
     size_t ref_opt_bytes = 0;
     if (rank == 0) {
-      Trainer ref(make_config(args, {"parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.zero=0"}, 1), quiet);
+      Trainer ref(make_config(args, kOneRank, 1), quiet);
       ref_opt_bytes = ref.memory_plan().bytes_of("optimizer state");
       ref_losses = ref.run().losses;
       ref_params = flat_params(ref);
@@ -115,17 +121,28 @@ int main(int argc, char** argv) {
     MPI_Bcast(&ref_size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
     ref_params.resize(ref_size);
     MPI_Bcast(ref_params.data(), int(ref_size), MPI_FLOAT, 0, MPI_COMM_WORLD);
-    double diff_scale[2] = {0, 0};
+    // Where each parameter starts in the reference's concatenation: the
+    // single-rank model's parameter order, known to every rank without data.
+    std::map<std::string, size_t> ref_offset;
     {
-      size_t base = 0;
-      for (auto& p : t.model().parameters()) {
-        const float* v = p.value.data<float>();
-        for (int64_t i = 0; i < p.value.numel(); ++i) {
-          const float ref = ref_params[base + size_t(p.shard.global_index(p.value.shape(), i))];
-          diff_scale[0] = std::max(diff_scale[0], double(std::abs(v[i] - ref)));
-          diff_scale[1] = std::max(diff_scale[1], double(std::abs(ref)));
-        }
-        base += size_t(p.shard.global.numel());
+      const Config one = make_config(args, kOneRank, 1);
+      GPT2Shape s{one.model.n_layer, one.model.n_head, one.model.d_model, one.model.seq_len, one.model.vocab_size,
+                  one.model.padded_vocab()};
+      GPT2 layout(s, GPT2Stage::whole(s), DType::F32, GPT2Batch{1, one.seq_len(), 1});
+      size_t off = 0;
+      for (auto& p : layout.parameters()) {
+        ref_offset[p.name] = off;
+        off += size_t(p.shard.global.numel());
+      }
+    }
+    double diff_scale[2] = {0, 0};
+    for (auto& p : t.parameters()) {
+      const size_t base = ref_offset.at(p.name);
+      const float* v = p.value.data<float>();
+      for (int64_t i = 0; i < p.value.numel(); ++i) {
+        const float ref = ref_params[base + size_t(p.shard.global_index(p.value.shape(), i))];
+        diff_scale[0] = std::max(diff_scale[0], double(std::abs(v[i] - ref)));
+        diff_scale[1] = std::max(diff_scale[1], double(std::abs(ref)));
       }
     }
     MPI_Allreduce(MPI_IN_PLACE, diff_scale, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -143,9 +160,22 @@ int main(int argc, char** argv) {
     int same = h0[0] == uint32_t(h) && h0[1] == uint32_t(h >> 32), all_same = 0;
     MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
 
+    // The tied token table's two copies (first and last pipeline stage) stay identical.
+    int tied_same = 1, all_tied_same = 0;
+    if (cfg.parallel.pp > 1 && grid->embedding().size() == 2) {
+      for (auto& p : t.parameters())
+        if (p.name == "wte.weight") {
+          std::vector<float> other(p.value.data<float>(), p.value.data<float>() + p.value.numel());
+          grid->embedding().broadcast(Tensor(other.data(), {int64_t(other.size())}, DType::F32), 0);
+          tied_same = std::memcmp(other.data(), p.value.raw(), p.value.bytes()) == 0;
+        }
+    }
+    MPI_Allreduce(&tied_same, &all_tied_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+
     if (rank == 0) {
-      std::printf("layout dp=%d tp=%d pp=%d zero=%d sp=%d overlap=%d bucket_mb=%g, %d ranks, %d steps\n",
-                  cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero,
+      std::printf("layout dp=%d tp=%d pp=%d (%s, v=%d) zero=%d sp=%d overlap=%d bucket_mb=%g, %d ranks, %d steps\n",
+                  cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.schedule.c_str(),
+                  cfg.parallel.virtual_stages, cfg.parallel.zero,
                   int(cfg.parallel.sequence_parallel), int(cfg.parallel.overlap_grad_reduce), cfg.parallel.bucket_mb,
                   world, args.steps);
       double worst = 0;
@@ -159,12 +189,14 @@ int main(int argc, char** argv) {
             "final parameters (every rank's shards) within 1e-5 of one rank (largest difference " +
                 sci(diff_scale[0] / diff_scale[1]) + " of the largest parameter)");
       check(all_same == 1, "every data-parallel replica's parameters equal its group's first rank's bit for bit");
+      if (cfg.parallel.pp > 1)
+        check(all_tied_same == 1, "the tied token table is bitwise the same on the first and the last stage");
       check(r.losses.back() < r.losses.front(), "the loss went down");
       // ZeRO-1 keeps 1/dp of the AdamW state per rank (plus alignment padding of its pieces).
       const double opt = double(t.memory_plan().bytes_of("optimizer state"));
       // Tensor parallelism shrinks the state only for split parameters, so this check is for tp=1.
       const double expect = double(ref_opt_bytes) / (cfg.parallel.zero ? cfg.parallel.dp : 1);
-      if (cfg.parallel.tp == 1)
+      if (cfg.parallel.tp == 1 && cfg.parallel.pp == 1)
         check(opt >= 0.99 * expect && opt <= 1.02 * expect + 65536,
             "optimizer state per rank " + std::to_string(size_t(opt)) + " bytes, expected about " +
                 std::to_string(size_t(expect)) + (cfg.parallel.zero ? " (1/dp of one rank's)" : " (as one rank)"));

@@ -362,7 +362,7 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
        {"model.n_head=6 is not divisible by parallel.tp=4"}},
       {{"model.vocab_size=250", "model.vocab_multiple=2", "parallel.tp=4"}, 4,
        {"padded vocabulary 250", "model.vocab_size=250", "model.vocab_multiple=2", "parallel.tp=4"}},
-      {{"model.n_layer=6", "parallel.pp=4"}, 4, {"model.n_layer=6 is not divisible by parallel.pp=4"}},
+      {{"model.n_layer=6", "parallel.pp=4"}, 4, {"model.n_layer=6 is not divisible by parallel.pp (4) x parallel.virtual_stages (1)"}},
       {{"train.global_batch=10", "train.micro_batch=4"}, 1,
        {"train.global_batch=10 is not divisible by train.micro_batch (4) x parallel.dp (1)"}},
       {{"train.global_batch=8", "train.micro_batch=2"}, 3,

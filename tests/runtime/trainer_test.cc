@@ -56,7 +56,7 @@ TrainerOptions quiet() {
 
 std::vector<double> flat_params(Trainer& t) {
   std::vector<double> out;
-  for (auto& p : t.model().parameters())
+  for (auto& p : t.parameters())
     for (int64_t i = 0; i < p.value.numel(); ++i) out.push_back(p.value.data<float>()[i]);
   return out;
 }

@@ -1,0 +1,214 @@
+#include "runtime/pipeline.h"
+
+#include <cstring>
+
+#include "core/clock.h"
+#include "core/error.h"
+
+namespace xirang {
+
+namespace {
+constexpr int kGradBuffers = 2;  // received output gradients: the one in use and one posted ahead
+constexpr int kSendBuffers = 2;  // outgoing input gradients in flight
+constexpr int kLookahead = 2;    // receives posted ahead of the instruction that needs them
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(std::vector<GPT2*> chunks, Communicator& pp, int p, int rank, int v, int m)
+    : pp_(pp), p_(p), rank_(rank), v_(v), m_(m) {
+  XR_CHECK(int(chunks.size()) == v, "executor needs ", v, " chunks, got ", chunks.size());
+  for (int c = 0; c < v; ++c) {
+    Chunk ch;
+    ch.model = chunks[size_t(c)];
+    ch.g = model_chunk(p, rank, c);
+    ch.first = ch.g == 0;
+    ch.last = ch.g == p * v - 1;
+    XR_CHECK(ch.model->stage().has_embedding == ch.first && ch.model->stage().has_head == ch.last,
+             "chunk ", c, " of rank ", rank, " does not match its place in the pipeline");
+    chunks_.push_back(std::move(ch));
+  }
+  B_ = chunks[0]->batch().micro_batch;
+  T_ = chunks[0]->batch().seq_len;
+}
+
+void PipelineExecutor::layout(Arena& a) {
+  for (Chunk& c : chunks_) {
+    const int slots = c.model->batch().activation_slots;
+    c.tokens.clear();
+    c.targets.clear();
+    c.free_slots.clear();
+    for (int s = 0; s < slots; ++s) {
+      if (c.first) c.tokens.push_back(a.alloc({B_, T_}, DType::I32, "pipeline tokens"));
+      if (c.last) c.targets.push_back(a.alloc({B_, T_}, DType::I32, "pipeline targets"));
+      c.free_slots.push_back(slots - 1 - s);  // pop_back hands out slot 0 first
+    }
+    c.slot_send.assign(size_t(slots), nullptr);
+    const Shape rows = c.model->input_grad().shape();
+    c.grad_bufs.clear();
+    c.send_bufs.clear();
+    c.free_grad.clear();
+    if (!c.last)
+      for (int i = 0; i < kGradBuffers; ++i) {
+        c.grad_bufs.push_back(a.alloc(rows, c.model->dtype(), "received output gradient"));
+        c.free_grad.push_back(kGradBuffers - 1 - i);
+      }
+    if (!c.first)
+      for (int i = 0; i < kSendBuffers; ++i) c.send_bufs.push_back(a.alloc(rows, c.model->dtype(), "input gradient send"));
+    c.send_work.assign(c.send_bufs.size(), nullptr);
+  }
+}
+
+int PipelineExecutor::take_slot(Chunk& c, PipelineStats& stats) {
+  XR_CHECK(!c.free_slots.empty(), "pipeline: no free activation slot on model chunk ", c.g);
+  const int s = c.free_slots.back();
+  c.free_slots.pop_back();
+  // The slot's previous activation may still be on its way to the next stage.
+  if (c.slot_send[size_t(s)]) {
+    Stopwatch sw;
+    c.slot_send[size_t(s)]->wait();
+    stats.comm_exposed_ms += sw.ms();
+    c.slot_send[size_t(s)].reset();
+  }
+  return s;
+}
+
+// Posts, in list order, the next receives whose destination buffer is free.
+void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t from, PipelineStats& stats) {
+  post_cursor_ = std::max(post_cursor_, from);
+  int ahead = 0;
+  for (const auto& [key, w] : posted_) (void)key, ++ahead;
+  while (post_cursor_ < list.size() && ahead < kLookahead) {
+    const PipeInstr& in = list[post_cursor_];
+    if (in.op == PipeOp::RecvActivation) {
+      Chunk& c = chunks_[size_t(in.chunk)];
+      if (c.free_slots.empty()) return;  // posted once a backward frees a slot
+      const int s = take_slot(c, stats);
+      c.slot_of[in.microbatch] = s;
+      posted_[{0, in.microbatch, in.chunk}] =
+          pp_.recv_async(c.model->stage_input(s), (rank_ + p_ - 1) % p_, tag(0, in.microbatch, c.g));
+      ++ahead;
+    } else if (in.op == PipeOp::RecvGradient) {
+      Chunk& c = chunks_[size_t(in.chunk)];
+      if (c.free_grad.empty()) return;
+      const int b = c.free_grad.back();
+      c.free_grad.pop_back();
+      c.grad_of[in.microbatch] = b;
+      posted_[{1, in.microbatch, in.chunk}] =
+          pp_.recv_async(c.grad_bufs[size_t(b)], (rank_ + 1) % p_, tag(1, in.microbatch, c.g));
+      ++ahead;
+    }
+    ++post_cursor_;
+  }
+}
+
+void PipelineExecutor::wait_recv(PipeOp op, int mb, int chunk, PipelineStats& stats) {
+  auto it = posted_.find({op == PipeOp::RecvActivation ? 0 : 1, mb, chunk});
+  XR_CHECK(it != posted_.end(), "pipeline: ", pipe_op_name(op), " of microbatch ", mb, " was not posted");
+  Stopwatch sw;
+  it->second->wait();
+  stats.bubble_ms += sw.ms();
+  posted_.erase(it);
+}
+
+double PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr>& list, const Feed& feed,
+                             double dloss, PipelineStats& stats) {
+  posted_.clear();
+  post_cursor_ = 0;
+  double loss_sum = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    post_receives(list, i, stats);
+    const PipeInstr& in = list[i];
+    if (in.op == PipeOp::ReduceGradients || in.op == PipeOp::OptimizerStep) break;
+    Chunk& c = chunks_[size_t(in.chunk)];
+    switch (in.op) {
+      case PipeOp::RecvActivation:
+        // Normally posted ahead; a receive is posted here at the latest.
+        if (!posted_.count({0, in.microbatch, in.chunk})) {
+          post_cursor_ = i;
+          post_receives(list, i, stats);
+        }
+        wait_recv(in.op, in.microbatch, in.chunk, stats);
+        break;
+      case PipeOp::RecvGradient:
+        if (!posted_.count({1, in.microbatch, in.chunk})) {
+          post_cursor_ = i;
+          post_receives(list, i, stats);
+        }
+        wait_recv(in.op, in.microbatch, in.chunk, stats);
+        break;
+      case PipeOp::Forward: {
+        if (c.first) c.slot_of[in.microbatch] = take_slot(c, stats);
+        const int s = c.slot_of.at(in.microbatch);
+        Tensor tokens = c.first ? c.tokens[size_t(s)] : Tensor();
+        Tensor targets = c.last ? c.targets[size_t(s)] : Tensor();
+        if (c.first || c.last) {
+          Stopwatch sw;
+          feed(in.microbatch, c.first ? tokens.data<int32_t>() : nullptr, c.last ? targets.data<int32_t>() : nullptr);
+          stats.data_ms += sw.ms();
+        }
+        Stopwatch sw;
+        loss_sum += c.model->forward(ctx, s, tokens, targets, dloss);
+        stats.forward_ms += sw.ms();
+        break;
+      }
+      case PipeOp::SendActivation: {
+        const int s = c.slot_of.at(in.microbatch);
+        c.slot_send[size_t(s)] = pp_.send_async(c.model->stage_output(s), (rank_ + 1) % p_, tag(0, in.microbatch, c.g + 1));
+        break;
+      }
+      case PipeOp::Backward: {
+        const int s = c.slot_of.at(in.microbatch);
+        Tensor out_grad;
+        int gb = -1;
+        if (!c.last) {
+          gb = c.grad_of.at(in.microbatch);
+          out_grad = c.grad_bufs[size_t(gb)];
+        }
+        // Backwards run in microbatch order per chunk, so the last one makes the gradients final.
+        const GradPhase phase = in.microbatch == m_ - 1 ? GradPhase::Final : GradPhase::Accumulate;
+        Stopwatch sw;
+        c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad);
+        stats.backward_ms += sw.ms();
+        if (gb >= 0) {
+          c.grad_of.erase(in.microbatch);
+          c.free_grad.push_back(gb);
+        }
+        c.slot_of.erase(in.microbatch);
+        c.free_slots.push_back(s);
+        break;
+      }
+      case PipeOp::SendGradient: {
+        const size_t b = size_t(c.next_send);
+        c.next_send = (c.next_send + 1) % int(c.send_bufs.size());
+        if (c.send_work[b]) {
+          Stopwatch sw;
+          c.send_work[b]->wait();
+          stats.comm_exposed_ms += sw.ms();
+        }
+        Tensor g = c.model->input_grad();
+        std::memcpy(c.send_bufs[b].raw(), g.raw(), g.bytes());
+        c.send_work[b] = pp_.send_async(c.send_bufs[b], (rank_ + p_ - 1) % p_, tag(1, in.microbatch, c.g - 1));
+        break;
+      }
+      default: break;
+    }
+  }
+  // Every send must be delivered before the step ends (its buffers get reused).
+  Stopwatch sw;
+  for (Chunk& c : chunks_) {
+    for (auto& w : c.slot_send)
+      if (w) {
+        w->wait();
+        w.reset();
+      }
+    for (auto& w : c.send_work)
+      if (w) {
+        w->wait();
+        w.reset();
+      }
+  }
+  stats.comm_exposed_ms += sw.ms();
+  XR_CHECK(posted_.empty(), "pipeline: ", posted_.size(), " receive(s) left posted at the end of the step");
+  return loss_sum;
+}
+
+}  // namespace xirang

@@ -1,0 +1,84 @@
+// runtime/schedule.h: pipeline schedules as data, and a simulator.
+//
+// A schedule is a pure function of (pp size, stage, microbatches, virtual
+// stages) that returns one rank's ordered instruction list. The executor
+// (runtime/pipeline.h) runs it, the simulator below runs every rank's list
+// together with given costs, and the memory plan sizes activation slots from
+// it: one representation for all three.
+//
+// The model is cut into p * v chunks of equal layer counts; model chunk g
+// lives on rank g % p as that rank's local chunk g / p (Megatron's
+// interleaving; v = 1 is the plain pipeline). Instructions name the local
+// chunk; activations flow from model chunk g to g + 1, gradients back.
+//
+//   auto list = make_schedule(ScheduleKind::OneFOneB, /*p=*/4, /*rank=*/1, /*m=*/8, /*v=*/1);
+//   SimResult r = simulate(ScheduleKind::OneFOneB, 4, 8, 1, {.forward = 1, .backward = 2});
+//   // r.bubble_fraction == 3.0 / 11
+//
+// Backward is one instruction today; a zero-bubble schedule would split it
+// into BackwardInput (the gradient the previous stage waits for) and
+// BackwardWeight (deferrable), which the list format already allows for.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace xirang {
+
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
+ScheduleKind parse_schedule(std::string_view name, std::string_view where);  // "gpipe", "1f1b", "interleaved"
+const char* schedule_name(ScheduleKind k);
+
+enum class PipeOp {
+  RecvActivation,  // wait for the previous model chunk's output for (microbatch, chunk)
+  Forward,
+  SendActivation,  // to the next model chunk
+  RecvGradient,    // wait for the next model chunk's input gradient
+  Backward,
+  SendGradient,    // to the previous model chunk
+  ReduceGradients, // data-parallel and tied-embedding reductions (once, at the end)
+  OptimizerStep,
+};
+const char* pipe_op_name(PipeOp op);
+
+struct PipeInstr {
+  PipeOp op;
+  int microbatch = -1;
+  int chunk = -1;  // local chunk (virtual stage) index on this rank
+};
+
+// One rank's instruction list for one step. Throws a Config error when the
+// combination is not supported (interleaved needs v > 1 and m % p == 0; the
+// others need v == 1).
+std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v);
+
+// The model chunk (0 .. p*v-1) of local chunk `chunk` on `rank`.
+inline int model_chunk(int p, int rank, int chunk) { return chunk * p + rank; }
+
+// Most microbatches whose activations a local chunk holds at once under this list.
+int max_in_flight(const std::vector<PipeInstr>& list, int v);
+
+struct SimCosts {
+  double forward = 1;   // per microbatch for a whole stage (a chunk costs 1/v of it)
+  double backward = 2;
+  double transfer = 0;  // per message
+};
+
+struct SimResult {
+  bool ok = false;
+  std::string error;                  // deadlock or a violated dependency, when !ok
+  double makespan = 0;
+  std::vector<double> busy;           // compute time per rank
+  double bubble_fraction = 0;         // mean over ranks of idle / makespan
+  std::vector<int> peak_in_flight;    // per rank: most microbatch-chunks with live activations
+};
+
+// Runs all p ranks' lists together: sends take no rank time and arrive
+// `transfer` later; a receive blocks until its message has arrived.
+SimResult simulate(ScheduleKind kind, int p, int m, int v, const SimCosts& costs);
+// The bubble fraction the analysis predicts with transfer = 0:
+// (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved.
+double analytic_bubble(ScheduleKind kind, int p, int m, int v);
+
+}  // namespace xirang
