@@ -151,7 +151,16 @@ SimResult simulate(ScheduleKind kind, int p, int m, int v, const SimCosts& costs
   r.peak_in_flight.assign(size_t(p), 0);
   std::vector<int> live(size_t(p), 0);
   std::map<std::tuple<int, int>, int> forwarded;  // (model chunk, microbatch) -> 1 once forward ran
-  const double fcost = costs.forward / v, bcost = costs.backward / v;
+  XR_CHECK(costs.forward_per_rank.empty() || int(costs.forward_per_rank.size()) == p, "forward_per_rank needs ", p,
+           " entries");
+  XR_CHECK(costs.backward_per_rank.empty() || int(costs.backward_per_rank.size()) == p, "backward_per_rank needs ",
+           p, " entries");
+  auto fcost_of = [&](int rank) {
+    return (costs.forward_per_rank.empty() ? costs.forward : costs.forward_per_rank[size_t(rank)]) / v;
+  };
+  auto bcost_of = [&](int rank) {
+    return (costs.backward_per_rank.empty() ? costs.backward : costs.backward_per_rank[size_t(rank)]) / v;
+  };
   auto fail_sim = [&](const std::string& e) {
     r.ok = false;
     r.error = e;
@@ -178,6 +187,7 @@ SimResult simulate(ScheduleKind kind, int p, int m, int v, const SimCosts& costs
           if (!mail.emplace(Key{1, in.microbatch, g - 1}, t + costs.transfer).second)
             return fail_sim("gradient of microbatch " + std::to_string(in.microbatch) + " sent twice");
         } else if (in.op == PipeOp::Forward) {
+          const double fcost = fcost_of(rank);
           t += fcost;
           r.busy[size_t(rank)] += fcost;
           forwarded[{g, in.microbatch}] = 1;
@@ -186,6 +196,7 @@ SimResult simulate(ScheduleKind kind, int p, int m, int v, const SimCosts& costs
           if (!forwarded.count({g, in.microbatch}))
             return fail_sim("backward of microbatch " + std::to_string(in.microbatch) + " on model chunk " +
                             std::to_string(g) + " before its forward");
+          const double bcost = bcost_of(rank);
           t += bcost;
           r.busy[size_t(rank)] += bcost;
           --live[size_t(rank)];

@@ -12,7 +12,8 @@
 // chunk; activations flow from model chunk g to g + 1, gradients back.
 //
 //   auto list = make_schedule(ScheduleKind::OneFOneB, /*p=*/4, /*rank=*/1, /*m=*/8, /*v=*/1);
-//   SimResult r = simulate(ScheduleKind::OneFOneB, 4, 8, 1, {.forward = 1, .backward = 2});
+//   SimCosts costs;  costs.forward = 1;  costs.backward = 2;
+//   SimResult r = simulate(ScheduleKind::OneFOneB, 4, 8, 1, costs);
 //   // r.bubble_fraction == 3.0 / 11
 //
 // Backward is one instruction today; a zero-bubble schedule would split it
@@ -63,6 +64,9 @@ struct SimCosts {
   double forward = 1;   // per microbatch for a whole stage (a chunk costs 1/v of it)
   double backward = 2;
   double transfer = 0;  // per message
+  // Optional per-rank costs (stages differ: the first holds the embedding,
+  // the last the head); when given they replace forward and backward.
+  std::vector<double> forward_per_rank, backward_per_rank;
 };
 
 struct SimResult {

@@ -195,11 +195,17 @@ double Trainer::accumulate_gradients(int step, StepMetrics& m) {
   PipelineStats st;
   const double loss_sum = exec_->run(
       ctx_, schedule_, [&](int mb, int32_t* tk, int32_t* tg) { fill_batch(step, mb, tk, tg); }, dloss, st);
-  // The last stage's copy of the token table is final once its head passes are done.
+  // The last stage's copy of the token table is final once its head passes
+  // are done. Its reduction waits for the first stage to finish, and so does
+  // the barrier after it on every stage: a stage that finished its list early
+  // idles here until the pipeline has drained, which is bubble too.
+  Stopwatch drain;
   if (tied_last_) {
     reduce_tied_embedding();
     sync_->layer_done(-1);
   }
+  if (cfg_.parallel.pp > 1) grid_->pp().barrier();
+  st.bubble_ms += drain.ms();
   m.forward_ms = st.forward_ms;
   m.backward_ms = st.backward_ms;
   m.data_wait_ms = st.data_ms;

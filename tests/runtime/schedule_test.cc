@@ -56,6 +56,17 @@ double expected_bubble(const Case& c) {
   return double(c.p - 1) / (vm + c.p - 1);
 }
 
+// Equal stages: every rank costs f forward and b backward per microbatch.
+// (A designated initializer would trip -Wmissing-field-initializers on the
+// per-rank vectors.)
+SimCosts equal_costs(double f, double b, double transfer = 0) {
+  SimCosts c;
+  c.forward = f;
+  c.backward = b;
+  c.transfer = transfer;
+  return c;
+}
+
 // Microbatch-chunks whose activations are live at once, summed over chunks
 // (simulate()'s peak_in_flight counts this way; max_in_flight() takes the
 // largest single chunk instead).
@@ -75,7 +86,7 @@ TEST(ScheduleBubble, SimulatedBubbleMatchesAnalysisWithEqualStages) {
   for (const Case& c : supported_cases({2, 4, 8})) {
     for (auto [f, b] : ratios) {
       SCOPED_TRACE(c.str() + " f=" + std::to_string(f) + " b=" + std::to_string(b));
-      const SimResult r = simulate(c.kind, c.p, c.m, c.v, {.forward = f, .backward = b, .transfer = 0});
+      const SimResult r = simulate(c.kind, c.p, c.m, c.v, equal_costs(f, b, 0));
       ASSERT_TRUE(r.ok) << r.error;
       EXPECT_NEAR(r.bubble_fraction, expected_bubble(c), 1e-12);
       EXPECT_NEAR(analytic_bubble(c.kind, c.p, c.m, c.v), expected_bubble(c), 1e-15);
@@ -91,7 +102,7 @@ TEST(ScheduleBubble, SimulatedBubbleMatchesAnalysisWithEqualStages) {
 TEST(ScheduleBubble, SinglePipelineStageHasNoBubble) {
   for (const Case& c : supported_cases({1})) {
     SCOPED_TRACE(c.str());
-    const SimResult r = simulate(c.kind, c.p, c.m, c.v, {.forward = 1, .backward = 2});
+    const SimResult r = simulate(c.kind, c.p, c.m, c.v, equal_costs(1, 2));
     ASSERT_TRUE(r.ok) << r.error;
     EXPECT_NEAR(r.bubble_fraction, 0.0, 1e-12);
     EXPECT_NEAR(r.makespan, 3.0 * c.m, 1e-9);
@@ -123,7 +134,7 @@ TEST(ScheduleBubble, GoldenTableForFourStages) {
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(label(row.kind, 4, row.m, row.v));
-    const SimResult r = simulate(row.kind, 4, row.m, row.v, {.forward = 1, .backward = 2});
+    const SimResult r = simulate(row.kind, 4, row.m, row.v, equal_costs(1, 2));
     ASSERT_TRUE(r.ok) << r.error;
     EXPECT_NEAR(r.makespan, row.makespan, 1e-9);
     EXPECT_NEAR(r.bubble_fraction, row.bubble, 1e-12);
@@ -142,7 +153,7 @@ TEST(ScheduleBubble, DISABLED_PrintBubbleTable) {
                                                 {ScheduleKind::Interleaved, 4}};
   for (auto [kind, v] : kinds)
     for (int m : {4, 8, 16}) {
-      const SimResult r = simulate(kind, 4, m, v, {.forward = 1, .backward = 2});
+      const SimResult r = simulate(kind, 4, m, v, equal_costs(1, 2));
       ASSERT_TRUE(r.ok) << r.error;
       std::printf("| %s | %d | %d | %g | %.4f | %.4f | %d %d %d %d |\n", schedule_name(kind), v, m, r.makespan,
                   r.bubble_fraction, analytic_bubble(kind, 4, m, v), r.peak_in_flight[0], r.peak_in_flight[1],
@@ -339,7 +350,7 @@ TEST(SimulatorTransfer, ZeroTransferMakespanIsFillPlusWork) {
       for (int m = 1; m <= 16; ++m)
         for (auto [f, b] : {std::pair{1.0, 1.0}, {1.0, 2.0}, {0.5, 1.5}}) {
           SCOPED_TRACE(label(kind, p, m, 1) + " f=" + std::to_string(f) + " b=" + std::to_string(b));
-          const SimResult r = simulate(kind, p, m, 1, {.forward = f, .backward = b, .transfer = 0});
+          const SimResult r = simulate(kind, p, m, 1, equal_costs(f, b, 0));
           ASSERT_TRUE(r.ok) << r.error;
           EXPECT_NEAR(r.makespan, (m + p - 1) * (f + b), 1e-9);
         }
@@ -353,7 +364,7 @@ TEST(SimulatorTransfer, TransferCostRaisesMakespanAndBubbleMonotonically) {
     SimResult prev;
     for (double t : transfers) {
       SCOPED_TRACE("transfer=" + std::to_string(t));
-      const SimResult r = simulate(c.kind, c.p, c.m, c.v, {.forward = 1, .backward = 2, .transfer = t});
+      const SimResult r = simulate(c.kind, c.p, c.m, c.v, equal_costs(1, 2, t));
       ASSERT_TRUE(r.ok) << r.error;
       // Transfers take no rank time, so only the idle part can grow.
       for (int rank = 0; rank < c.p; ++rank) EXPECT_NEAR(r.busy[size_t(rank)], 3.0 * c.m, 1e-9);
@@ -374,10 +385,35 @@ TEST(SimulatorTransfer, GPipeChargesEachBoundaryTwice) {
   for (int p : {2, 4, 8})
     for (int m : {1, 3, 8, 16}) {
       SCOPED_TRACE(label(ScheduleKind::GPipe, p, m, 1));
-      const SimResult r = simulate(ScheduleKind::GPipe, p, m, 1, {.forward = 1, .backward = 2, .transfer = 0.5});
+      const SimResult r = simulate(ScheduleKind::GPipe, p, m, 1, equal_costs(1, 2, 0.5));
       ASSERT_TRUE(r.ok) << r.error;
       EXPECT_NEAR(r.makespan, 3.0 * (m + p - 1) + 2 * (p - 1) * 0.5, 1e-9);
     }
+}
+
+TEST(SimulatorCosts, PerRankCostsReplaceTheScalars) {
+  for (const Case& c : supported_cases({4})) {
+    if (c.m % 4 != 0) continue;
+    SCOPED_TRACE(c.str());
+    // Per-rank costs that are all equal reproduce the scalar costs exactly.
+    SimCosts same = equal_costs(1, 2, 0.25);
+    same.forward_per_rank.assign(4, 1.0);
+    same.backward_per_rank.assign(4, 2.0);
+    const SimResult a = simulate(c.kind, 4, c.m, c.v, same), b = simulate(c.kind, 4, c.m, c.v, equal_costs(1, 2, 0.25));
+    ASSERT_TRUE(a.ok && b.ok) << a.error << b.error;
+    EXPECT_EQ(a.makespan, b.makespan);
+    EXPECT_EQ(a.bubble_fraction, b.bubble_fraction);
+  }
+  // One slow stage paces GPipe: each phase is one pass through every stage
+  // plus m - 1 more microbatches at the slowest stage's rate.
+  SimCosts slow = equal_costs(1, 2);
+  slow.forward_per_rank = {1, 1, 2, 1};
+  slow.backward_per_rank = {2, 2, 4, 2};
+  for (int m : {1, 4, 8}) {
+    const SimResult r = simulate(ScheduleKind::GPipe, 4, m, 1, slow);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_NEAR(r.makespan, (5 + (m - 1) * 2) + (10 + (m - 1) * 4), 1e-9) << "m=" << m;
+  }
 }
 
 // ---------------------------------------------------------------- errors
