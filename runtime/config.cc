@@ -58,7 +58,10 @@ std::vector<Section> schema(Config& c) {
         {"warmup_steps", &t.warmup_steps}, {"weight_decay", &t.weight_decay}, {"beta1", &t.beta1},
         {"beta2", &t.beta2}, {"eps", &t.eps}, {"grad_clip", &t.grad_clip}, {"seed", &t.seed},
         {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}}},
-      {"data", {{"train", &c.data.train}, {"val", &c.data.val}}},
+      {"data",
+       {{"train", &c.data.train}, {"val", &c.data.val}, {"prefetch", &c.data.prefetch},
+        {"prefetch_min", &c.data.prefetch_min}, {"prefetch_max", &c.data.prefetch_max},
+        {"loader_threads", &c.data.loader_threads}, {"read_delay_ms", &c.data.read_delay_ms}}},
       {"metrics",
        {{"jsonl", &c.metrics.jsonl}, {"peak_tflops", &c.metrics.peak_tflops},
         {"log_every", &c.metrics.log_every}}},
@@ -453,6 +456,11 @@ void validate(Config& c, int world_size) {
                           t.micro_batch, " x seq_len ", c.seq_len(), ") over parallel.tp=", p.tp,
                           ", which does not divide them"));
   }
+  v.at_least("data.prefetch_min", c.data.prefetch_min, 1);
+  if (c.data.prefetch_max < c.data.prefetch_min)
+    v.fail_rule(str_cat("data.prefetch_max=", c.data.prefetch_max, " is below data.prefetch_min=", c.data.prefetch_min));
+  v.at_least("data.loader_threads", c.data.loader_threads, 1);
+  v.non_negative("data.read_delay_ms", c.data.read_delay_ms);
   v.positive("comm.timeout_s", c.comm.timeout_s);
   v.non_negative("comm.latency_us", c.comm.latency_us);
   v.non_negative("comm.bandwidth_gbps", c.comm.bandwidth_gbps, " (0 is no limit)");

@@ -74,6 +74,11 @@ struct TrainConfig {
 struct DataConfig {
   std::string train;  // dataset split directory (written by `xirang data prepare`)
   std::string val;    // optional
+  bool prefetch = true;     // background threads prepare microbatches ahead of the trainer
+  int prefetch_min = 2;     // queue depth bounds; the depth adapts between them
+  int prefetch_max = 8;
+  int loader_threads = 2;
+  double read_delay_ms = 0; // fault injection: every sample read takes this much longer (slow storage)
 };
 
 struct MetricsConfig {
