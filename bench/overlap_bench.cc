@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
@@ -29,11 +30,6 @@
 using namespace xirang;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Row {
   double backward_ms, comm_ms, exposed_ms, step_ms;
@@ -61,11 +57,7 @@ int main(int argc, char** argv) {
     const std::string dir = (fs::temp_directory_path() / "xirang_overlap_bench").string();
     if (rank == 0) {
       fs::remove_all(dir);
-      DatasetWriter w(dir + "/train", "bytes", 256, -1);
-      std::vector<int32_t> doc(1 << 18);
-      for (size_t i = 0; i < doc.size(); ++i) doc[i] = int32_t(rng_below(3, 4, i, 256));
-      w.add_document(doc.data(), doc.size());
-      w.finish();
+      bench::write_random_tokens(dir + "/train", "bytes", 256, 1 << 18, 3);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     Row rows[2];
@@ -94,7 +86,7 @@ int main(int argc, char** argv) {
         ex.push_back(r.steps[i].dp_comm_exposed_ms);
         st.push_back(r.steps[i].step_ms);
       }
-      rows[overlap] = {median(bw), median(cm), median(ex), median(st)};
+      rows[overlap] = {bench::median(bw), bench::median(cm), bench::median(ex), bench::median(st)};
     }
     if (rank == 0) {
       std::printf("dp=%d, link: %.0f us latency, %.2f GB/s; medians over steps 2..%d (rank 0)\n", world, latency_us,

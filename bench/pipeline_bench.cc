@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
@@ -27,15 +28,6 @@
 #include "runtime/trainer.h"
 
 using namespace xirang;
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
@@ -57,11 +49,7 @@ int main(int argc, char** argv) {
     const std::string dir = (fs::temp_directory_path() / "xirang_pipeline_bench").string();
     if (rank == 0) {
       fs::remove_all(dir);
-      DatasetWriter w(dir + "/train", "bytes", 256, -1);
-      std::vector<int32_t> doc(1 << 18);
-      for (size_t i = 0; i < doc.size(); ++i) doc[i] = int32_t(rng_below(5, 6, i, 256));
-      w.add_document(doc.data(), doc.size());
-      w.finish();
+      bench::write_random_tokens(dir + "/train", "bytes", 256, 1 << 18, 5);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     const int v = schedule == "interleaved" ? 2 : 1;
@@ -96,7 +84,7 @@ int main(int argc, char** argv) {
         fwd.push_back(s.forward_ms / m);
         bwd.push_back(s.backward_ms / m);
       }
-      double mine[3] = {median(frac), median(fwd), median(bwd)};
+      double mine[3] = {bench::median(frac), bench::median(fwd), bench::median(bwd)};
       std::vector<double> all(size_t(3 * p));
       MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
       if (rank == 0) {

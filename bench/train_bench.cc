@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
+#include "bench/bench_util.h"
 #include "runtime/config.h"
 #include "runtime/dataset.h"
 #include "runtime/trainer.h"
@@ -64,11 +64,7 @@ int main(int argc, char** argv) {
     namespace fs = std::filesystem;
     const fs::path dir = fs::temp_directory_path() / ("xirang_bench_" + std::to_string(::getpid()));
     {
-      DatasetWriter w((dir / "train").string(), "gpt2", 50257, 50256);
-      std::vector<int32_t> doc(1 << 20);
-      for (size_t i = 0; i < doc.size(); ++i) doc[i] = int32_t(rng_below(1, 2, i, 50257));
-      w.add_document(doc.data(), doc.size());
-      w.finish();
+      bench::write_random_tokens((dir / "train").string(), "gpt2", 50257, 1 << 20, 1);
     }
     const double peak = measure_sgemm_flops(1024, 1.0);
     std::printf("sgemm peak measured in this run: %.1f GFLOP/s\n", peak / 1e9);
