@@ -62,6 +62,7 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"backward_ms", m.backward_ms},
                       {"optimizer_ms", m.optimizer_ms},
                       {"data_wait_ms", m.data_wait_ms},
+                      {"data_prefetch_depth", m.data_prefetch_depth},
                       {"dp_comm_ms", m.dp_comm_ms},
                       {"dp_comm_exposed_ms", m.dp_comm_exposed_ms},
                       {"tp_comm_ms", m.tp_comm_ms},

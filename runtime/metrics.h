@@ -30,7 +30,8 @@ struct StepMetrics {
   double forward_ms = 0;
   double backward_ms = 0;
   double optimizer_ms = 0;
-  double data_wait_ms = 0;
+  double data_wait_ms = 0;       // time the step was blocked waiting for input
+  int data_prefetch_depth = 0;   // microbatches the loader keeps in flight (adaptive)
   double dp_comm_ms = 0;          // time data-parallel communication took this step
   double dp_comm_exposed_ms = 0;  // time the step waited for it
   double tp_comm_ms = 0;          // time in tensor-parallel communication (blocking, so all exposed)

@@ -64,15 +64,34 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
 
   // The data come first: a missing or corrupt dataset should fail before any large allocation.
   train_data_.emplace(open_split(cfg_.data.train, "data.train", cfg_));
-  train_sampler_ = std::make_unique<SequenceSampler>(*train_data_, cfg_.seq_len(), cfg_.train.seed, true);
   if (!cfg_.data.val.empty()) {
     val_data_.emplace(open_split(cfg_.data.val, "data.val", cfg_));
     val_sampler_ = std::make_unique<SequenceSampler>(*val_data_, cfg_.seq_len(), cfg_.train.seed, false);
   }
-  scratch_tokens_.resize(size_t(cfg_.seq_len()));
-  scratch_targets_.resize(size_t(cfg_.seq_len()));
 
   build_chunks();
+  // Only the ranks that need input read it: the first stage the tokens, the last the targets.
+  const bool need_tokens = chunks_.front()->stage().has_embedding, need_targets = chunks_.back()->stage().has_head;
+  if (need_tokens || need_targets) {
+    LoaderSpec spec;
+    spec.seq_len = cfg_.seq_len();
+    spec.seed = cfg_.train.seed;
+    spec.micro_batch = cfg_.train.micro_batch;
+    spec.global_batch = cfg_.train.global_batch;
+    spec.dp = cfg_.parallel.dp;
+    spec.dp_rank = grid_->coords().dp;
+    spec.microbatches = m;
+    spec.need_tokens = need_tokens;
+    spec.need_targets = need_targets;
+    spec.first_step = 0;
+    LoaderOptions lo;
+    lo.enabled = cfg_.data.prefetch;
+    lo.prefetch_min = cfg_.data.prefetch_min;
+    lo.prefetch_max = cfg_.data.prefetch_max;
+    lo.threads = cfg_.data.loader_threads;
+    lo.read_delay_ms = cfg_.data.read_delay_ms;
+    loader_ = std::make_unique<PrefetchLoader>(*train_data_, spec, lo);
+  }
   std::vector<GPT2*> raw;
   for (auto& c : chunks_) raw.push_back(c.get());
   exec_ = std::make_unique<PipelineExecutor>(raw, grid_->pp(), p, grid_->coords().pp, v, m);
@@ -175,18 +194,6 @@ void Trainer::reduce_tied_embedding() {
   grid_->embedding().all_reduce(w->grad, ReduceOp::Sum);
 }
 
-void Trainer::fill_batch(int64_t step, int mb, int32_t* tokens, int32_t* targets) {
-  const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
-  const int64_t per_rank = cfg_.train.global_batch / cfg_.parallel.dp;
-  for (int b = 0; b < B; ++b) {
-    // This dp rank's contiguous part of the global batch, microbatch by microbatch.
-    const int64_t k = grid_->coords().dp * per_rank + int64_t(mb) * B + b;
-    train_sampler_->fill(SequenceSampler::global_index(step, cfg_.train.global_batch, k),
-                         tokens ? tokens + int64_t(b) * T : scratch_tokens_.data(),
-                         targets ? targets + int64_t(b) * T : scratch_targets_.data());
-  }
-}
-
 double Trainer::accumulate_gradients(int step, StepMetrics& m) {
   const int micro = cfg_.microbatches();
   const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
@@ -194,7 +201,7 @@ double Trainer::accumulate_gradients(int step, StepMetrics& m) {
   const double dloss = 1.0 / (double(B) * T * micro * cfg_.parallel.dp);
   PipelineStats st;
   const double loss_sum = exec_->run(
-      ctx_, schedule_, [&](int mb, int32_t* tk, int32_t* tg) { fill_batch(step, mb, tk, tg); }, dloss, st);
+      ctx_, schedule_, [&](int mb, int32_t* tk, int32_t* tg) { loader_->next(step, mb, tk, tg); }, dloss, st);
   // The last stage's copy of the token table is final once its head passes
   // are done. Its reduction waits for the first stage to finish, and so does
   // the barrier after it on every stage: a stage that finished its list early
@@ -208,7 +215,9 @@ double Trainer::accumulate_gradients(int step, StepMetrics& m) {
   st.bubble_ms += drain.ms();
   m.forward_ms = st.forward_ms;
   m.backward_ms = st.backward_ms;
-  m.data_wait_ms = st.data_ms;
+  // The time the step was blocked on input (the copy out of the queue is in st.data_ms too).
+  m.data_wait_ms = loader_ ? loader_->take_wait_ms() : 0.0;
+  m.data_prefetch_depth = loader_ ? loader_->depth() : 0;
   m.pp_bubble_ms = st.bubble_ms;
   m.pp_comm_exposed_ms = st.comm_exposed_ms;
   return loss_sum / micro;

@@ -29,6 +29,7 @@
 #include "runtime/config.h"
 #include "runtime/dataset.h"
 #include "runtime/grad_sync.h"
+#include "runtime/loader.h"
 #include "runtime/metrics.h"
 #include "runtime/optimizer.h"
 #include "runtime/pipeline.h"
@@ -71,7 +72,6 @@ class Trainer {
   // Runs the step's schedule; returns this rank's share of the step loss
   // (the mean over microbatches on the last stage, 0 elsewhere).
   double accumulate_gradients(int step, StepMetrics& m);
-  void fill_batch(int64_t step, int mb, int32_t* tokens, int32_t* targets);
   // Sums the tied token table's gradient over the first and last stage.
   void reduce_tied_embedding();
   void inject_fault(int step);
@@ -94,9 +94,9 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;
   Arena params_arena_, grads_, opt_state_, shard_, acts_, io_;
-  std::vector<int32_t> scratch_tokens_, scratch_targets_;  // one sequence each (T + 1 sampler read)
   std::optional<TokenDataset> train_data_, val_data_;
-  std::unique_ptr<SequenceSampler> train_sampler_, val_sampler_;
+  std::unique_ptr<PrefetchLoader> loader_;  // null on middle pipeline stages: they read no input
+  std::unique_ptr<SequenceSampler> val_sampler_;
 };
 
 }  // namespace xirang

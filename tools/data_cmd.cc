@@ -1,12 +1,15 @@
 // `xirang data`: turns text into token dataset splits and inspects them.
 //
-//   xirang data prepare --tokenizer bytes --out data/fortunes /usr/share/games/fortunes
+//   xirang data prepare --tokenizer gpt2 --out data/fortunes /usr/share/games/fortunes
 //   xirang data inspect data/fortunes
+//   echo "Hello world" | xirang data encode --tokenizer gpt2     # 15496 995 198
+//   echo "15496 995" | xirang data decode --tokenizer gpt2       # Hello world
 //
 // The format itself lives in runtime/dataset.h; this file only decides what a
 // document is, which documents are held out for validation, and what to print.
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,7 +20,10 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "runtime/dataset.h"
@@ -30,15 +36,22 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kUsage =
-    "usage: xirang data prepare --tokenizer bytes --out DIR [--val-fraction F] [--force] [--shard-tokens N] INPUT...\n"
+    "usage: xirang data prepare --tokenizer bytes|gpt2 --out DIR [--val-fraction F] [--force] [--shard-tokens N]\n"
+    "                           [--threads N] INPUT...\n"
     "       xirang data inspect DIR\n"
+    "       xirang data encode --tokenizer bytes|gpt2 [--threads N] < TEXT\n"
+    "       xirang data decode --tokenizer bytes|gpt2 < IDS\n"
     "\n"
     "prepare  tokenizes INPUT files (a directory means its regular files, sorted, except *.dat and *.u8)\n"
     "         into DIR/train and DIR/val. A file is one document, or, when it has lines holding only\n"
     "         \"%\" (fortune files), one document per entry. A document goes to val with probability F\n"
-    "         (default 0.05), decided by a hash of its text.\n"
+    "         (default 0.05), decided by a hash of its text. GPT-2 puts <|endoftext|> before each\n"
+    "         document. --threads (default: all cores) encodes in parallel; the output is the same.\n"
     "inspect  prints a split's index (or both splits of a prepared DIR), verifies the shard\n"
-    "         checksums and decodes the start of the first document.\n";
+    "         checksums and decodes the start of the first document.\n"
+    "encode   reads text on stdin and prints its token ids on one line, separated by spaces.\n"
+    "         Text that spells <|endoftext|> is encoded as text, not as the end-of-text id.\n"
+    "decode   reads token ids (separated by any whitespace) on stdin and writes their text.\n";
 
 struct PrepareOptions {
   std::string tokenizer;
@@ -46,6 +59,7 @@ struct PrepareOptions {
   double val_fraction = 0.05;
   bool force = false;
   int64_t shard_tokens = int64_t(1) << 28;
+  int threads = 0;  // 0: one per core
   std::vector<std::string> inputs;
 };
 
@@ -57,13 +71,15 @@ double parse_fraction(const std::string& flag, const std::string& v) {
   return f;
 }
 
-int64_t parse_count(const std::string& flag, const std::string& v) {
+int64_t parse_count(const std::string& flag, const std::string& v, const char* verb = "prepare") {
   int64_t n = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
   if (v.empty() || ec != std::errc() || p != v.data() + v.size() || n < 1)
-    fail(ErrorKind::Usage, "data prepare: ", flag, " '", v, "' is not a positive integer");
+    fail(ErrorKind::Usage, "data ", verb, ": ", flag, " '", v, "' is not a positive integer");
   return n;
 }
+
+int default_threads() { return std::max(1, int(std::thread::hardware_concurrency())); }
 
 PrepareOptions parse_prepare(int argc, char** argv) {
   PrepareOptions o;
@@ -90,9 +106,10 @@ PrepareOptions parse_prepare(int argc, char** argv) {
       o.force = true;
       continue;
     }
-    if (flag != "--tokenizer" && flag != "--out" && flag != "--val-fraction" && flag != "--shard-tokens")
+    if (flag != "--tokenizer" && flag != "--out" && flag != "--val-fraction" && flag != "--shard-tokens" &&
+        flag != "--threads")
       fail(ErrorKind::Usage, "data prepare: unknown flag '", flag,
-           "' (expected --tokenizer, --out, --val-fraction, --force or --shard-tokens)");
+           "' (expected --tokenizer, --out, --val-fraction, --force, --shard-tokens or --threads)");
     if (!inline_value) {
       if (i + 1 >= argc) fail(ErrorKind::Usage, "data prepare: ", flag, " needs a value");
       value = argv[++i];
@@ -100,9 +117,10 @@ PrepareOptions parse_prepare(int argc, char** argv) {
     if (flag == "--tokenizer") o.tokenizer = value;
     else if (flag == "--out") o.out = value;
     else if (flag == "--val-fraction") o.val_fraction = parse_fraction(flag, value);
+    else if (flag == "--threads") o.threads = int(std::min<int64_t>(parse_count(flag, value), 1024));
     else o.shard_tokens = parse_count(flag, value);
   }
-  if (o.tokenizer.empty()) fail(ErrorKind::Usage, "data prepare: missing --tokenizer (expected bytes)");
+  if (o.tokenizer.empty()) fail(ErrorKind::Usage, "data prepare: missing --tokenizer (expected bytes or gpt2)");
   if (o.out.empty()) fail(ErrorKind::Usage, "data prepare: missing --out DIR");
   if (o.inputs.empty()) fail(ErrorKind::Usage, "data prepare: no input files given");
   return o;
@@ -185,6 +203,42 @@ double split_draw(std::string_view doc) {
   return double(h >> 11) * 0x1.0p-53;
 }
 
+// A progress bar on stderr, redrawn in place; silent when stderr is not a
+// terminal, so logs and tests see only the summary on stdout.
+class Progress {
+ public:
+  Progress(const char* what, size_t total_bytes)
+      : what_(what), total_(total_bytes), tty_(isatty(STDERR_FILENO) == 1), start_(Clock::now()) {}
+
+  void update(size_t done) {
+    if (!tty_) return;
+    const double s = seconds(), frac = total_ ? std::min(1.0, double(done) / double(total_)) : 1.0;
+    constexpr int kWidth = 30;
+    const int filled = int(frac * kWidth);
+    std::string bar(size_t(filled), '#');
+    bar.resize(kWidth, '.');
+    const double rate = s > 0 ? double(done) / s : 0;
+    std::fprintf(stderr, "\r%s [%s] %3.0f%%  %.1f/%.1f MB  %.1f MB/s  ETA %.0f s ", what_, bar.c_str(), frac * 100,
+                 double(done) / 1e6, double(total_) / 1e6, rate / 1e6,
+                 rate > 0 ? double(total_ - std::min(done, total_)) / rate : 0.0);
+    drawn_ = true;
+  }
+  // Ends the line; returns the seconds since construction.
+  double finish() {
+    if (drawn_) std::fputc('\n', stderr);
+    drawn_ = false;
+    return seconds();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  const char* what_;
+  size_t total_;
+  bool tty_, drawn_ = false;
+  Clock::time_point start_;
+};
+
 void print_split(const char* name, const DatasetWriter& w, const DatasetIndex& ix) {
   std::printf("  %-5s %-32s %9lld documents %13lld tokens %5zu shard%s\n", name, w.dir().c_str(),
               (long long)w.documents(), (long long)w.tokens(), ix.shards.size(), ix.shards.size() == 1 ? "" : "s");
@@ -200,7 +254,7 @@ int prepare(int argc, char** argv) {
   // non-empty val split; pass 2 reads the files again rather than holding them.
   std::vector<std::vector<bool>> to_val(files.size());
   std::vector<bool> skipped(files.size(), false);
-  size_t n_docs = 0, n_val = 0;
+  size_t n_docs = 0, n_val = 0, doc_bytes = 0;
   double lo = 2, hi = -1;
   size_t lo_at[2] = {0, 0}, hi_at[2] = {0, 0};
   for (size_t f = 0; f < files.size(); ++f) {
@@ -217,6 +271,7 @@ int prepare(int argc, char** argv) {
       n_val += u < o.val_fraction;
       if (u < lo) lo = u, lo_at[0] = f, lo_at[1] = d;
       if (u > hi) hi = u, hi_at[0] = f, hi_at[1] = d;
+      doc_bytes += docs[d].size();
     }
     n_docs += docs.size();
   }
@@ -228,22 +283,44 @@ int prepare(int argc, char** argv) {
   // Both writers first: a refusal to overwrite happens before anything is written.
   DatasetWriter train(train_dir, tok->name(), tok->vocab_size(), tok->eot_token(), o.shard_tokens, o.force);
   DatasetWriter val(val_dir, tok->name(), tok->vocab_size(), tok->eot_token(), o.shard_tokens, o.force);
-  std::vector<int32_t> ids;
-  for (size_t f = 0; f < files.size(); ++f) {
-    if (skipped[f]) continue;
-    std::string text = read_file(files[f]);
-    std::vector<std::string_view> docs = split_documents(text);
-    if (docs.size() != to_val[f].size())
-      fail(ErrorKind::Data, "input file '", files[f], "' changed while it was being prepared");
+  // Pass 2, in batches of whole files (up to kBatchBytes of text, at least
+  // one file): read, encode every document of the batch in parallel, write
+  // them in input order. Memory stays bounded by the batch, and the output
+  // does not depend on the thread count.
+  constexpr size_t kBatchBytes = size_t(64) << 20;
+  const int threads = o.threads > 0 ? o.threads : default_threads();
+  Progress bar("encoding", doc_bytes);
+  size_t bytes_before = 0, n_encoded = 0;
+  for (size_t f = 0; f < files.size();) {
+    std::vector<std::string> texts;
+    std::vector<size_t> text_file;
+    for (size_t batch = 0; f < files.size() && (texts.empty() || batch < kBatchBytes); ++f) {
+      if (skipped[f]) continue;
+      texts.push_back(read_file(files[f]));
+      text_file.push_back(f);
+      batch += texts.back().size();
+    }
+    std::vector<std::string_view> docs;  // views into texts, which no longer grows
+    std::vector<bool> doc_val;
+    for (size_t t = 0; t < texts.size(); ++t) {
+      std::vector<std::string_view> file_docs = split_documents(texts[t]);
+      const std::vector<bool>& split = to_val[text_file[t]];
+      if (file_docs.size() != split.size())
+        fail(ErrorKind::Data, "input file '", files[text_file[t]], "' changed while it was being prepared");
+      docs.insert(docs.end(), file_docs.begin(), file_docs.end());
+      doc_val.insert(doc_val.end(), split.begin(), split.end());
+    }
+    std::vector<std::vector<int32_t>> ids =
+        encode_parallel(*tok, docs, threads, [&](size_t done) { bar.update(bytes_before + done); });
     for (size_t d = 0; d < docs.size(); ++d) {
-      ids.clear();
+      bytes_before += docs[d].size();
+      n_encoded += ids[d].size();
       // GPT-2 convention (llm.c too): the end-of-text token precedes each document.
-      if (tok->eot_token() >= 0) ids.push_back(tok->eot_token());
-      std::vector<int32_t> enc = tok->encode(docs[d]);
-      ids.insert(ids.end(), enc.begin(), enc.end());
-      (to_val[f][d] ? val : train).add_document(ids.data(), ids.size());
+      if (tok->eot_token() >= 0) ids[d].insert(ids[d].begin(), tok->eot_token());
+      (doc_val[d] ? val : train).add_document(ids[d].data(), ids[d].size());
     }
   }
+  const double encode_s = bar.finish();
   const DatasetIndex& train_ix = train.finish();
   const DatasetIndex& val_ix = val.finish();
 
@@ -252,6 +329,8 @@ int prepare(int argc, char** argv) {
               files.size() - n_skipped, n_skipped, tok->name().c_str(), (long long)tok->vocab_size());
   print_split("train", train, train_ix);
   print_split("val", val, val_ix);
+  std::printf("  encoded %.1f MB into %zu tokens in %.2f s on %d thread%s (%.2fM tokens/s)\n", double(doc_bytes) / 1e6,
+              n_encoded, encode_s, threads, threads == 1 ? "" : "s", double(n_encoded) / std::max(encode_s, 1e-9) / 1e6);
   if (val.tokens() == 0) {
     std::cerr << "warning: the val split is empty (" << n_docs << " document" << (n_docs == 1 ? "" : "s")
               << " in all)\n";
@@ -324,10 +403,97 @@ int inspect(int argc, char** argv) {
   return 0;
 }
 
+struct CodecOptions {
+  std::string tokenizer;
+  int threads = 0;  // 0: one per core
+};
+
+// Flags of `data encode` / `data decode`; both read stdin, so any other
+// argument is a mistake worth naming.
+CodecOptions parse_codec(int argc, char** argv, const char* verb, bool threads_allowed) {
+  CodecOptions o;
+  const char* expected = threads_allowed ? "--tokenizer or --threads" : "--tokenizer";
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i], flag = arg, value;
+    if (!arg.starts_with("--"))
+      fail(ErrorKind::Usage, "data ", verb, ": unexpected argument '", arg, "' (it reads stdin: xirang data ", verb,
+           " --tokenizer NAME < FILE)");
+    bool inline_value = false;
+    if (size_t eq = arg.find('='); eq != std::string::npos) flag = arg.substr(0, eq), value = arg.substr(eq + 1), inline_value = true;
+    if (flag != "--tokenizer" && !(threads_allowed && flag == "--threads"))
+      fail(ErrorKind::Usage, "data ", verb, ": unknown flag '", flag, "' (expected ", expected, ")");
+    if (!inline_value) {
+      if (i + 1 >= argc) fail(ErrorKind::Usage, "data ", verb, ": ", flag, " needs a value");
+      value = argv[++i];
+    }
+    if (flag == "--tokenizer") o.tokenizer = value;
+    else o.threads = int(std::min<int64_t>(parse_count(flag, value, verb), 1024));
+  }
+  if (o.tokenizer.empty()) fail(ErrorKind::Usage, "data ", verb, ": missing --tokenizer (expected bytes or gpt2)");
+  return o;
+}
+
+std::string read_stdin(const char* verb) {
+  std::string in;
+  char buf[1 << 16];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), stdin)) > 0;) in.append(buf, n);
+  if (std::ferror(stdin)) fail(ErrorKind::Data, "data ", verb, ": cannot read stdin: ", std::strerror(errno));
+  return in;
+}
+
+void write_stdout(std::string_view out) {
+  if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size() || std::fflush(stdout) != 0)
+    fail(ErrorKind::Data, "cannot write stdout: ", std::strerror(errno));
+}
+
+int encode(int argc, char** argv) {
+  const CodecOptions o = parse_codec(argc, argv, "encode", true);
+  std::unique_ptr<Tokenizer> tok = make_tokenizer(o.tokenizer);
+  const std::string text = read_stdin("encode");
+  const std::vector<int32_t> ids =
+      encode_parallel(*tok, {std::string_view(text)}, o.threads > 0 ? o.threads : default_threads())[0];
+  std::string out;
+  out.reserve(ids.size() * 6 + 1);
+  char num[16];
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ' ';
+    out.append(num, std::to_chars(num, num + sizeof(num), ids[i]).ptr);
+  }
+  out += '\n';
+  write_stdout(out);
+  return 0;
+}
+
+int decode(int argc, char** argv) {
+  const CodecOptions o = parse_codec(argc, argv, "decode", false);
+  std::unique_ptr<Tokenizer> tok = make_tokenizer(o.tokenizer);
+  const std::string in = read_stdin("decode");
+  std::vector<int32_t> ids;
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  for (size_t i = 0; i < in.size();) {
+    if (space(in[i])) {
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < in.size() && !space(in[end])) ++end;
+    int32_t id = 0;
+    auto [p, ec] = std::from_chars(in.data() + i, in.data() + end, id);
+    if (ec != std::errc() || p != in.data() + end)
+      fail(ErrorKind::Data, "data decode: '", std::string_view(in).substr(i, std::min<size_t>(end - i, 40)), "' (item ",
+           ids.size(), " on stdin) is not a token id");
+    ids.push_back(id);
+    i = end;
+  }
+  write_stdout(tok->decode(ids.data(), ids.size()));
+  return 0;
+}
+
 }  // namespace
 
 int data_command(int argc, char** argv) {
-  if (argc < 2) fail(ErrorKind::Usage, "data: missing verb (expected prepare or inspect; see xirang data --help)");
+  if (argc < 2)
+    fail(ErrorKind::Usage, "data: missing verb (expected prepare, inspect, encode or decode; see xirang data --help)");
   const std::string_view verb = argv[1];
   if (verb == "--help" || verb == "-h" || verb == "help") {
     std::fputs(kUsage, stdout);
@@ -340,7 +506,9 @@ int data_command(int argc, char** argv) {
     }
   if (verb == "prepare") return prepare(argc, argv);
   if (verb == "inspect") return inspect(argc, argv);
-  fail(ErrorKind::Usage, "data: unknown verb '", verb, "' (expected prepare or inspect)");
+  if (verb == "encode") return encode(argc, argv);
+  if (verb == "decode") return decode(argc, argv);
+  fail(ErrorKind::Usage, "data: unknown verb '", verb, "' (expected prepare, inspect, encode or decode)");
 }
 
 }  // namespace xirang::tools

@@ -137,6 +137,26 @@ TEST(Trainer, ThreadCountDoesNotChangeTheResult) {
   EXPECT_EQ(flat_params(a), flat_params(b));
 }
 
+// Slow storage (20 ms per sample read, injected) with compute slower than
+// reading: prefetching hides the reads after warm-up; reading on demand does not.
+TEST(Trainer, PrefetchHidesSlowReads) {
+  auto wait_share = [](bool prefetch) {
+    Trainer t(debug_config({"train.steps=6", "data.read_delay_ms=20", "data.loader_threads=2",
+                            std::string("data.prefetch=") + (prefetch ? "true" : "false")}),
+              quiet());
+    TrainResult r = t.run();
+    double wait = 0, total = 0;
+    for (size_t i = 2; i < r.steps.size(); ++i) {  // after two warm-up steps
+      wait += r.steps[i].data_wait_ms;
+      total += r.steps[i].step_ms;
+    }
+    return wait / total;
+  };
+  const double on = wait_share(true), off = wait_share(false);
+  EXPECT_LT(on, 0.02) << "prefetching left " << 100 * on << "% of the step waiting for data";
+  EXPECT_GT(off, 0.05) << "reading on demand waited only " << 100 * off << "%: the test's delay did not bite";
+}
+
 TEST(Trainer, ValidationLossIsReportedOnEvalSteps) {
   Trainer t(debug_config({"train.steps=4", "train.eval_every=2", "data.val=" + fortunes_dataset(),
                           "train.eval_batches=2"}),
