@@ -57,7 +57,7 @@ std::vector<Section> schema(Config& c) {
         {"seq_len", &t.seq_len}, {"lr", &t.lr}, {"min_lr_ratio", &t.min_lr_ratio},
         {"warmup_steps", &t.warmup_steps}, {"weight_decay", &t.weight_decay}, {"beta1", &t.beta1},
         {"beta2", &t.beta2}, {"eps", &t.eps}, {"grad_clip", &t.grad_clip}, {"seed", &t.seed},
-        {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}}},
+        {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}, {"stop_after", &t.stop_after}}},
       {"data",
        {{"train", &c.data.train}, {"val", &c.data.val}, {"prefetch", &c.data.prefetch},
         {"prefetch_min", &c.data.prefetch_min}, {"prefetch_max", &c.data.prefetch_max},
@@ -66,6 +66,9 @@ std::vector<Section> schema(Config& c) {
        {{"jsonl", &c.metrics.jsonl}, {"peak_tflops", &c.metrics.peak_tflops},
         {"log_every", &c.metrics.log_every}}},
       {"memory", {{"limit_gb", &c.memory.limit_gb}}},
+      {"checkpoint",
+       {{"dir", &c.checkpoint.dir}, {"every", &c.checkpoint.every}, {"keep", &c.checkpoint.keep},
+        {"resume", &c.checkpoint.resume}}},
       {"comm",
        {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
         {"bandwidth_gbps", &c.comm.bandwidth_gbps}}},
@@ -444,6 +447,7 @@ void validate(Config& c, int world_size) {
     v.fail_rule(str_cat("train.min_lr_ratio=", format_double(t.min_lr_ratio), " must be in [0, 1]"));
   v.at_least("train.eval_every", t.eval_every, 0, " (0 disables validation)");
   v.at_least("train.eval_batches", t.eval_batches, 1);
+  v.at_least("train.stop_after", t.stop_after, 0, " (0 runs to train.steps)");
   v.non_negative("metrics.peak_tflops", c.metrics.peak_tflops, " (0 measures it at start)");
   v.at_least("metrics.log_every", c.metrics.log_every, 1);
   v.non_negative("memory.limit_gb", c.memory.limit_gb, " (0 is no limit)");
@@ -465,8 +469,12 @@ void validate(Config& c, int world_size) {
   v.non_negative("comm.latency_us", c.comm.latency_us);
   v.non_negative("comm.bandwidth_gbps", c.comm.bandwidth_gbps, " (0 is no limit)");
   const std::string& fk = c.faults.kind;
-  if (fk != "none" && fk != "kill" && fk != "hang" && fk != "fail_transfer")
-    v.fail_rule(str_cat("faults.kind='", fk, "' is not one of none, kill, hang, fail_transfer"));
+  if (fk != "none" && fk != "kill" && fk != "hang" && fk != "fail_transfer" && fk != "kill_in_save")
+    v.fail_rule(str_cat("faults.kind='", fk, "' is not one of none, kill, hang, fail_transfer, kill_in_save"));
+  v.at_least("checkpoint.every", c.checkpoint.every, 0, " (0 saves only at the end)");
+  v.at_least("checkpoint.keep", c.checkpoint.keep, 1);
+  if (c.checkpoint.resume.empty())
+    v.fail_rule("checkpoint.resume is empty: use auto, none, or the path of a checkpoint step directory");
   if (fk != "none") {
     if (c.faults.rank < 0 || c.faults.rank >= world_size)
       v.fail_rule(str_cat("faults.rank=", c.faults.rank, " is not a rank of this world (0..", world_size - 1, ")"));

@@ -46,7 +46,9 @@ struct CommConfig {
 };
 
 // Fault injection for tests: at the start of `step` (1-based), rank `rank`
-// is killed (kill), stops answering (hang), or fails its next transfer (fail_transfer).
+// is killed (kill), stops answering (hang), or fails its next transfer
+// (fail_transfer); kill_in_save kills it halfway through writing the
+// checkpoint of `step`.
 struct FaultConfig {
   std::string kind = "none";
   int rank = 0;
@@ -69,6 +71,7 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int eval_every = 0;    // 0 disables validation
   int eval_batches = 4;  // microbatches of validation data per evaluation
+  int stop_after = 0;    // end this run after that many completed steps (a job time limit; the schedule still spans `steps`); 0: run to `steps`
 };
 
 struct DataConfig {
@@ -87,6 +90,16 @@ struct MetricsConfig {
   int log_every = 1;          // progress line cadence when not on a terminal
 };
 
+// Checkpoints (runtime/checkpoint_io.h): every `every` steps into `dir`,
+// keeping the newest `keep`; resume = auto (the newest under dir, if any),
+// none, or the path of a step directory.
+struct CheckpointConfig {
+  std::string dir;             // empty: no checkpoints
+  int every = 0;               // 0: only at the end of training (when dir is set)
+  int keep = 3;
+  std::string resume = "auto";
+};
+
 struct MemoryConfig {
   double limit_gb = 0;  // refuse to start when the plan exceeds this; 0 is no limit
 };
@@ -98,6 +111,7 @@ struct Config {
   DataConfig data;
   MetricsConfig metrics;
   MemoryConfig memory;
+  CheckpointConfig checkpoint;
   CommConfig comm;
   FaultConfig faults;
   std::string source;  // the file it came from, for messages

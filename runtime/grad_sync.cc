@@ -65,8 +65,10 @@ void GradSync::layout(Arena& shard) {
 std::vector<OptimizerSegment> GradSync::optimizer_segments() const {
   std::vector<OptimizerSegment> segs;
   if (!opts_.zero) {
-    for (auto& p : params_)
-      segs.push_back({p.value.flat(), p.grad.flat(), p.decay, p.shard.replicated(), p.tied_copy});
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Parameter& p = params_[i];
+      segs.push_back({p.value.flat(), p.grad.flat(), p.decay, p.shard.replicated(), p.tied_copy, int(i), 0});
+    }
     return segs;
   }
   // This rank's chunk of each bucket, cut at parameter boundaries (decay differs per parameter).
@@ -79,7 +81,7 @@ std::vector<OptimizerSegment> GradSync::optimizer_segments() const {
                      ? shard_grads_.flat_range(s0 - b.chunk_begin + b.shard_offset, s1 - b.chunk_begin + b.shard_offset)
                      : Tensor(nullptr, {s1 - s0}, flat_grads_.dtype());
       const Parameter& p = params_[size_t(i)];
-      segs.push_back({flat_params_.flat_range(s0, s1), g, p.decay, p.shard.replicated(), p.tied_copy});
+      segs.push_back({flat_params_.flat_range(s0, s1), g, p.decay, p.shard.replicated(), p.tied_copy, i, s0 - p0});
     }
   }
   return segs;

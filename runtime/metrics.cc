@@ -68,6 +68,7 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"tp_comm_ms", m.tp_comm_ms},
                       {"pp_bubble_ms", m.pp_bubble_ms},
                       {"pp_comm_exposed_ms", m.pp_comm_exposed_ms},
+                      {"ckpt_stall_ms", m.ckpt_stall_ms},
                       {"peak_tflops", peak_.flops / 1e12},
                       {"peak_source", peak_.source}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;

@@ -37,6 +37,7 @@ struct StepMetrics {
   double tp_comm_ms = 0;          // time in tensor-parallel communication (blocking, so all exposed)
   double pp_bubble_ms = 0;        // time this stage waited for a neighbour's activation or gradient
   double pp_comm_exposed_ms = 0;  // time it waited for its own pipeline sends to complete
+  double ckpt_stall_ms = 0;       // time the step was stopped to save a checkpoint
   std::optional<double> val_loss;
 };
 

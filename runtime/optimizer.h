@@ -33,6 +33,8 @@ struct OptimizerSegment {
   bool decay;    // weight decay applies
   bool tp_replicated = true;  // every tensor-parallel rank holds the same values (count once in the norm)
   bool tied_copy = false;     // the last stage's copy of the tied token table (not in the norm)
+  int param_index = -1;       // the parameter it belongs to
+  int64_t param_offset = 0;   // where it starts in that parameter's flat (local) view
 };
 
 class AdamW {
@@ -46,6 +48,9 @@ class AdamW {
   double local_grad_sum_squares(const KernelContext& ctx) const;
   // One update with learning rate lr; gradients are multiplied by grad_scale first.
   void step(const KernelContext& ctx, int64_t step_number, double lr, double grad_scale);
+  // AdamW's first and second moments, one tensor per segment (checkpoints).
+  const std::vector<Tensor>& m() const { return m_; }
+  const std::vector<Tensor>& v() const { return v_; }
 
  private:
   TrainConfig cfg_;

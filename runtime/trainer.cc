@@ -9,6 +9,7 @@
 
 #include "comm/simulated_link.h"
 #include "core/clock.h"
+#include "runtime/checkpoint_io.h"
 
 namespace xirang {
 
@@ -70,28 +71,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   }
 
   build_chunks();
-  // Only the ranks that need input read it: the first stage the tokens, the last the targets.
-  const bool need_tokens = chunks_.front()->stage().has_embedding, need_targets = chunks_.back()->stage().has_head;
-  if (need_tokens || need_targets) {
-    LoaderSpec spec;
-    spec.seq_len = cfg_.seq_len();
-    spec.seed = cfg_.train.seed;
-    spec.micro_batch = cfg_.train.micro_batch;
-    spec.global_batch = cfg_.train.global_batch;
-    spec.dp = cfg_.parallel.dp;
-    spec.dp_rank = grid_->coords().dp;
-    spec.microbatches = m;
-    spec.need_tokens = need_tokens;
-    spec.need_targets = need_targets;
-    spec.first_step = 0;
-    LoaderOptions lo;
-    lo.enabled = cfg_.data.prefetch;
-    lo.prefetch_min = cfg_.data.prefetch_min;
-    lo.prefetch_max = cfg_.data.prefetch_max;
-    lo.threads = cfg_.data.loader_threads;
-    lo.read_delay_ms = cfg_.data.read_delay_ms;
-    loader_ = std::make_unique<PrefetchLoader>(*train_data_, spec, lo);
-  }
+
   std::vector<GPT2*> raw;
   for (auto& c : chunks_) raw.push_back(c.get());
   exec_ = std::make_unique<PipelineExecutor>(raw, grid_->pp(), p, grid_->coords().pp, v, m);
@@ -165,6 +145,30 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
       if (l == -1 && tied_first_) reduce_tied_embedding();
       sync_->layer_done(l);
     });
+  }
+
+  resume();
+  // Only the ranks that need input read it: the first stage the tokens, the last the targets.
+  const bool need_tokens = chunks_.front()->stage().has_embedding, need_targets = chunks_.back()->stage().has_head;
+  if (need_tokens || need_targets) {
+    LoaderSpec spec;
+    spec.seq_len = cfg_.seq_len();
+    spec.seed = cfg_.train.seed;
+    spec.micro_batch = cfg_.train.micro_batch;
+    spec.global_batch = cfg_.train.global_batch;
+    spec.dp = cfg_.parallel.dp;
+    spec.dp_rank = grid_->coords().dp;
+    spec.microbatches = m;
+    spec.need_tokens = need_tokens;
+    spec.need_targets = need_targets;
+    spec.first_step = start_step_;
+    LoaderOptions lo;
+    lo.enabled = cfg_.data.prefetch;
+    lo.prefetch_min = cfg_.data.prefetch_min;
+    lo.prefetch_max = cfg_.data.prefetch_max;
+    lo.threads = cfg_.data.loader_threads;
+    lo.read_delay_ms = cfg_.data.read_delay_ms;
+    loader_ = std::make_unique<PrefetchLoader>(*train_data_, spec, lo);
   }
 
   if (opts_.peak) peak_ = *opts_.peak;
@@ -248,9 +252,93 @@ double Trainer::evaluate() {
   return grid_->dp().all_reduce_sum(sum) / double(n);
 }
 
+void Trainer::save_checkpoint(int64_t steps_done) {
+  CheckpointDir dir(cfg_.checkpoint.dir);
+  Communicator& world = grid_->world();
+  std::string tmp = dir.tmp_dir(steps_done);
+  if (is_logger()) dir.prepare(steps_done);
+  world.barrier();
+  {
+    RankCheckpointWriter w(tmp, grid_->world_rank(), steps_done);
+    // Each element is written once: data-parallel replicas and the last
+    // stage's copy of the tied token table leave it to their twin.
+    const bool replica_writer = grid_->coords().dp == 0;
+    for (const Parameter& p : params_)
+      if (replica_writer && !p.tied_copy) w.add("params", p.name, p.shard, p.value);
+    const bool zero = cfg_.parallel.zero == 1;
+    const auto& segs = opt_->segments();
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const Parameter& p = params_[size_t(segs[i].param_index)];
+      if (p.tied_copy || (!zero && !replica_writer)) continue;
+      const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
+      w.add("adam_m", p.name, p.shard, b, e, opt_->m()[i], opt_->m()[i].dtype());
+      w.add("adam_v", p.name, p.shard, b, e, opt_->v()[i], opt_->v()[i].dtype());
+      // Fault injection: die with the rank file half written.
+      if (cfg_.faults.kind == "kill_in_save" && cfg_.faults.step == steps_done &&
+          cfg_.faults.rank == grid_->world_rank() && i == segs.size() / 2) {
+        std::fprintf(stderr, "rank %d: injecting fault 'kill_in_save' at step %lld\n", cfg_.faults.rank,
+                     (long long)steps_done);
+        std::fflush(stderr);
+        std::raise(SIGKILL);
+      }
+    }
+    // The data order is a pure function of (seed, step): the step is the loader's whole state.
+    w.set_int("train.step", steps_done);
+    w.close();
+  }
+  world.barrier();
+  if (is_logger()) {
+    CheckpointMeta meta;
+    meta.step = steps_done;
+    meta.layout = CheckpointLayout{cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero,
+                                   cfg_.parallel.virtual_stages, cfg_.parallel.sequence_parallel};
+    meta.config_yaml = cfg_.yaml;
+    dir.commit(meta, cfg_.checkpoint.keep);
+  }
+  world.barrier();
+}
+
+void Trainer::resume() {
+  const std::string& how = cfg_.checkpoint.resume;
+  std::string path;
+  if (how == "none") return;
+  if (how == "auto") {
+    if (cfg_.checkpoint.dir.empty()) return;
+    auto latest = CheckpointDir(cfg_.checkpoint.dir).latest();
+    if (!latest) return;  // a fresh run
+    path = *latest;
+  } else {
+    path = how;
+  }
+  CheckpointReader r = CheckpointReader::open(path);
+  // A checkpoint of another model is refused before anything is overwritten.
+  for (const Parameter& p : params_) {
+    if (!r.has("params", p.name))
+      fail(ErrorKind::Checkpoint, "checkpoint '", path, "' has no tensor '", p.name,
+           "': it was saved from a different model");
+    const Shape g = r.global_shape("params", p.name);
+    if (g != p.shard.global)
+      fail(ErrorKind::Checkpoint, "checkpoint '", path, "': tensor '", p.name, "' has shape ", g.str(),
+           " but this model's is ", p.shard.global.str(), " (a different model.* shape)");
+  }
+  for (Parameter& p : params_) r.read("params", p.name, p.shard, p.value);
+  const auto& segs = opt_->segments();
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Parameter& p = params_[size_t(segs[i].param_index)];
+    const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
+    r.read("adam_m", p.name, p.shard, b, e, opt_->m()[i]);
+    r.read("adam_v", p.name, p.shard, b, e, opt_->v()[i]);
+  }
+  start_step_ = r.step();
+  if (start_step_ > cfg_.train.steps)
+    fail(ErrorKind::Checkpoint, "checkpoint '", path, "' is at step ", start_step_, ", past train.steps=",
+         cfg_.train.steps);
+  if (opts_.print) std::fprintf(stderr, "resumed from %s at step %lld\n", path.c_str(), (long long)start_step_);
+}
+
 void Trainer::inject_fault(int step) {
   const FaultConfig& f = cfg_.faults;
-  if (f.kind == "none" || f.step != step || f.rank != grid_->world_rank()) return;
+  if (f.kind == "none" || f.kind == "kill_in_save" || f.step != step || f.rank != grid_->world_rank()) return;
   std::fprintf(stderr, "rank %d: injecting fault '%s' at step %d\n", f.rank, f.kind.c_str(), step);
   std::fflush(stderr);
   if (f.kind == "kill") std::raise(SIGKILL);
@@ -282,7 +370,8 @@ TrainResult Trainer::run() {
                  tokens_per_step, peak_.flops / 1e9, peak_.source.c_str());
   }
   Stopwatch elapsed;
-  for (int step = 0; step < cfg_.train.steps; ++step) {
+  const int last = cfg_.train.stop_after > 0 ? std::min(cfg_.train.stop_after, cfg_.train.steps) : cfg_.train.steps;
+  for (int step = int(start_step_); step < last; ++step) {
     inject_fault(step + 1);
     StepMetrics m;
     m.step = step + 1;
@@ -310,6 +399,13 @@ TrainResult Trainer::run() {
     if (eval_now && val_sampler_) {
       m.val_loss = evaluate();
       result.final_val_loss = m.val_loss;
+    }
+    const bool save_now = !cfg_.checkpoint.dir.empty() &&
+                          ((cfg_.checkpoint.every > 0 && m.step % cfg_.checkpoint.every == 0) || m.step == last);
+    if (save_now) {
+      Stopwatch cs;
+      save_checkpoint(m.step);
+      m.ckpt_stall_ms = cs.ms();
     }
     result.losses.push_back(m.loss);
     result.grad_norms.push_back(m.grad_norm);

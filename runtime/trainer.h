@@ -66,6 +66,7 @@ class Trainer {
   const MemoryPlan& memory_plan() const { return plan_; }
   const PeakFlops& peak() const { return peak_; }
   ProcessGrid& grid() { return *grid_; }
+  int64_t start_step() const { return start_step_; }
 
  private:
   void build_chunks();
@@ -75,6 +76,11 @@ class Trainer {
   // Sums the tied token table's gradient over the first and last stage.
   void reduce_tied_embedding();
   void inject_fault(int step);
+  // Writes the checkpoint of `steps_done` completed steps (every rank takes part).
+  void save_checkpoint(int64_t steps_done);
+  // Loads checkpoint.resume (auto: the newest under checkpoint.dir) into the
+  // parameters and optimizer state, whatever layout saved it; sets start_step_.
+  void resume();
   bool is_logger() const { return grid_->world_rank() == 0; }
 
   Config cfg_;
@@ -96,6 +102,7 @@ class Trainer {
   Arena params_arena_, grads_, opt_state_, shard_, acts_, io_;
   std::optional<TokenDataset> train_data_, val_data_;
   std::unique_ptr<PrefetchLoader> loader_;  // null on middle pipeline stages: they read no input
+  int64_t start_step_ = 0;                  // completed steps at start (a resumed run's checkpoint step)
   std::unique_ptr<SequenceSampler> val_sampler_;
 };
 

@@ -9,5 +9,7 @@ namespace xirang::tools {
 int train_command(int argc, char** argv);
 // xirang data prepare|... (see tools/data_cmd.cc)
 int data_command(int argc, char** argv);
+// xirang ckpt inspect PATH (see tools/ckpt_cmd.cc)
+int ckpt_command(int argc, char** argv);
 
 }  // namespace xirang::tools

@@ -21,7 +21,8 @@ const char* kUsage =
     "commands:\n"
     "  train CONFIG [--set section.key=value ...]   train a model (under mpirun for several ranks)\n"
     "  data prepare --tokenizer bytes --out DIR [--val-fraction F] [--force] INPUT...\n"
-    "  data inspect DIR                              describe and verify a dataset split\n";
+    "  data inspect DIR                              describe and verify a dataset split\n"
+    "  ckpt inspect PATH                             list a checkpoint's tensors and verify their checksums\n";
 
 }  // namespace
 
@@ -34,7 +35,8 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") return xirang::tools::train_command(argc - 1, argv + 1);
     if (cmd == "data") return xirang::tools::data_command(argc - 1, argv + 1);
-    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train or data)\n", cmd.c_str());
+    if (cmd == "ckpt") return xirang::tools::ckpt_command(argc - 1, argv + 1);
+    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, data or ckpt)\n", cmd.c_str());
     return 2;
   } catch (const xirang::Error& e) {
     std::fprintf(stderr, "xirang: %s: %s\n", xirang::error_kind_name(e.kind()), e.what());

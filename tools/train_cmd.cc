@@ -76,8 +76,11 @@ int train(const TrainArgs& args, MpiRuntime* mpi) {
     Trainer trainer(cfg, TrainerOptions{}, grid.get());
     TrainResult r = trainer.run();
     if (rank == 0) {
-      std::printf("trained %d steps on %d rank%s: final train loss %.4f\n", cfg.train.steps, world, world > 1 ? "s" : "",
-                  r.losses.back());
+      if (r.steps.empty())
+        std::printf("nothing to train: the checkpoint is already at train.steps=%d\n", cfg.train.steps);
+      else
+        std::printf("trained to step %d of %d on %d rank%s: final train loss %.4f\n", r.steps.back().step,
+                    cfg.train.steps, world, world > 1 ? "s" : "", r.losses.back());
       if (r.final_val_loss) {
         TokenDataset train = TokenDataset::open(cfg.data.train), val = TokenDataset::open(cfg.data.val);
         std::printf("validation loss %.4f nats/token; a unigram model of the training text scores %.4f\n",

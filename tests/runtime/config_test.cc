@@ -393,7 +393,7 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
        {"parallel.sequence_parallel", "30 token rows", "parallel.tp=4"}},
       {{"comm.timeout_s=0"}, 1, {"comm.timeout_s=0 must be > 0"}},
       {{"comm.latency_us=-1"}, 1, {"comm.latency_us=-1 must be >= 0"}},
-      {{"faults.kind=explode", "faults.step=1"}, 1, {"faults.kind='explode'", "kill, hang, fail_transfer"}},
+      {{"faults.kind=explode", "faults.step=1"}, 1, {"faults.kind='explode'", "kill, hang, fail_transfer, kill_in_save"}},
       {{"faults.kind=kill", "faults.rank=3", "faults.step=1"}, 2, {"faults.rank=3", "0..1"}},
       {{"faults.kind=hang", "faults.step=0"}, 1, {"faults.step=0 must be >= 1"}},
   };
