@@ -155,9 +155,73 @@ std::string read_vocab_file(const std::string& path) {
   return s.str();
 }
 
-struct SvHash {
-  using is_transparent = void;  // lookups by string_view without building a std::string
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+// word -> ids, open addressing with one 64-byte slot per word, so a hit
+// costs one cache line (std::unordered_map's node, key and vector cost three
+// misses, which made lookups half of the encoding time). Words longer than
+// kMaxKey bytes or of more than kMaxIds tokens are not cached: they are rare
+// and their BPE is still cheap. Full at kMaxSlots, it starts over empty,
+// which bounds memory on corpora with endless distinct words. Not
+// thread-safe: the tokenizer keeps one per lock.
+class WordCache {
+ public:
+  static constexpr size_t kMaxKey = 22, kMaxIds = 8, kMaxSlots = size_t(1) << 13;
+
+  // Appends the ids of `word` (hash h) to out and returns true when cached.
+  bool find(uint64_t h, std::string_view word, std::vector<int32_t>& out) const {
+    if (slots_.empty()) return false;
+    for (size_t i = index(h);; i = (i + 1) & (slots_.size() - 1)) {
+      const Slot& s = slots_[i];
+      if (s.len == 0) return false;
+      if (s.hash == h && s.len == word.size() && std::memcmp(s.key, word.data(), word.size()) == 0) {
+        out.insert(out.end(), s.ids, s.ids + s.n);
+        return true;
+      }
+    }
+  }
+
+  void insert(uint64_t h, std::string_view word, const int32_t* ids, size_t n) {
+    if (word.size() > kMaxKey || n > kMaxIds || word.empty()) return;
+    if (2 * (used_ + 1) > slots_.size()) grow();
+    size_t i = index(h);
+    for (; slots_[i].len != 0; i = (i + 1) & (slots_.size() - 1))
+      if (slots_[i].hash == h && slots_[i].len == word.size() && std::memcmp(slots_[i].key, word.data(), word.size()) == 0)
+        return;  // another thread encoded the same word meanwhile
+    Slot& s = slots_[i];
+    s.hash = h, s.len = uint8_t(word.size()), s.n = uint8_t(n);
+    std::memcpy(s.key, word.data(), word.size());
+    std::copy(ids, ids + n, s.ids);
+    ++used_;
+  }
+
+ private:
+  struct alignas(64) Slot {
+    uint64_t hash;
+    uint8_t len;  // 0: empty (cached words have at least two bytes)
+    uint8_t n;
+    char key[kMaxKey];
+    int32_t ids[kMaxIds];
+  };
+  static_assert(sizeof(Slot) == 64);
+
+  // The low bits pick the tokenizer's lock shard, so slots use the high ones.
+  size_t index(uint64_t h) const { return size_t(h >> 20) & (slots_.size() - 1); }
+
+  void grow() {
+    if (slots_.size() >= kMaxSlots) {
+      std::fill(slots_.begin(), slots_.end(), Slot{});
+      used_ = 0;
+      return;
+    }
+    std::vector<Slot> old(slots_.empty() ? 0 : slots_.size());
+    old.swap(slots_);
+    slots_.assign(old.empty() ? 64 : 2 * old.size(), Slot{});
+    used_ = 0;
+    for (const Slot& s : old)
+      if (s.len) insert(s.hash, std::string_view(s.key, s.len), s.ids, s.n);
+  }
+
+  std::vector<Slot> slots_;  // size a power of two, at most half full
+  size_t used_ = 0;
 };
 
 struct PatternDeleter {
@@ -190,13 +254,12 @@ struct Gpt2Tokenizer::Impl {
   std::unique_ptr<pcre2_code, PatternDeleter> regex;
   bool jit = false;
 
-  // word -> ids. Sharded so that threads encoding different words rarely
-  // wait on one another; a shard that grows past kShardCapacity is cleared,
-  // which bounds memory on corpora with endless distinct words.
-  static constexpr size_t kShards = 64, kShardCapacity = 16384;
+  // word -> ids, sharded by hash so that threads encoding different words
+  // rarely wait on one another.
+  static constexpr size_t kShards = 64;
   struct alignas(64) Shard {
     std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>, SvHash, std::equal_to<>> words;
+    WordCache words;
   };
   mutable std::array<Shard, kShards> cache;
 
@@ -342,19 +405,16 @@ void Gpt2Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t
     out.push_back(byte_id[static_cast<unsigned char>(word[0])]);
     return;
   }
-  Shard& shard = cache[SvHash{}(word) % kShards];
+  const uint64_t h = std::hash<std::string_view>{}(word);
+  Shard& shard = cache[h % kShards];
   {
     std::lock_guard<std::mutex> lock(shard.mu);
-    if (auto it = shard.words.find(word); it != shard.words.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+    if (shard.words.find(h, word, out)) return;
   }
   const size_t first = out.size();
   bpe(word, out);  // outside the lock: another thread may compute the same word, harmlessly
   std::lock_guard<std::mutex> lock(shard.mu);
-  if (shard.words.size() >= kShardCapacity) shard.words.clear();
-  shard.words.emplace(std::string(word), std::vector<int32_t>(out.begin() + std::ptrdiff_t(first), out.end()));
+  shard.words.insert(h, word, out.data() + first, out.size() - first);
 }
 
 // ---------------------------------------------------------------------------

@@ -22,6 +22,18 @@ expect_error() {
   echo "ok [$case]: $(cat err.txt)"
 }
 
+# expect_run_error EXIT_CODE PATTERN -- ARGS...: a run that got as far as
+# printing its memory plan, then failed: exactly one error line, the last.
+expect_run_error() {
+  local want_rc=$1 pattern=$2; shift 3
+  "$xirang" "$@" >out.txt 2>err.txt
+  local rc=$?
+  [ "$rc" = "$want_rc" ] || die "exit code $rc, expected $want_rc for: $* (stderr: $(cat err.txt))"
+  [ "$(grep -c '^xirang: ' err.txt)" = 1 ] || die "expected one error line, got: $(cat err.txt)"
+  tail -n 1 err.txt | grep -qE "^xirang: .*$pattern" || die "the last line does not match /$pattern/: $(tail -n 1 err.txt)"
+  echo "ok [$case]: $(tail -n 1 err.txt)"
+}
+
 cfg=$src/configs/gpt2_debug.yaml
 prepare_data() {
   [ -f data/debug/train/index.json ] && return
@@ -71,5 +83,54 @@ case $case in
     grep -q 'validation loss .* unigram' out.txt || die "no validation summary: $(cat out.txt)"
     grep -q 'memory plan' err.txt || die "no memory plan printed"
     echo "ok [$case]" ;;
+  resume_bitwise)
+    # 20 steps straight against 10, stop, resume, 10 more: identical losses.
+    prepare_data
+    rm -rf ck straight.jsonl resumed.jsonl
+    common=(--set data.train=data/debug/train --set train.steps=20)
+    "$xirang" train "$cfg" "${common[@]}" --set metrics.jsonl=straight.jsonl >/dev/null 2>&1 || die "straight run failed"
+    "$xirang" train "$cfg" "${common[@]}" --set train.stop_after=10 --set checkpoint.dir=ck >/dev/null 2>&1 || die "first half failed"
+    "$xirang" train "$cfg" "${common[@]}" --set checkpoint.dir=ck --set metrics.jsonl=resumed.jsonl >out.txt 2>err.txt ||
+      die "resume failed: $(cat err.txt)"
+    grep -q "resumed from .*step_00000010 at step 10" err.txt || die "did not resume at step 10: $(cat err.txt)"
+    tail -n 10 straight.jsonl | sed 's/.*"loss":\([^,]*\),.*/\1/' >a.txt
+    sed 's/.*"loss":\([^,]*\),.*/\1/' resumed.jsonl >b.txt
+    [ "$(wc -l <b.txt)" = 10 ] || die "the resumed run logged $(wc -l <b.txt) steps, expected 10"
+    cmp -s a.txt b.txt || die "resumed losses differ from the uninterrupted run: $(paste a.txt b.txt | head -3)"
+    echo "ok [$case]: steps 11-20 bitwise equal" ;;
+  kill_in_save)
+    # A kill -9 halfway through writing the step-4 checkpoint leaves step 2 loadable and resumable.
+    prepare_data
+    rm -rf ck2
+    common=(--set data.train=data/debug/train --set train.steps=6 --set checkpoint.dir=ck2 --set checkpoint.every=2)
+    "$xirang" train "$cfg" "${common[@]}" --set faults.kind=kill_in_save --set faults.step=4 >out.txt 2>err.txt
+    rc=$?
+    [ $rc = 137 ] || die "expected the run to be killed (137), got $rc: $(tail -2 err.txt)"
+    [ "$(cat ck2/latest)" = step_00000002 ] || die "latest is '$(cat ck2/latest)', expected step_00000002"
+    "$xirang" ckpt inspect ck2 >insp.txt 2>&1 || die "the previous checkpoint does not verify: $(tail -3 insp.txt)"
+    "$xirang" train "$cfg" "${common[@]}" >out.txt 2>err.txt || die "resume after the kill failed: $(cat err.txt)"
+    grep -q "resumed from .*step_00000002 at step 2" err.txt || die "did not resume from step 2: $(cat err.txt)"
+    [ "$(cat ck2/latest)" = step_00000006 ] || die "latest after the resumed run is '$(cat ck2/latest)'"
+    echo "ok [$case]" ;;
+  corrupt_checkpoint)
+    prepare_data
+    rm -rf ck3
+    "$xirang" train "$cfg" --set data.train=data/debug/train --set train.steps=2 --set checkpoint.dir=ck3 >/dev/null 2>&1 ||
+      die "training failed"
+    f=ck3/step_00000002/rank_00000.h5
+    size=$(stat -c %s "$f")
+    # Overwrite 8 bytes three quarters into the file: tensor data (the optimizer state).
+    printf 'XXXXXXXX' | dd of="$f" bs=1 seek=$((size * 3 / 4)) conv=notrunc status=none
+    "$xirang" ckpt inspect ck3 >insp.txt 2>&1 && die "inspect did not notice the damage"
+    grep -q "DAMAGED: .*corrupted" insp.txt || die "inspect did not name the damage: $(tail -3 insp.txt)"
+    expect_run_error 1 "checkpoint error: .*corrupted" -- train "$cfg" --set data.train=data/debug/train \
+      --set train.steps=4 --set checkpoint.dir=ck3 ;;
+  checkpoint_other_model)
+    prepare_data
+    rm -rf ck4
+    "$xirang" train "$cfg" --set data.train=data/debug/train --set train.steps=1 --set checkpoint.dir=ck4 >/dev/null 2>&1 ||
+      die "training failed"
+    expect_run_error 1 "checkpoint error: .*shape .*different model" -- train "$cfg" --set data.train=data/debug/train \
+      --set train.steps=4 --set checkpoint.dir=ck4 --set model.d_model=128 ;;
   *) die "unknown case" ;;
 esac
