@@ -68,7 +68,7 @@ std::vector<Section> schema(Config& c) {
       {"memory", {{"limit_gb", &c.memory.limit_gb}}},
       {"checkpoint",
        {{"dir", &c.checkpoint.dir}, {"every", &c.checkpoint.every}, {"keep", &c.checkpoint.keep},
-        {"resume", &c.checkpoint.resume}}},
+        {"resume", &c.checkpoint.resume}, {"async", &c.checkpoint.async}}},
       {"comm",
        {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
         {"bandwidth_gbps", &c.comm.bandwidth_gbps}}},

@@ -98,6 +98,7 @@ struct CheckpointConfig {
   int every = 0;               // 0: only at the end of training (when dir is set)
   int keep = 3;
   std::string resume = "auto";
+  bool async = true;           // snapshot to host memory, write on a background thread while training goes on
 };
 
 struct MemoryConfig {

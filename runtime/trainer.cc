@@ -125,9 +125,13 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
                  plan_.table(str_cat("memory plan (per rank; dp=", dp, ", tp=", cfg_.parallel.tp, ", pp=", p,
                                      p > 1 ? str_cat(" ", schedule_name(schedule_kind_)) : "", "):"))
                      .c_str());
+  if (!cfg_.checkpoint.dir.empty() && cfg_.checkpoint.async)
+    plan_.add("checkpoint snapshot", mp.used() + ms.used(), "parameters and AdamW state, for background saving");
   plan_.check_limit(size_t(cfg_.memory.limit_gb * double(1ull << 30)), "memory.limit_gb");
 
   opt_state_ = Arena("optimizer state", ms.used());
+  if (!cfg_.checkpoint.dir.empty() && cfg_.checkpoint.async)
+    snapshot_ = Arena("checkpoint snapshot", mp.used() + ms.used());
   shard_ = Arena("gradient shard", mz.used());
   acts_ = Arena("activations", ma.used());
   io_ = Arena("input batch", io_bytes);
@@ -253,49 +257,108 @@ double Trainer::evaluate() {
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
+  finish_save();  // one save in flight at a time
   CheckpointDir dir(cfg_.checkpoint.dir);
   Communicator& world = grid_->world();
-  std::string tmp = dir.tmp_dir(steps_done);
+  const std::string tmp = dir.tmp_dir(steps_done);
   if (is_logger()) dir.prepare(steps_done);
   world.barrier();
-  {
-    RankCheckpointWriter w(tmp, grid_->world_rank(), steps_done);
-    // Each element is written once: data-parallel replicas and the last
-    // stage's copy of the tied token table leave it to their twin.
-    const bool replica_writer = grid_->coords().dp == 0;
-    for (const Parameter& p : params_)
-      if (replica_writer && !p.tied_copy) w.add("params", p.name, p.shard, p.value);
-    const bool zero = cfg_.parallel.zero == 1;
-    const auto& segs = opt_->segments();
-    for (size_t i = 0; i < segs.size(); ++i) {
-      const Parameter& p = params_[size_t(segs[i].param_index)];
-      if (p.tied_copy || (!zero && !replica_writer)) continue;
-      const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
-      w.add("adam_m", p.name, p.shard, b, e, opt_->m()[i], opt_->m()[i].dtype());
-      w.add("adam_v", p.name, p.shard, b, e, opt_->v()[i], opt_->v()[i].dtype());
-      // Fault injection: die with the rank file half written.
-      if (cfg_.faults.kind == "kill_in_save" && cfg_.faults.step == steps_done &&
-          cfg_.faults.rank == grid_->world_rank() && i == segs.size() / 2) {
-        std::fprintf(stderr, "rank %d: injecting fault 'kill_in_save' at step %lld\n", cfg_.faults.rank,
-                     (long long)steps_done);
-        std::fflush(stderr);
-        std::raise(SIGKILL);
-      }
-    }
-    // The data order is a pure function of (seed, step): the step is the loader's whole state.
-    w.set_int("train.step", steps_done);
-    w.close();
+  // What this rank writes: each element once (data-parallel replicas and the
+  // last stage's copy of the tied token table leave it to their twin).
+  std::vector<SaveEntry> todo;
+  const bool replica_writer = grid_->coords().dp == 0;
+  for (const Parameter& p : params_)
+    if (replica_writer && !p.tied_copy) todo.push_back({"params", p.name, p.shard, 0, p.value.numel(), p.value});
+  const bool zero = cfg_.parallel.zero == 1;
+  const auto& segs = opt_->segments();
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Parameter& p = params_[size_t(segs[i].param_index)];
+    if (p.tied_copy || (!zero && !replica_writer)) continue;
+    const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
+    todo.push_back({"adam_m", p.name, p.shard, b, e, opt_->m()[i]});
+    todo.push_back({"adam_v", p.name, p.shard, b, e, opt_->v()[i]});
   }
-  world.barrier();
+  const bool async = cfg_.checkpoint.async;
+  if (async) {
+    // The snapshot is what the step stalls for; the file is written behind training.
+    snapshot_.reset();
+    for (SaveEntry& e : todo) {
+      Tensor copy = snapshot_.alloc(e.data.flat().shape(), e.data.dtype(), e.name);
+      std::memcpy(copy.raw(), e.data.raw(), e.data.bytes());
+      e.data = copy;
+    }
+  }
+  const bool kill = cfg_.faults.kind == "kill_in_save" && cfg_.faults.step == steps_done &&
+                    cfg_.faults.rank == grid_->world_rank();
+  auto write = [this, tmp, steps_done, kill, todo = std::move(todo)]() {
+    try {
+      RankCheckpointWriter w(tmp, grid_->world_rank(), steps_done);
+      for (size_t i = 0; i < todo.size(); ++i) {
+        const SaveEntry& e = todo[i];
+        if (e.begin == 0 && e.end == e.data.numel() && e.group == "params")
+          w.add(e.group, e.name, e.shard, e.data.view(shard_local_shape(e.shard)));
+        else
+          w.add(e.group, e.name, e.shard, e.begin, e.end, e.data, e.data.dtype());
+        if (kill && i == todo.size() / 2) {  // fault injection: die with the rank file half written
+          std::fprintf(stderr, "rank %d: injecting fault 'kill_in_save' at step %lld\n", grid_->world_rank(),
+                       (long long)steps_done);
+          std::fflush(stderr);
+          std::raise(SIGKILL);
+        }
+      }
+      // The data order is a pure function of (seed, step): the step is the loader's whole state.
+      w.set_int("train.step", steps_done);
+      w.close();
+    } catch (...) {
+      save_error_ = std::current_exception();
+    }
+    save_done_ = true;
+  };
+  pending_step_ = steps_done;
+  save_done_ = false;
+  save_error_ = nullptr;
+  if (async) {
+    saver_ = std::thread(write);
+  } else {
+    write();
+    finish_save();
+  }
+}
+
+void Trainer::commit_save() {
+  if (save_error_) std::rethrow_exception(save_error_);
   if (is_logger()) {
     CheckpointMeta meta;
-    meta.step = steps_done;
+    meta.step = pending_step_;
     meta.layout = CheckpointLayout{cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero,
                                    cfg_.parallel.virtual_stages, cfg_.parallel.sequence_parallel};
     meta.config_yaml = cfg_.yaml;
-    dir.commit(meta, cfg_.checkpoint.keep);
+    CheckpointDir(cfg_.checkpoint.dir).commit(meta, cfg_.checkpoint.keep);
   }
-  world.barrier();
+  pending_step_ = -1;
+}
+
+void Trainer::poll_save() {
+  if (pending_step_ < 0) return;
+  // Every rank must have finished its file before rank 0 may commit.
+  const double done = grid_->world().all_reduce_sum(save_done_ ? 1.0 : 0.0);
+  if (done < grid_->shape().world()) return;
+  if (saver_.joinable()) saver_.join();
+  commit_save();
+}
+
+void Trainer::finish_save() {
+  if (pending_step_ < 0) return;
+  if (saver_.joinable()) saver_.join();
+  grid_->world().barrier();
+  commit_save();
+  grid_->world().barrier();
+}
+
+Trainer::~Trainer() {
+  // A save still in flight is completed only by finish_save() (run() calls
+  // it); here the thread is only joined so that it never outlives the trainer.
+  if (saver_.joinable()) saver_.join();
 }
 
 void Trainer::resume() {
@@ -373,6 +436,7 @@ TrainResult Trainer::run() {
   const int last = cfg_.train.stop_after > 0 ? std::min(cfg_.train.stop_after, cfg_.train.steps) : cfg_.train.steps;
   for (int step = int(start_step_); step < last; ++step) {
     inject_fault(step + 1);
+    poll_save();
     StepMetrics m;
     m.step = step + 1;
     Stopwatch sw;
@@ -392,6 +456,14 @@ TrainResult Trainer::run() {
     m.dp_comm_ms = sync_->comm_ms();
     m.dp_comm_exposed_ms = sync_->exposed_ms();
     for (auto& c : chunks_) m.tp_comm_ms += c->take_tp_comm_ms();
+    // A checkpoint's stall belongs to the step that saves (it is part of step_ms).
+    const bool save_now = !cfg_.checkpoint.dir.empty() &&
+                          ((cfg_.checkpoint.every > 0 && m.step % cfg_.checkpoint.every == 0) || m.step == last);
+    if (save_now) {
+      Stopwatch cs;
+      save_checkpoint(m.step);
+      m.ckpt_stall_ms = cs.ms();
+    }
     m.step_ms = sw.ms();
     m.tokens_per_s = tokens_per_step / (m.step_ms / 1e3);
     m.mfu = flops_per_rank / (m.step_ms / 1e3) / peak_.flops;
@@ -400,19 +472,13 @@ TrainResult Trainer::run() {
       m.val_loss = evaluate();
       result.final_val_loss = m.val_loss;
     }
-    const bool save_now = !cfg_.checkpoint.dir.empty() &&
-                          ((cfg_.checkpoint.every > 0 && m.step % cfg_.checkpoint.every == 0) || m.step == last);
-    if (save_now) {
-      Stopwatch cs;
-      save_checkpoint(m.step);
-      m.ckpt_stall_ms = cs.ms();
-    }
     result.losses.push_back(m.loss);
     result.grad_norms.push_back(m.grad_norm);
     result.steps.push_back(m);
     log.write(m);
     if (opts_.print) progress.update(m, elapsed.seconds());
   }
+  finish_save();
   if (opts_.print) progress.finish();
   return result;
 }

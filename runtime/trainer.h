@@ -18,8 +18,11 @@
 //   TrainResult r = trainer.run();   // r.losses[i] is step i + 1's loss
 #pragma once
 
+#include <atomic>
+#include <exception>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -55,6 +58,7 @@ class Trainer {
  public:
   // `grid` may be null (one rank); it must outlive the trainer.
   Trainer(const Config& cfg, TrainerOptions opts = {}, ProcessGrid* grid = nullptr);
+  ~Trainer();
   TrainResult run();
   // Mean loss over train.eval_batches microbatches of the validation split
   // (split over dp ranks, the same number on every rank).
@@ -76,8 +80,16 @@ class Trainer {
   // Sums the tied token table's gradient over the first and last stage.
   void reduce_tied_embedding();
   void inject_fault(int step);
-  // Writes the checkpoint of `steps_done` completed steps (every rank takes part).
+  // Writes the checkpoint of `steps_done` completed steps (every rank takes
+  // part). Asynchronous: the tensors are copied to the snapshot arena and a
+  // background thread writes them while training goes on.
   void save_checkpoint(int64_t steps_done);
+  // An asynchronous save is committed once every rank's file is written:
+  // poll_save() checks (one small all-reduce) and commits when all are done;
+  // finish_save() waits for it.
+  void poll_save();
+  void finish_save();
+  void commit_save();
   // Loads checkpoint.resume (auto: the newest under checkpoint.dir) into the
   // parameters and optimizer state, whatever layout saved it; sets start_step_.
   void resume();
@@ -100,6 +112,17 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;
   Arena params_arena_, grads_, opt_state_, shard_, acts_, io_;
+  Arena snapshot_;  // host copy of what this rank saves (asynchronous checkpoints)
+  struct SaveEntry {
+    std::string group, name;
+    ShardSpec shard;
+    int64_t begin = 0, end = 0;
+    Tensor data;
+  };
+  std::thread saver_;
+  std::atomic<bool> save_done_{false};
+  std::exception_ptr save_error_;
+  int64_t pending_step_ = -1;  // the step of the save in flight, -1 when none
   std::optional<TokenDataset> train_data_, val_data_;
   std::unique_ptr<PrefetchLoader> loader_;  // null on middle pipeline stages: they read no input
   int64_t start_step_ = 0;                  // completed steps at start (a resumed run's checkpoint step)
