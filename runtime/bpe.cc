@@ -10,6 +10,7 @@
 #include <queue>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -35,7 +36,8 @@ namespace {
 //   PCRE2 already has them; listing them again is harmless).
 // Pinning the classes this way also keeps token boundaries independent of the
 // PCRE2 version a machine happens to have.
-constexpr const char* kSpace = R"(\t\n\x{0B}\f\r \x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF})";
+constexpr const char* kSpace =
+    R"(\t\n\x{0B}\f\r \x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF})";
 constexpr const char* kLetter =
     R"(\p{L}\x{88F}\x{C5C}\x{CDC}\x{1C89}-\x{1C8A}\x{A7CB}-\x{A7CF}\x{A7D2}\x{A7D4}\x{A7DA}-\x{A7DC}\x{A7F1})"
     R"(\x{105C0}-\x{105F3}\x{10940}-\x{10959}\x{10D4A}-\x{10D65}\x{10D6F}-\x{10D85}\x{10EC2}-\x{10EC7})"
@@ -159,8 +161,9 @@ std::string read_vocab_file(const std::string& path) {
 // costs one cache line (std::unordered_map's node, key and vector cost three
 // misses, which made lookups half of the encoding time). Words longer than
 // kMaxKey bytes or of more than kMaxIds tokens are not cached: they are rare
-// and their BPE is still cheap. Full at kMaxSlots, it starts over empty,
-// which bounds memory on corpora with endless distinct words. Not
+// and their BPE is still cheap. Full at kMaxSlots (512 KiB; 32 MiB for the
+// tokenizer's 64), it starts over empty, which bounds memory on corpora with
+// endless distinct words while the frequent ones come back at once. Not
 // thread-safe: the tokenizer keeps one per lock.
 class WordCache {
  public:
@@ -172,7 +175,7 @@ class WordCache {
     for (size_t i = index(h);; i = (i + 1) & (slots_.size() - 1)) {
       const Slot& s = slots_[i];
       if (s.len == 0) return false;
-      if (s.hash == h && s.len == word.size() && std::memcmp(s.key, word.data(), word.size()) == 0) {
+      if (holds(s, h, word)) {
         out.insert(out.end(), s.ids, s.ids + s.n);
         return true;
       }
@@ -184,8 +187,7 @@ class WordCache {
     if (2 * (used_ + 1) > slots_.size()) grow();
     size_t i = index(h);
     for (; slots_[i].len != 0; i = (i + 1) & (slots_.size() - 1))
-      if (slots_[i].hash == h && slots_[i].len == word.size() && std::memcmp(slots_[i].key, word.data(), word.size()) == 0)
-        return;  // another thread encoded the same word meanwhile
+      if (holds(slots_[i], h, word)) return;  // another thread encoded the same word meanwhile
     Slot& s = slots_[i];
     s.hash = h, s.len = uint8_t(word.size()), s.n = uint8_t(n);
     std::memcpy(s.key, word.data(), word.size());
@@ -203,6 +205,10 @@ class WordCache {
   };
   static_assert(sizeof(Slot) == 64);
 
+  static bool holds(const Slot& s, uint64_t h, std::string_view word) {
+    return s.hash == h && s.len == word.size() && std::memcmp(s.key, word.data(), word.size()) == 0;
+  }
+
   // The low bits pick the tokenizer's lock shard, so slots use the high ones.
   size_t index(uint64_t h) const { return size_t(h >> 20) & (slots_.size() - 1); }
 
@@ -212,8 +218,7 @@ class WordCache {
       used_ = 0;
       return;
     }
-    std::vector<Slot> old(slots_.empty() ? 0 : slots_.size());
-    old.swap(slots_);
+    std::vector<Slot> old = std::exchange(slots_, {});
     slots_.assign(old.empty() ? 64 : 2 * old.size(), Slot{});
     used_ = 0;
     for (const Slot& s : old)
@@ -300,7 +305,8 @@ void Gpt2Tokenizer::Impl::load_encoder(const std::string& path) {
       continue;
     }
     if (!token_bytes(key, to_byte, bytes))
-      fail(ErrorKind::Data, "gpt2 tokenizer: '", path, "': token '", key, "' uses a character outside GPT-2's byte alphabet");
+      fail(ErrorKind::Data, "gpt2 tokenizer: '", path, "': token '", key,
+           "' uses a character outside GPT-2's byte alphabet");
     if (bytes.size() == 1) byte_id[static_cast<unsigned char>(bytes[0])] = id;
     id_bytes[size_t(id)] = bytes;
   }
@@ -354,7 +360,8 @@ void Gpt2Tokenizer::Impl::compile_regex() {
   PCRE2_SIZE offset = 0;
   regex.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
                             &err, &offset, nullptr));
-  if (!regex) fail(ErrorKind::Library, "PCRE2: cannot compile GPT-2's pattern at offset ", offset, ": ", pcre2_message(err));
+  if (!regex)
+    fail(ErrorKind::Library, "PCRE2: cannot compile GPT-2's pattern at offset ", offset, ": ", pcre2_message(err));
   // JIT is several times faster; without it (an unsupported CPU) the interpreter gives the same matches.
   jit = pcre2_jit_compile(regex.get(), PCRE2_JIT_COMPLETE) == 0;
 }
@@ -478,8 +485,9 @@ void Gpt2Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& o
   pcre2_match_data* md = thread_match_data();
   const auto* subj = reinterpret_cast<PCRE2_SPTR>(subject.data());
   for (size_t pos = 0; pos < subject.size();) {
-    const int rc = impl_->jit ? pcre2_jit_match(impl_->regex.get(), subj, subject.size(), pos, 0, md, nullptr)
-                              : pcre2_match(impl_->regex.get(), subj, subject.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    const pcre2_code* re = impl_->regex.get();
+    const int rc = impl_->jit ? pcre2_jit_match(re, subj, subject.size(), pos, 0, md, nullptr)
+                              : pcre2_match(re, subj, subject.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     size_t begin = subject.size(), end = subject.size();
     if (rc >= 0) {
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);

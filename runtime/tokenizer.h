@@ -8,6 +8,7 @@
 //   std::unique_ptr<Tokenizer> tok = make_tokenizer("bytes");
 //   std::vector<int32_t> ids = tok->encode("hello");      // {104, 101, 108, 108, 111}
 //   std::string text = tok->decode(ids.data(), ids.size());
+//   auto all = encode_parallel(*tok, {doc_a, doc_b}, /*threads=*/8);  // all[i] == tok->encode(doc_i)
 #pragma once
 
 #include <cstddef>

@@ -330,7 +330,8 @@ int prepare(int argc, char** argv) {
   print_split("train", train, train_ix);
   print_split("val", val, val_ix);
   std::printf("  encoded %.1f MB into %zu tokens in %.2f s on %d thread%s (%.2fM tokens/s)\n", double(doc_bytes) / 1e6,
-              n_encoded, encode_s, threads, threads == 1 ? "" : "s", double(n_encoded) / std::max(encode_s, 1e-9) / 1e6);
+              n_encoded, encode_s, threads, threads == 1 ? "" : "s",
+              double(n_encoded) / std::max(encode_s, 1e-9) / 1e6);
   if (val.tokens() == 0) {
     std::cerr << "warning: the val split is empty (" << n_docs << " document" << (n_docs == 1 ? "" : "s")
               << " in all)\n";
@@ -419,7 +420,11 @@ CodecOptions parse_codec(int argc, char** argv, const char* verb, bool threads_a
       fail(ErrorKind::Usage, "data ", verb, ": unexpected argument '", arg, "' (it reads stdin: xirang data ", verb,
            " --tokenizer NAME < FILE)");
     bool inline_value = false;
-    if (size_t eq = arg.find('='); eq != std::string::npos) flag = arg.substr(0, eq), value = arg.substr(eq + 1), inline_value = true;
+    if (size_t eq = arg.find('='); eq != std::string::npos) {
+      flag = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      inline_value = true;
+    }
     if (flag != "--tokenizer" && !(threads_allowed && flag == "--threads"))
       fail(ErrorKind::Usage, "data ", verb, ": unknown flag '", flag, "' (expected ", expected, ")");
     if (!inline_value) {
