@@ -20,7 +20,8 @@ const char* kUsage =
     "usage: xirang <command> [args]\n"
     "commands:\n"
     "  train CONFIG [--set section.key=value ...]   train a model (under mpirun for several ranks)\n"
-    "  data prepare --tokenizer bytes --out DIR [--val-fraction F] [--force] INPUT...\n"
+    "  data prepare --tokenizer gpt2|bytes --out DIR [--val-fraction F] [--force] [--threads N] INPUT...\n"
+    "  data encode|decode --tokenizer gpt2|bytes    text on stdin -> ids on stdout, or back\n"
     "  data inspect DIR                              describe and verify a dataset split\n"
     "  ckpt inspect PATH                             list a checkpoint's tensors and verify their checksums\n";
 

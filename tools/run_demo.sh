@@ -11,8 +11,8 @@ tools/build.sh xirang
 xirang=build/bin/xirang
 ranks=${XIRANG_DEMO_RANKS:-2}
 
-if [ ! -f data/demo/train/index.json ] || [ ! -f data/demo/val/index.json ]; then
-  $xirang data prepare --tokenizer bytes --out data/demo --val-fraction 0.05 --force /usr/share/games/fortunes
+if [ ! -f data/demo_gpt2/train/index.json ] || [ ! -f data/demo_gpt2/val/index.json ]; then
+  $xirang data prepare --tokenizer gpt2 --out data/demo_gpt2 --val-fraction 0.05 --force /usr/share/games/fortunes
 fi
 # Open MPI refuses to run as root unless told; containers and CI run as root.
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -20,4 +20,4 @@ if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_RO
 threads=$(( $(nproc) / ranks )); [ "$threads" -ge 1 ] || threads=1
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 mpirun -np "$ranks" --oversubscribe "$xirang" train configs/gpt2_demo.yaml "$@"
-echo "demo: per-step metrics in runs/demo/metrics.jsonl, data in data/demo"
+echo "demo: per-step metrics in runs/demo/metrics.jsonl, data in data/demo_gpt2"
