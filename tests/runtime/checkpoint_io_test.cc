@@ -17,29 +17,14 @@
 #include "core/error.h"
 #include "runtime/hdf5_check.h"
 
+#include "tests/runtime/temp_dir.h"
+
 namespace xirang {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    for (const std::string& p : paths) fs::remove_all(p, ec);
-  }
-  std::vector<std::string> paths;
-};
-TempDirs* const temp_dirs = static_cast<TempDirs*>(::testing::AddGlobalTestEnvironment(new TempDirs));
-
-std::string fresh_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path p = fs::path(::testing::TempDir()) /
-               ("xirang_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  temp_dirs->paths.push_back(p.string());
-  return p.string();
-}
+std::string fresh_dir(const std::string& tag = "data") { return testing_util::fresh_test_dir(tag); }
 
 // Random values in +-[0.1, 1): never zero, so a missed copy shows.
 std::vector<float> random_values(int64_t n, uint64_t seed) {

@@ -17,32 +17,14 @@
 #include "core/error.h"
 #include "runtime/tokenizer.h"
 
+#include "tests/runtime/temp_dir.h"
+
 namespace xirang {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Removes the directories the tests made once the binary's tests are done.
-class TempDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    for (const std::string& p : paths) fs::remove_all(p, ec);
-  }
-  std::vector<std::string> paths;
-};
-TempDirs* const temp_dirs = static_cast<TempDirs*>(::testing::AddGlobalTestEnvironment(new TempDirs));
-
-// A fresh directory per test: TempDir() is shared by every test binary.
-std::string fresh_dir(const std::string& tag) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-  std::replace(name.begin(), name.end(), '/', '_');  // parameterized names contain '/'
-  fs::path p = fs::path(::testing::TempDir()) / ("xirang_" + name + "_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  temp_dirs->paths.push_back(p.string());
-  return p.string();
-}
+std::string fresh_dir(const std::string& tag = "data") { return testing_util::fresh_test_dir(tag); }
 
 using Docs = std::vector<std::vector<int32_t>>;
 

@@ -25,31 +25,14 @@
 #include "runtime/dataset.h"
 #include "runtime/sampler.h"
 
+#include "tests/runtime/temp_dir.h"
+
 namespace xirang {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Removes the directories the tests made once the binary's tests are done.
-class TempDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ec;
-    for (const std::string& p : paths) fs::remove_all(p, ec);
-  }
-  std::vector<std::string> paths;
-};
-TempDirs* const temp_dirs = static_cast<TempDirs*>(::testing::AddGlobalTestEnvironment(new TempDirs));
-
-// A fresh directory per test: TempDir() is shared by every test binary.
-std::string fresh_dir(const std::string& tag = "data") {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path p = fs::path(::testing::TempDir()) / ("xirang_loader_" + std::string(info->test_suite_name()) + "_" +
-                                                 info->name() + "_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  temp_dirs->paths.push_back(p.string());
-  return p.string();
-}
+std::string fresh_dir(const std::string& tag = "data") { return testing_util::fresh_test_dir(tag); }
 
 constexpr int64_t kVocab = 50000;  // random windows of 17 such tokens never repeat in practice
 constexpr int kT = 16;
