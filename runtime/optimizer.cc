@@ -30,12 +30,6 @@ void AdamW::layout_state(Arena& state) {
   }
 }
 
-double AdamW::local_grad_sum_squares(const KernelContext& ctx) const {
-  double s = 0;
-  for (auto& seg : segments_) s += sum_squares(ctx, seg.grad);
-  return s;
-}
-
 void AdamW::step(const KernelContext& ctx, int64_t step_number, double lr, double grad_scale) {
   for (size_t i = 0; i < segments_.size(); ++i) {
     AdamWStep s;

@@ -44,8 +44,6 @@ class AdamW {
   const std::vector<OptimizerSegment>& segments() const { return segments_; }
   // Carves m and v for every segment (call after set_segments, twice: measuring, then real).
   void layout_state(Arena& state);
-  // Sum of squares of the segments' gradients on this rank.
-  double local_grad_sum_squares(const KernelContext& ctx) const;
   // One update with learning rate lr; gradients are multiplied by grad_scale first.
   void step(const KernelContext& ctx, int64_t step_number, double lr, double grad_scale);
   // AdamW's first and second moments, one tensor per segment (checkpoints).

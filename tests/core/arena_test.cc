@@ -10,19 +10,10 @@
 
 #include "core/arena.h"
 #include "core/error.h"
+#include "tests/core/expect_error.h"
 
 namespace xirang {
 namespace {
-
-void expect_error(const std::function<void()>& f, ErrorKind kind, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "nothing was thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    for (auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
-  }
-}
 
 // One carving sequence with odd sizes, run against both kinds of arena.
 void carve(Arena& a, std::vector<Tensor>* out) {

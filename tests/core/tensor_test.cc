@@ -11,21 +11,11 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "tests/core/expect_error.h"
 #include "core/tensor.h"
 
 namespace xirang {
 namespace {
-
-// Runs f and checks it throws xirang::Error of `kind` with every part in its message.
-void expect_error(const std::function<void()>& f, ErrorKind kind, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "nothing was thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    for (auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
-  }
-}
 
 TEST(Shape, RankNumelAndText) {
   Shape s{2, 3, 4};

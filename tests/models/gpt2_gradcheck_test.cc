@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "models/gpt2.h"
+#include "tests/models/model_fixture.h"
 
 namespace xirang {
 namespace {
@@ -15,21 +16,12 @@ namespace {
 struct TinyModel {
   GPT2Shape shape{2, 2, 8, 6, 11, 16};  // layers, heads, d_model, max_seq, vocab, padded vocab
   GPT2Batch batch{2, 5, 1};
-  DType dtype;
-  GPT2 model;
-  Arena params, grads, acts;
+  ModelInArenas built;
+  GPT2& model = built.model;
   std::vector<int32_t> tokens, targets;
   Tensor tok, tgt;
 
-  explicit TinyModel(DType dt) : dtype(dt), model(shape, GPT2Stage::whole(shape), dt, batch) {
-    Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
-    model.layout_parameters(mp, mg);
-    model.layout_activations(ma);
-    params = Arena("p", mp.used());
-    grads = Arena("g", mg.used());
-    acts = Arena("a", ma.used());
-    model.layout_parameters(params, grads);
-    model.layout_activations(acts);
+  explicit TinyModel(DType dt) : built(shape, GPT2Stage::whole(shape), dt, batch) {
     const int64_t n = int64_t(batch.micro_batch) * batch.seq_len;
     for (int64_t i = 0; i < n; ++i) {
       tokens.push_back(int32_t(rng_below(7, 1, uint64_t(i), uint64_t(shape.vocab_size))));
@@ -39,19 +31,7 @@ struct TinyModel {
     tgt = Tensor(targets.data(), {batch.micro_batch, batch.seq_len}, DType::I32);
   }
 
-  // Random parameters of a scale where every nonlinearity matters (the
-  // GPT-2 init is nearly linear at this size, which would hide mistakes).
-  void randomize(uint64_t seed) {
-    for (auto& p : model.parameters()) {
-      const bool is_norm_weight = p.name.find("ln_") != std::string::npos && p.name.find("weight") != std::string::npos;
-      const uint64_t s = name_stream(p.name);
-      for (int64_t i = 0; i < p.value.numel(); ++i) {
-        double v = (is_norm_weight ? 1.0 : 0.0) + 0.3 * rng_normal(seed, s, uint64_t(i));
-        if (dtype == DType::F64) p.value.data<double>()[i] = v;
-        else p.value.data<float>()[i] = float(v);
-      }
-    }
-  }
+  void randomize(uint64_t seed) { randomize_parameters(model, seed); }
 
   double loss() { return model.forward(KernelContext{}, 0, tok, tgt, 0.0); }
 };

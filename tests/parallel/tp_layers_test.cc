@@ -13,34 +13,18 @@
 #include "comm/process_grid.h"
 #include "core/rng.h"
 #include "models/gpt2.h"
+#include "tests/models/model_fixture.h"
 
 namespace xirang {
 namespace {
 
+// An F64 model in its own arenas, with random parameters that are a function
+// of the global element index (so the shards are slices of the unsharded model).
 struct Model {
-  GPT2 m;
-  Arena p, g, a;
-  Model(const GPT2Shape& s, const GPT2Batch& b, GPT2Parallel par)
-      : m(s, GPT2Stage::whole(s), DType::F64, b, par) {
-    Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
-    m.layout_parameters(mp, mg);
-    m.layout_activations(ma);
-    p = Arena("p", mp.used());
-    g = Arena("g", mg.used());
-    a = Arena("a", ma.used());
-    m.layout_parameters(p, g);
-    m.layout_activations(a);
-    // Random values of a scale where every nonlinearity matters, each a
-    // function of the global element index so shards are slices.
-    for (auto& q : m.parameters()) {
-      const bool norm_weight = q.name.find("ln_") != std::string::npos && q.name.find("weight") != std::string::npos;
-      double* v = q.value.data<double>();
-      for (int64_t i = 0; i < q.value.numel(); ++i) {
-        const int64_t gi = q.shard.global_index(q.value.shape(), i);
-        v[i] = (norm_weight ? 1.0 : 0.0) + 0.3 * rng_normal(17, name_stream(q.name), uint64_t(gi));
-      }
-      std::memset(q.grad.raw(), 0, q.grad.bytes());
-    }
+  ModelInArenas built;
+  GPT2& m = built.model;
+  Model(const GPT2Shape& s, const GPT2Batch& b, GPT2Parallel par) : built(s, GPT2Stage::whole(s), DType::F64, b, par) {
+    randomize_parameters(m, 17);
   }
 };
 

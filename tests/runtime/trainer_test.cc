@@ -13,6 +13,7 @@
 #include "runtime/dataset.h"
 #include "runtime/optimizer.h"
 #include "runtime/trainer.h"
+#include "tests/runtime/temp_dir.h"
 
 namespace xirang {
 namespace {
@@ -23,7 +24,10 @@ namespace fs = std::filesystem;
 // it), one document per file, byte tokens.
 std::string fortunes_dataset() {
   static const std::string dir = [] {
-    const fs::path out = fs::path(::testing::TempDir()) / "xirang_trainer_test" / "train";
+    // Per process: ctest runs the tests of this file concurrently, each in its own process.
+    const fs::path root = fs::path(::testing::TempDir()) / ("xirang_trainer_test_" + std::to_string(::getpid()));
+    testing_util::temp_dirs->paths.push_back(root.string());
+    const fs::path out = root / "train";
     fs::remove_all(out);
     DatasetWriter w(out.string(), "bytes", 256, -1);
     for (const char* name : {"fortunes", "literature", "riddles", "science"}) {
@@ -141,7 +145,8 @@ TEST(Trainer, ThreadCountDoesNotChangeTheResult) {
 // reading: prefetching hides the reads after warm-up; reading on demand does not.
 TEST(Trainer, PrefetchHidesSlowReads) {
   auto wait_share = [](bool prefetch) {
-    Trainer t(debug_config({"train.steps=6", "data.read_delay_ms=20", "data.loader_threads=2",
+    // A deeper minimum queue absorbs scheduling hiccups when ctest runs other tests beside this one.
+    Trainer t(debug_config({"train.steps=6", "data.read_delay_ms=20", "data.loader_threads=2", "data.prefetch_min=4",
                             std::string("data.prefetch=") + (prefetch ? "true" : "false")}),
               quiet());
     TrainResult r = t.run();
@@ -192,7 +197,7 @@ TEST(Trainer, MemoryPlanCountsEveryCategory) {
 }
 
 TEST(Trainer, DatasetVocabularyLargerThanTheModelIsRefused) {
-  const fs::path dir = fs::path(::testing::TempDir()) / "xirang_trainer_test" / "big_vocab";
+  const fs::path dir = fs::path(testing_util::fresh_test_dir("big_vocab"));
   fs::remove_all(dir);
   DatasetWriter w(dir.string(), "bytes", 1000, -1);
   std::vector<int32_t> ids(500);
