@@ -19,8 +19,12 @@ struct AdamWStep {
   double grad_scale = 1.0;  // multiplies the gradient first (clipping, loss-scale removal)
 };
 
-// param, m, v share the master dtype (F32 or F64); grad is F32/F64 (any float
-// dtype is read through float). m and v are updated in place.
-void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s);
+// param, m, v share the master dtype (F32 or F64); grad is any float dtype
+// (read through float). m and v are updated in place. When model_copy is
+// defined (same element count, F32/BF16/F16) it receives the updated param
+// rounded to its dtype: the fp32 master weights and the 16-bit weights the
+// model computes with, updated in one pass.
+void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s,
+                  Tensor model_copy = Tensor());
 
 }  // namespace xirang

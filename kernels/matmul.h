@@ -24,4 +24,13 @@ void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const T
 void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& w, GradMode dx_mode);
 
+// The MLP up-projection with its activation (one cuBLASLt GELU epilogue on
+// CUDA): pre (N, out) = x w^T + bias, y (N, out) = gelu(pre).
+void linear_gelu_forward(const KernelContext& ctx, Tensor y, Tensor pre, const Tensor& x, const Tensor& w,
+                         const Tensor& bias);
+// Backward of linear_gelu_forward given dy = dL/dy: dpre (N, out) = dy *
+// gelu'(pre) (dpre may alias dy), then linear_backward from dpre.
+void linear_gelu_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, Tensor dpre, const Tensor& dy,
+                          const Tensor& pre, const Tensor& x, const Tensor& w, GradMode dx_mode);
+
 }  // namespace xirang

@@ -1,7 +1,9 @@
 // CPU AdamW.
 #include "kernels/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/common.h"
 
@@ -9,8 +11,15 @@ namespace xirang {
 
 using cpu::dispatch_float;
 
-void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s) {
+void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s,
+                  Tensor model_copy) {
   cpu::require_cpu(ctx, "adamw_update");
+  if (model_copy.defined()) {
+    if (model_copy.numel() != param.numel() || model_copy.dtype() == DType::F64 || !is_float(model_copy.dtype()))
+      fail(ErrorKind::Shape, "adamw_update: model_copy ", model_copy.str(), " does not match the parameter ",
+           param.str(), " (expected the same element count in f32, bf16 or f16)");
+    if (param.dtype() != DType::F32) fail(ErrorKind::Shape, "adamw_update: a model copy needs an f32 master, got ", param.str());
+  }
   check_same_shape("adamw_update", param, grad);
   check_same_shape("adamw_update", param, m);
   check_same_shape("adamw_update", param, v);
@@ -48,6 +57,28 @@ void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Te
       T update = (mi * ic1) / (std::sqrt(vi * ic2) + eps) + wd * p[i];
       p[i] -= lr * update;
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (model_copy.defined()) {
+        const float* src = p;
+        switch (model_copy.dtype()) {
+          case DType::BF16: {
+            bf16* d = model_copy.data<bf16>();
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
+            break;
+          }
+          case DType::F16: {
+            f16* d = model_copy.data<f16>();
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < n; ++i) d[i] = float_to_f16(src[i]);
+            break;
+          }
+          default: {
+            float* d = model_copy.data<float>();
+            if (d != src) std::copy(src, src + n, d);
+          }
+        }
+      }
   });
 }
 
