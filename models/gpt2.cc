@@ -27,7 +27,13 @@ int64_t ShardSpec::global_index(const Shape& local, int64_t i) const {
 
 GPT2::GPT2(const GPT2Shape& shape, const GPT2Stage& stage, DType dtype, const GPT2Batch& batch,
            const GPT2Parallel& parallel)
-    : shape_(shape), stage_(stage), dtype_(dtype), batch_(batch), par_(parallel) {
+    : shape_(shape),
+      stage_(stage),
+      dtype_(dtype),
+      wide_dtype_(dtype == DType::BF16 || dtype == DType::F16 ? DType::F32 : dtype),
+      batch_(batch),
+      par_(parallel) {
+  XR_CHECK(is_float(dtype), "GPT2: model dtype ", dtype_name(dtype), " is not a float type");
   const int64_t C = shape.d_model;
   if (par_.tp) {
     tp_size_ = par_.tp->size();
@@ -82,14 +88,25 @@ GPT2::GPT2(const GPT2Shape& shape, const GPT2Stage& stage, DType dtype, const GP
 
 Parameter* GPT2::add_param(const std::string& name, Shape local, ShardSpec shard, bool decay, int layer) {
   XR_CHECK(params_.size() < params_.capacity(), "parameter list outgrew its reservation");
-  params_.push_back({name, Tensor(nullptr, local, dtype_), Tensor(nullptr, local, dtype_), decay, layer, shard});
+  params_.push_back({name, Tensor(nullptr, local, dtype_), Tensor(nullptr, local, wide_dtype_), decay, layer, shard});
   return &params_.back();
 }
 
 void GPT2::layout_parameters(Arena& params, Arena& grads) {
+  if (wide_dtype_ == dtype_) {
+    for (auto& p : params_) {
+      p.value = params.alloc(p.value.shape(), dtype_, p.name);
+      p.grad = grads.alloc(p.grad.shape(), wide_dtype_, p.name + " (grad)");
+    }
+    return;
+  }
+  // Both arenas advance by the same number of elements per parameter.
+  const int64_t block = int64_t(Arena::kAlignment / dtype_size(dtype_));
   for (auto& p : params_) {
-    p.value = params.alloc(p.value.shape(), dtype_, p.name);
-    p.grad = grads.alloc(p.grad.shape(), dtype_, p.name + " (grad)");
+    const Shape shape = p.value.shape();
+    const int64_t padded = (shape.numel() + block - 1) / block * block;
+    p.value = params.alloc({padded}, dtype_, p.name).flat_range(0, shape.numel()).view(shape);
+    p.grad = grads.alloc({padded}, wide_dtype_, p.name + " (grad)").flat_range(0, shape.numel()).view(shape);
   }
 }
 
@@ -97,31 +114,32 @@ void GPT2::layout_activations(Arena& acts) {
   const int64_t B = batch_.micro_batch, T = batch_.seq_len, C = shape_.d_model, P = tp_size_;
   const int64_t N = rows_, R = local_rows_, Hp = shape_.n_head / P, Cp = C / P;
   auto A = [&](Shape s, const char* what) { return acts.alloc(s, dtype_, what); };
+  auto W = [&](Shape s, const char* what) { return acts.alloc(s, wide_dtype_, what); };  // statistics, losses
   slots_.assign(size_t(batch_.activation_slots), {});
   for (auto& s : slots_) {
     s.input = A({R, C}, "stage input");
     s.blocks.resize(blocks_.size());
     for (auto& a : s.blocks) {
       a.ln1 = A({N, C}, "ln_1 output");
-      a.ln1_mean = A({R}, "ln_1 mean");
-      a.ln1_rstd = A({R}, "ln_1 rstd");
+      a.ln1_mean = W({R}, "ln_1 mean");
+      a.ln1_rstd = W({R}, "ln_1 rstd");
       a.qkv = A({B, T, 3 * Cp}, "qkv");
       a.probs = A({B, Hp, T, T}, "attention probabilities");
       a.atty = A({B, T, Cp}, "attention output");
       a.res2 = A({R, C}, "residual 2");
       a.ln2 = A({N, C}, "ln_2 output");
-      a.ln2_mean = A({R}, "ln_2 mean");
-      a.ln2_rstd = A({R}, "ln_2 rstd");
+      a.ln2_mean = W({R}, "ln_2 mean");
+      a.ln2_rstd = W({R}, "ln_2 rstd");
       a.fch = A({N, 4 * Cp}, "mlp hidden");
       a.fch_gelu = A({N, 4 * Cp}, "mlp gelu");
       a.res3 = A({R, C}, "block output");
     }
     if (stage_.has_head) {
       s.lnf = A({N, C}, "ln_f output");
-      s.lnf_mean = A({R}, "ln_f mean");
-      s.lnf_rstd = A({R}, "ln_f rstd");
+      s.lnf_mean = W({R}, "ln_f mean");
+      s.lnf_rstd = W({R}, "ln_f rstd");
       s.logits = A({N, shape_.padded_vocab / P}, "logits");
-      s.losses = A({N}, "losses");
+      s.losses = W({N}, "losses");
     }
   }
   partial_ = A({N, C}, "row-parallel partial sums");
@@ -133,8 +151,8 @@ void GPT2::layout_activations(Arena& acts) {
   d_c_ = A({R, C}, "LayerNorm output gradient");
   d_big_ = A({N, 4 * Cp}, "backward scratch (4C/P)");
   if (stage_.has_head && P > 1) {
-    ce_max_ = A({N}, "softmax row max");
-    ce_sums_ = A({N, 2}, "softmax sums");
+    ce_max_ = W({N}, "softmax row max");
+    ce_sums_ = W({N, 2}, "softmax sums");
   }
 }
 
@@ -159,17 +177,33 @@ void GPT2::init_parameters(uint64_t seed) {
     // Padding rows of the token embedding stay zero: no token selects them and their logits are ignored.
     const int64_t limit = nm == "wte.weight" ? int64_t(shape_.vocab_size) * shape_.d_model : p.shard.global.numel();
     const Shape local = p.value.shape();
-    auto fill = [&](auto* v) {
-      using T = std::remove_pointer_t<decltype(v)>;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t g = p.shard.global_index(local, i);
-        double x = kind == Zero ? 0.0 : kind == One ? 1.0 : (g < limit ? sd * rng_normal(seed, stream, uint64_t(g)) : 0.0);
-        v[i] = T(x);
-      }
+    auto value_at = [&](int64_t i) {
+      const int64_t g = p.shard.global_index(local, i);
+      return kind == Zero ? 0.0 : kind == One ? 1.0 : (g < limit ? sd * rng_normal(seed, stream, uint64_t(g)) : 0.0);
     };
-    if (dtype_ == DType::F32) fill(p.value.data<float>());
-    else if (dtype_ == DType::F64) fill(p.value.data<double>());
-    else fail(ErrorKind::Internal, "init_parameters: unsupported model dtype ", dtype_name(dtype_));
+    switch (dtype_) {
+      case DType::F32: {
+        float* v = p.value.data<float>();
+        for (int64_t i = 0; i < n; ++i) v[i] = float(value_at(i));
+        break;
+      }
+      case DType::F64: {
+        double* v = p.value.data<double>();
+        for (int64_t i = 0; i < n; ++i) v[i] = value_at(i);
+        break;
+      }
+      case DType::BF16: {
+        bf16* v = p.value.data<bf16>();
+        for (int64_t i = 0; i < n; ++i) v[i] = float_to_bf16(float(value_at(i)));
+        break;
+      }
+      case DType::F16: {
+        f16* v = p.value.data<f16>();
+        for (int64_t i = 0; i < n; ++i) v[i] = float_to_f16(float(value_at(i)));
+        break;
+      }
+      default: fail(ErrorKind::Internal, "init_parameters: unsupported model dtype ", dtype_name(dtype_));
+    }
   }
 }
 
@@ -264,7 +298,7 @@ double GPT2::head_loss(const KernelContext& ctx, SlotActs& s, const Tensor& targ
     cross_entropy_shard_finish(ctx, s.losses, dlogits, s.logits, tg, ce_max_, ce_sums_, vb, shape_.vocab_size, dloss);
   }
   double sum = 0;
-  if (dtype_ == DType::F32) {
+  if (wide_dtype_ == DType::F32) {
     const float* pl = s.losses.data<float>();
     for (int64_t i = 0; i < rows_; ++i) sum += pl[i];
   } else {

@@ -108,11 +108,13 @@ class GPT2 {
   GPT2(const GPT2Shape& shape, const GPT2Stage& stage, DType dtype, const GPT2Batch& batch,
        const GPT2Parallel& parallel = {});
 
-  // Carves parameters and gradients (same order, so the flat buffers align).
+  // Carves parameters and gradients (same order, so the flat buffers align:
+  // under a 16-bit dtype each allocation is padded to a whole number of
+  // 256-byte blocks of the narrower type, so element offsets agree).
   void layout_parameters(Arena& params, Arena& grads);
   // Carves activations for every slot plus backward scratch.
   void layout_activations(Arena& acts);
-  // Each element = f(seed, parameter name, global element index).
+  // Each element = f(seed, parameter name, global element index), rounded to dtype().
   void init_parameters(uint64_t seed);
 
   // Forward of one microbatch (tokens, targets: (B, T) int32) into activation
@@ -149,7 +151,11 @@ class GPT2 {
   double take_tp_comm_ms();
   const GPT2Shape& shape() const { return shape_; }
   const GPT2Stage& stage() const { return stage_; }
+  // Parameters and activations (F32, F64, BF16 or F16).
   DType dtype() const { return dtype_; }
+  // Parameter gradients, and the statistics kept for backward: F32 under a
+  // 16-bit dtype (kernels/context.h), else dtype().
+  DType grad_dtype() const { return wide_dtype_; }
   int tp_size() const { return tp_size_; }
 
  private:
@@ -197,6 +203,7 @@ class GPT2 {
   GPT2Shape shape_;
   GPT2Stage stage_;
   DType dtype_;
+  DType wide_dtype_;  // gradients and saved statistics
   GPT2Batch batch_;
   GPT2Parallel par_;
   int tp_size_ = 1, tp_rank_ = 0;

@@ -66,6 +66,10 @@ std::vector<Section> schema(Config& c) {
        {{"jsonl", &c.metrics.jsonl}, {"peak_tflops", &c.metrics.peak_tflops},
         {"log_every", &c.metrics.log_every}}},
       {"memory", {{"limit_gb", &c.memory.limit_gb}}},
+      {"precision",
+       {{"dtype", &c.precision.dtype}, {"loss_scale", &c.precision.loss_scale},
+        {"initial_scale", &c.precision.initial_scale}, {"growth_interval", &c.precision.growth_interval}}},
+      {"device", {{"backend", &c.device.backend}}},
       {"checkpoint",
        {{"dir", &c.checkpoint.dir}, {"every", &c.checkpoint.every}, {"keep", &c.checkpoint.keep},
         {"resume", &c.checkpoint.resume}, {"async", &c.checkpoint.async}}},
@@ -471,6 +475,14 @@ void validate(Config& c, int world_size) {
   const std::string& fk = c.faults.kind;
   if (fk != "none" && fk != "kill" && fk != "hang" && fk != "fail_transfer" && fk != "kill_in_save")
     v.fail_rule(str_cat("faults.kind='", fk, "' is not one of none, kill, hang, fail_transfer, kill_in_save"));
+  const std::string& pd = c.precision.dtype;
+  if (pd != "fp32" && pd != "bf16" && pd != "fp16")
+    v.fail_rule(str_cat("precision.dtype='", pd, "' is not one of fp32, bf16, fp16"));
+  v.non_negative("precision.loss_scale", c.precision.loss_scale, " (0 is dynamic under fp16, off otherwise)");
+  v.positive("precision.initial_scale", c.precision.initial_scale);
+  v.at_least("precision.growth_interval", c.precision.growth_interval, 1);
+  const std::string& be = c.device.backend;
+  if (be != "cpu" && be != "cuda") v.fail_rule(str_cat("device.backend='", be, "' is not one of cpu, cuda"));
   v.at_least("checkpoint.every", c.checkpoint.every, 0, " (0 saves only at the end)");
   v.at_least("checkpoint.keep", c.checkpoint.keep, 1);
   if (c.checkpoint.resume.empty())

@@ -101,6 +101,23 @@ struct CheckpointConfig {
   bool async = true;           // snapshot to host memory, write on a background thread while training goes on
 };
 
+// Mixed precision: parameters and activations in `dtype` (fp32, bf16, fp16),
+// with fp32 gradients, fp32 master weights and fp32 optimizer state under
+// bf16/fp16. loss_scale: 0 is dynamic under fp16 (start at initial_scale,
+// halve and skip the step on an overflow, double after growth_interval
+// clean steps) and off otherwise; a positive value is a fixed scale.
+struct PrecisionConfig {
+  std::string dtype = "fp32";
+  double loss_scale = 0;
+  double initial_scale = 65536;
+  int growth_interval = 1000;
+};
+
+// Where the kernels run: cpu, or cuda (needs a CUDA build and a visible GPU).
+struct DeviceConfig {
+  std::string backend = "cpu";
+};
+
 struct MemoryConfig {
   double limit_gb = 0;  // refuse to start when the plan exceeds this; 0 is no limit
 };
@@ -112,6 +129,8 @@ struct Config {
   DataConfig data;
   MetricsConfig metrics;
   MemoryConfig memory;
+  PrecisionConfig precision;
+  DeviceConfig device;
   CheckpointConfig checkpoint;
   CommConfig comm;
   FaultConfig faults;

@@ -1,6 +1,9 @@
 #include "runtime/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "core/error.h"
 
 #include "kernels/adamw.h"
 #include "kernels/elementwise.h"
@@ -21,12 +24,37 @@ double clip_scale(double clip, double norm) {
   return clip / (norm + 1e-6);
 }
 
+bool AdamW::has_master() const {
+  return !segments_.empty() && (segments_.front().param.dtype() == DType::BF16 || segments_.front().param.dtype() == DType::F16);
+}
+
 void AdamW::layout_state(Arena& state) {
   m_.clear();
   v_.clear();
+  master_.clear();
+  const bool master = has_master();
   for (auto& s : segments_) {
-    m_.push_back(state.alloc(s.param.shape(), s.param.dtype(), "adam m"));
-    v_.push_back(state.alloc(s.param.shape(), s.param.dtype(), "adam v"));
+    const DType dt = master ? DType::F32 : s.param.dtype();
+    XR_CHECK((s.param.dtype() == DType::BF16 || s.param.dtype() == DType::F16) == master,
+             "optimizer segments mix 16-bit and wide parameters");
+    m_.push_back(state.alloc(s.param.shape(), dt, "adam m"));
+    v_.push_back(state.alloc(s.param.shape(), dt, "adam v"));
+    if (master) master_.push_back(state.alloc(s.param.shape(), DType::F32, "master weights"));
+  }
+}
+
+void AdamW::init_master(const KernelContext& ctx) {
+  for (size_t i = 0; i < master_.size(); ++i) cast(ctx, master_[i], segments_[i].param);
+}
+
+void LossScale::update(bool overflow) {
+  if (!dynamic_) return;
+  if (overflow) {
+    scale_ = std::max(1.0, scale_ * 0.5);
+    good_steps_ = 0;
+  } else if (++good_steps_ >= growth_interval_) {
+    scale_ *= 2.0;
+    good_steps_ = 0;
   }
 }
 
@@ -40,7 +68,10 @@ void AdamW::step(const KernelContext& ctx, int64_t step_number, double lr, doubl
     s.weight_decay = segments_[i].decay ? cfg_.weight_decay : 0.0;
     s.step = step_number;
     s.grad_scale = grad_scale;
-    adamw_update(ctx, segments_[i].param, segments_[i].grad, m_[i], v_[i], s);
+    if (master_.empty())
+      adamw_update(ctx, segments_[i].param, segments_[i].grad, m_[i], v_[i], s);
+    else  // the fp32 master is updated and rounded into the model's 16-bit weights in one pass
+      adamw_update(ctx, master_[i], segments_[i].grad, m_[i], v_[i], s, segments_[i].param);
   }
 }
 

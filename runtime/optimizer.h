@@ -2,7 +2,9 @@
 // clipping.
 //
 // The optimizer updates a list of segments: (parameter view, gradient view,
-// weight decay or not). Without ZeRO a segment is a whole parameter; with
+// weight decay or not). When the parameters are 16-bit (precision.dtype
+// bf16 or fp16) it keeps fp32 master weights per segment next to m and v,
+// updates those, and rounds the result into the model's parameters. Without ZeRO a segment is a whole parameter; with
 // ZeRO-1 it is the part of a parameter inside this rank's shard of a
 // gradient bucket (runtime/grad_sync.h builds them), so the optimizer state
 // it allocates is only this rank's share.
@@ -42,18 +44,55 @@ class AdamW {
   explicit AdamW(const TrainConfig& cfg) : cfg_(cfg) {}
   void set_segments(std::vector<OptimizerSegment> segments) { segments_ = std::move(segments); }
   const std::vector<OptimizerSegment>& segments() const { return segments_; }
-  // Carves m and v for every segment (call after set_segments, twice: measuring, then real).
+  // Carves m and v (and fp32 master weights under 16-bit parameters) for
+  // every segment (call after set_segments, twice: measuring, then real).
   void layout_state(Arena& state);
+  // Whether the segments' parameters are 16-bit, so fp32 masters are kept.
+  bool has_master() const;
+  // Master weights = the current (16-bit) parameters, widened: call after the
+  // parameters are initialised, when no checkpoint supplies the masters.
+  void init_master(const KernelContext& ctx);
   // One update with learning rate lr; gradients are multiplied by grad_scale first.
   void step(const KernelContext& ctx, int64_t step_number, double lr, double grad_scale);
   // AdamW's first and second moments, one tensor per segment (checkpoints).
   const std::vector<Tensor>& m() const { return m_; }
   const std::vector<Tensor>& v() const { return v_; }
+  // fp32 master weights per segment (empty when the parameters are fp32/fp64).
+  const std::vector<Tensor>& master() const { return master_; }
 
  private:
   TrainConfig cfg_;
   std::vector<OptimizerSegment> segments_;
-  std::vector<Tensor> m_, v_;  // per segment
+  std::vector<Tensor> m_, v_, master_;  // per segment
+};
+
+// Loss scaling for fp16: the loss gradient is multiplied by scale() so that
+// small activation gradients survive 16-bit storage; the optimizer divides
+// it out. Dynamic: a step whose gradients overflow (a non-finite global
+// norm, the same value on every rank) is skipped and the scale halved;
+// after growth_interval clean steps in a row it doubles. Fixed or off
+// (scale 1), update() changes nothing.
+class LossScale {
+ public:
+  LossScale() = default;
+  LossScale(double scale, bool dynamic, int growth_interval)
+      : scale_(scale), dynamic_(dynamic), growth_interval_(growth_interval) {}
+  double scale() const { return scale_; }
+  bool dynamic() const { return dynamic_; }
+  bool enabled() const { return dynamic_ || scale_ != 1.0; }
+  int good_steps() const { return good_steps_; }
+  void update(bool overflow);
+  // Checkpoint state.
+  void restore(double scale, int good_steps) {
+    scale_ = scale;
+    good_steps_ = good_steps;
+  }
+
+ private:
+  double scale_ = 1.0;
+  bool dynamic_ = false;
+  int growth_interval_ = 1000;
+  int good_steps_ = 0;
 };
 
 }  // namespace xirang

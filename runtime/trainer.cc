@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -9,22 +10,13 @@
 
 #include "comm/simulated_link.h"
 #include "core/clock.h"
+#include "core/device_memory.h"
 #include "runtime/checkpoint_io.h"
+#include "runtime/model_layout.h"
 
 namespace xirang {
 
 namespace {
-
-GPT2Shape model_shape(const Config& c) {
-  GPT2Shape s;
-  s.n_layer = c.model.n_layer;
-  s.n_head = c.model.n_head;
-  s.d_model = c.model.d_model;
-  s.max_seq_len = c.model.seq_len;
-  s.vocab_size = c.model.vocab_size;
-  s.padded_vocab = c.model.padded_vocab();
-  return s;
-}
 
 std::string count_str(double n) {
   char buf[32];
@@ -43,6 +35,29 @@ TokenDataset open_split(const std::string& dir, const char* key, const Config& c
   return ds;
 }
 
+// The model's dtype: F64 when the caller asks for exactness runs, else precision.dtype.
+DType model_dtype_of(const Config& c, DType requested) {
+  if (requested == DType::F64) return DType::F64;
+  if (c.precision.dtype == "bf16") return DType::BF16;
+  if (c.precision.dtype == "fp16") return DType::F16;
+  return DType::F32;
+}
+
+// device.backend=cuda is refused with the reason when it cannot run here.
+void check_backend(const Config& c) {
+  if (c.device.backend != "cuda") return;
+#ifndef XIRANG_HAVE_CUDA
+  fail(ErrorKind::Config, "device.backend=cuda: this build has no CUDA backend (configure with -DXIRANG_CUDA=ON "
+                          "on a machine with the CUDA toolkit)");
+#else
+  if (!cuda_available())
+    fail(ErrorKind::Config, "device.backend=cuda: no CUDA device is visible (cudaGetDeviceCount found none; "
+                            "check CUDA_VISIBLE_DEVICES and the driver), use device.backend=cpu");
+  fail(ErrorKind::Config, "device.backend=cuda: the trainer does not run on CUDA yet; the CUDA kernels and the NCCL "
+                          "communicator are tested on their own (docs/architecture.md), use device.backend=cpu");
+#endif
+}
+
 constexpr int kEvalTag = 30000;  // pipeline tags for evaluation, above any training tag in use
 
 }  // namespace
@@ -57,6 +72,12 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
     fail(ErrorKind::Config, "the process grid (dp ", gs.dp, ", tp ", gs.tp, ", pp ", gs.pp,
          ") does not match parallel.dp=", cfg_.parallel.dp, ", tp=", cfg_.parallel.tp, ", pp=", cfg_.parallel.pp);
   opts_.print = opts_.print && is_logger();
+  check_backend(cfg_);
+  model_dtype_ = model_dtype_of(cfg_, opts_.dtype);
+  if (cfg_.precision.loss_scale > 0)
+    loss_scale_ = LossScale(cfg_.precision.loss_scale, false, cfg_.precision.growth_interval);
+  else if (model_dtype_ == DType::F16)
+    loss_scale_ = LossScale(cfg_.precision.initial_scale, true, cfg_.precision.growth_interval);
   const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, m = cfg_.microbatches();
   if (p == 1 && v > 1)
     fail(ErrorKind::Config, "parallel.virtual_stages=", v, " needs parallel.pp > 1 (virtual stages interleave ranks)");
@@ -87,9 +108,11 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   exec_->layout(ma);
   int64_t local_params = 0;
   for (auto& c : chunks_) local_params += c->num_parameters();
-  const std::string per = count_str(double(local_params)) + " x " + dtype_name(opts_.dtype);
+  const DType grad_dtype = chunks_.front()->grad_dtype();
+  const std::string per = count_str(double(local_params)) + " x " + dtype_name(model_dtype_);
+  const std::string per_wide = count_str(double(local_params)) + " x " + dtype_name(grad_dtype);
   plan_.add("parameters", mp.used(), per);
-  plan_.add("gradients", mg.used(), per);
+  plan_.add("gradients", mg.used(), per_wide);
   // GradSync needs real parameter addresses for its offsets, so the
   // parameter and gradient arenas are created before the rest is measured.
   params_arena_ = Arena("parameters", mp.used());
@@ -109,8 +132,9 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   sync_->layout(mz);
   opt_->set_segments(sync_->optimizer_segments());
   opt_->layout_state(ms);
+  const char* state_what = opt_->has_master() ? "AdamW m and v and fp32 master weights" : "AdamW m and v";
   plan_.add("optimizer state", ms.used(),
-            zero ? str_cat("AdamW m and v of a 1/", dp, " shard (ZeRO-1)") : "AdamW m and v, " + per + " each");
+            zero ? str_cat(state_what, " of a 1/", dp, " shard (ZeRO-1)") : str_cat(state_what, ", ", per_wide, " each"));
   if (zero) plan_.add("gradient shard", mz.used(), str_cat("reduce-scattered gradients, 1/", dp));
   const GPT2Batch& batch = chunks_.front()->batch();
   plan_.add("activations", ma.used(),
@@ -150,6 +174,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
       sync_->layer_done(l);
     });
   }
+  opt_->init_master(ctx_);
 
   resume();
   // Only the ranks that need input read it: the first stage the tokens, the last the targets.
@@ -181,17 +206,16 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
 }
 
 void Trainer::build_chunks() {
-  const GPT2Shape shape = model_shape(cfg_);
+  const GPT2Shape shape = gpt2_shape(cfg_.model);
   const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, rank = grid_->coords().pp;
-  const int per_chunk = cfg_.model.n_layer / (p * v);
   // Slots: the most microbatches the schedule keeps alive per chunk, plus
   // the receives the executor posts ahead.
   const int slots = max_in_flight(schedule_, v) + (p > 1 ? 2 : 0);
   chunks_.clear();
   for (int c = 0; c < v; ++c) {
     const int g = model_chunk(p, rank, c);
-    GPT2Stage stage{g * per_chunk, (g + 1) * per_chunk, g == 0, g == p * v - 1};
-    chunks_.push_back(std::make_unique<GPT2>(shape, stage, opts_.dtype,
+    const GPT2Stage stage = pipeline_chunk_stage(cfg_.model.n_layer, p * v, g);
+    chunks_.push_back(std::make_unique<GPT2>(shape, stage, model_dtype_,
                                              GPT2Batch{cfg_.train.micro_batch, cfg_.seq_len(), slots},
                                              GPT2Parallel{&grid_->tp(), cfg_.parallel.sequence_parallel}));
   }
@@ -206,7 +230,8 @@ double Trainer::accumulate_gradients(int step, StepMetrics& m) {
   const int micro = cfg_.microbatches();
   const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
   // d(mean loss of the global batch) / d(per-token loss): every microbatch has B*T tokens.
-  const double dloss = 1.0 / (double(B) * T * micro * cfg_.parallel.dp);
+  // Under fp16 it is scaled up so that small gradients survive 16-bit storage.
+  const double dloss = loss_scale_.scale() / (double(B) * T * micro * cfg_.parallel.dp);
   PipelineStats st;
   const double loss_sum = exec_->run(
       ctx_, schedule_, [&](int mb, int32_t* tk, int32_t* tg) { loader_->next(step, mb, tk, tg); }, dloss, st);
@@ -277,6 +302,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
     const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
     todo.push_back({"adam_m", p.name, p.shard, b, e, opt_->m()[i]});
     todo.push_back({"adam_v", p.name, p.shard, b, e, opt_->v()[i]});
+    if (opt_->has_master()) todo.push_back({"master", p.name, p.shard, b, e, opt_->master()[i]});
   }
   const bool async = cfg_.checkpoint.async;
   if (async) {
@@ -290,7 +316,9 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   }
   const bool kill = cfg_.faults.kind == "kill_in_save" && cfg_.faults.step == steps_done &&
                     cfg_.faults.rank == grid_->world_rank();
-  auto write = [this, tmp, steps_done, kill, todo = std::move(todo)]() {
+  const double scale = loss_scale_.scale();
+  const int good_steps = loss_scale_.good_steps();
+  auto write = [this, tmp, steps_done, kill, scale, good_steps, todo = std::move(todo)]() {
     try {
       RankCheckpointWriter w(tmp, grid_->world_rank(), steps_done);
       for (size_t i = 0; i < todo.size(); ++i) {
@@ -308,6 +336,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
       }
       // The data order is a pure function of (seed, step): the step is the loader's whole state.
       w.set_int("train.step", steps_done);
+      w.set_double("precision.loss_scale", scale);
+      w.set_int("precision.good_steps", good_steps);
       w.close();
     } catch (...) {
       save_error_ = std::current_exception();
@@ -385,8 +415,15 @@ void Trainer::resume() {
            " but this model's is ", p.shard.global.str(), " (a different model.* shape)");
   }
   for (Parameter& p : params_) r.read("params", p.name, p.shard, p.value);
+  // A params-only checkpoint (an imported model, `ckpt convert --params-only`)
+  // has no optimizer state: AdamW keeps the zeroed state it was built with.
+  bool has_optimizer_state = false;
+  for (const CheckpointEntry& e : r.entries()) has_optimizer_state = has_optimizer_state || e.group == "adam_m";
+  if (!has_optimizer_state && opts_.print)
+    std::fprintf(stderr, "checkpoint %s has no optimizer state (parameters only): AdamW starts fresh at step %lld\n",
+                 path.c_str(), (long long)r.step());
   const auto& segs = opt_->segments();
-  for (size_t i = 0; i < segs.size(); ++i) {
+  for (size_t i = 0; has_optimizer_state && i < segs.size(); ++i) {
     const Parameter& p = params_[size_t(segs[i].param_index)];
     const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
     r.read("adam_m", p.name, p.shard, b, e, opt_->m()[i]);
@@ -445,10 +482,21 @@ TrainResult Trainer::run() {
     const double local_loss = accumulate_gradients(step, m);
     sync_->finish();
     Stopwatch ow;
-    m.grad_norm = sync_->grad_norm(ctx_, *opt_);
+    const double scale = loss_scale_.scale();
+    m.loss_scale = scale;
+    m.grad_norm = sync_->grad_norm(ctx_, *opt_) / scale;
     m.lr = lr_at(cfg_.train, step);
-    opt_->step(ctx_, step + 1, m.lr, clip_scale(cfg_.train.grad_clip, m.grad_norm));
-    sync_->gather_parameters();
+    if (loss_scale_.enabled()) {
+      // The norm is reduced over tp and pp (and dp under ZeRO); the vote over
+      // the world makes the skip decision identical on every rank regardless.
+      const bool overflow = grid_->world().all_reduce_sum(std::isfinite(m.grad_norm) ? 0.0 : 1.0) > 0;
+      m.skipped = overflow;
+      loss_scale_.update(overflow);
+    }
+    if (!m.skipped) {
+      opt_->step(ctx_, step + 1, m.lr, clip_scale(cfg_.train.grad_clip, m.grad_norm) / scale);
+      sync_->gather_parameters();
+    }
     m.optimizer_ms = ow.ms();
     // The loss lives on the last stage; the global batch's is the mean over dp of equal-sized parts.
     const double stage_loss = grid_->pp().all_reduce_sum(local_loss);

@@ -42,7 +42,9 @@
 namespace xirang {
 
 struct TrainerOptions {
-  DType dtype = DType::F32;       // model and optimizer dtype (F64 for exactness tests)
+  // F64 runs the whole model in double (exactness tests); otherwise the
+  // model's dtype comes from precision.dtype.
+  DType dtype = DType::F32;
   bool print = true;              // memory plan, progress line, summary on stderr (world rank 0)
   std::optional<PeakFlops> peak;  // skips measuring/config lookup (tests, benchmarks)
 };
@@ -71,6 +73,10 @@ class Trainer {
   const PeakFlops& peak() const { return peak_; }
   ProcessGrid& grid() { return *grid_; }
   int64_t start_step() const { return start_step_; }
+  // Parameters and activations (precision.dtype, or F64 from the options).
+  DType model_dtype() const { return model_dtype_; }
+  const LossScale& loss_scale() const { return loss_scale_; }
+  const AdamW& optimizer() const { return *opt_; }
 
  private:
   void build_chunks();
@@ -100,6 +106,8 @@ class Trainer {
   std::unique_ptr<ProcessGrid> own_grid_;
   ProcessGrid* grid_;
   KernelContext ctx_;
+  DType model_dtype_ = DType::F32;
+  LossScale loss_scale_;
   MemoryPlan plan_;
   PeakFlops peak_;
   ScheduleKind schedule_kind_;

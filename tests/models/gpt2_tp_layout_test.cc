@@ -111,9 +111,11 @@ TEST(GPT2TensorParallel, ShardsTileTheSingleRankTensors) {
     }
     FakeGroup g(tp, 0);
     GPT2 m(kShape, GPT2Stage::whole(kShape), DType::F64, kBatch, {&g, false});
-    for (size_t k = 0; k < m.parameters().size(); ++k)
-      if (!m.parameters()[k].shard.replicated())
+    for (size_t k = 0; k < m.parameters().size(); ++k) {
+      if (!m.parameters()[k].shard.replicated()) {
         EXPECT_EQ(int64_t(covered[k].size()), totals[k]) << m.parameters()[k].name << " tp " << tp;
+      }
+    }
   }
 }
 

@@ -1,0 +1,77 @@
+// kernels/cuda/ops.h: the CUDA implementations of the kernel API.
+//
+// Each function has the signature, semantics and precision rules of the
+// public op of the same name (kernels/*.h, kernels/context.h); the public op
+// calls it when ctx.device is Device::CUDA. Tensors live in device memory;
+// work is queued on ctx.cuda_stream and nothing here synchronizes the host,
+// except the two reductions that return a host value (sum_squares,
+// all_finite), which wait for their own result only.
+//
+// Built only when XIRANG_HAVE_CUDA is defined.
+#pragma once
+
+#include "kernels/adamw.h"
+#include "kernels/context.h"
+
+namespace xirang::cuda {
+
+// kernels/matmul.h (cuBLASLt; bias and GELU through epilogues)
+void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
+            double alpha, double beta);
+void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
+void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x,
+                     const Tensor& w, GradMode dx_mode);
+void linear_gelu_forward(const KernelContext& ctx, Tensor y, Tensor pre, const Tensor& x, const Tensor& w,
+                         const Tensor& bias);
+void linear_gelu_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, Tensor dpre, const Tensor& dy,
+                          const Tensor& pre, const Tensor& x, const Tensor& w, GradMode dx_mode);
+
+// kernels/elementwise.h
+void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x);
+void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x);
+void add_bias(const KernelContext& ctx, Tensor y, const Tensor& bias);
+void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b);
+void scale(const KernelContext& ctx, Tensor x, double s);
+void zero(const KernelContext& ctx, Tensor x);
+void cast(const KernelContext& ctx, Tensor out, const Tensor& in);
+double sum_squares(const KernelContext& ctx, const Tensor& x);
+bool all_finite(const KernelContext& ctx, const Tensor& x);
+
+// kernels/adamw.h (fused: master update and the 16-bit model copy in one pass)
+void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v,
+                  const AdamWStep& s, Tensor model_copy);
+
+// kernels/embedding.h
+void embedding_lookup(const KernelContext& ctx, Tensor out, const Tensor& tokens, const Tensor& wte,
+                      int64_t vocab_begin, int64_t vocab_size);
+void embedding_lookup_backward(const KernelContext& ctx, Tensor dwte, const Tensor& dout, const Tensor& tokens,
+                               int64_t vocab_begin, int64_t vocab_size);
+void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_t seq_len, int64_t row_offset);
+void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, int64_t seq_len,
+                            int64_t row_offset);
+
+// kernels/layernorm.h (the residual add fused into the forward)
+void layernorm_forward(const KernelContext& ctx, Tensor y, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& w,
+                       const Tensor& b);
+void residual_layernorm_forward(const KernelContext& ctx, Tensor res, Tensor y, Tensor mean, Tensor rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias);
+void layernorm_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const Tensor& x,
+                        const Tensor& w, const Tensor& mean, const Tensor& rstd, GradMode dx_mode);
+
+// kernels/cross_entropy.h (softmax fused with the loss and its gradient)
+void cross_entropy_forward_backward(const KernelContext& ctx, Tensor losses, Tensor dlogits, const Tensor& logits,
+                                    const Tensor& targets, int64_t vocab_size, double dloss);
+void cross_entropy_shard_max(const KernelContext& ctx, Tensor row_max, const Tensor& logits, int64_t vocab_begin,
+                             int64_t vocab_size);
+void cross_entropy_shard_sums(const KernelContext& ctx, Tensor sums, const Tensor& logits, const Tensor& targets,
+                              const Tensor& row_max, int64_t vocab_begin, int64_t vocab_size);
+void cross_entropy_shard_finish(const KernelContext& ctx, Tensor losses, Tensor dlogits, const Tensor& logits,
+                                const Tensor& targets, const Tensor& row_max, const Tensor& sums,
+                                int64_t vocab_begin, int64_t vocab_size, double dloss);
+
+// kernels/attention.h (causal flash attention: lse saved, probabilities recomputed)
+void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head);
+void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
+                              const Tensor& out, const Tensor& lse, int n_head);
+
+}  // namespace xirang::cuda
