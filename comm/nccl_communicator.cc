@@ -1,0 +1,588 @@
+#include "comm/nccl_communicator.h"
+
+#include <nccl.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "comm/nccl_check.h"
+#include "core/clock.h"
+#include "core/cuda_check.h"
+#include "core/error.h"
+
+// Non-blocking communicators (config.blocking = 0, ncclCommFinalize) came in 2.14.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "the NCCL backend needs NCCL 2.14 or newer"
+#endif
+
+namespace xirang {
+
+namespace {
+
+// Host polling schedule of wait() and of set-up: yield for a moment (the
+// event is usually just about to complete), then sleep with a growing
+// backoff, up to 1 ms once nothing has happened for 20 ms. A host wait is
+// rare on the hot path, so its latency matters less than leaving the cores
+// to the other threads.
+constexpr double kSpinSeconds = 50e-6;
+constexpr double kLongWaitSeconds = 20e-3;
+constexpr std::chrono::microseconds kMinBackoff{20};
+constexpr std::chrono::microseconds kMaxBackoff{200};
+constexpr std::chrono::microseconds kLongWaitBackoff{1000};
+
+class Backoff {
+ public:
+  void pause() {
+    double waited = now_seconds() - start_;
+    if (waited < kSpinSeconds) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(2 * sleep_, waited < kLongWaitSeconds ? kMaxBackoff : kLongWaitBackoff);
+  }
+
+ private:
+  double start_ = now_seconds();
+  std::chrono::microseconds sleep_ = kMinBackoff;
+};
+
+// How a dtype travels: NCCL's element type and elements per tensor element.
+// NCCL has no 16-bit integer, so u16 moves as bytes (data movement only).
+struct WireType {
+  ncclDataType_t type;
+  size_t per_element;
+  size_t count(int64_t n) const { return size_t(n) * per_element; }
+};
+
+WireType wire_type(DType t) {
+  switch (t) {
+    case DType::F32: return {ncclFloat32, 1};
+    case DType::F64: return {ncclFloat64, 1};
+    case DType::BF16: return {ncclBfloat16, 1};
+    case DType::F16: return {ncclFloat16, 1};
+    case DType::I32: return {ncclInt32, 1};
+    case DType::U32: return {ncclUint32, 1};
+    case DType::U16: return {ncclUint8, 2};
+  }
+  fail(ErrorKind::Internal, "wire_type: unhandled dtype ", int(t));
+}
+
+WireType reduce_type(const std::string& what, DType t) {
+  if (t == DType::U16)
+    fail(ErrorKind::Comm, what, ": NCCL cannot reduce u16 (it has no 16-bit integer type); reduce as i32 or u32");
+  return wire_type(t);
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+
+void check_device(const std::string& what, const Tensor& t, const char* role) {
+  if (t.device() != Device::CUDA)
+    fail(ErrorKind::Comm, what, ": ", role, " ", t.str(), " is not in device memory (the NCCL backend needs CUDA tensors)");
+  if (t.numel() > 0 && !t.defined()) fail(ErrorKind::Comm, what, ": ", role, " ", t.str(), " has no memory");
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  auto pa = static_cast<const char*>(a.raw()), pb = static_cast<const char*>(b.raw());
+  return a.bytes() > 0 && b.bytes() > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
+char* element(const Tensor& t, int64_t i) { return static_cast<char*>(t.raw()) + size_t(i) * dtype_size(t.dtype()); }
+
+bool is_failure(ncclResult_t rc) { return rc != ncclSuccess && rc != ncclInProgress; }
+
+}  // namespace
+
+// What the channel and its Work handles share. Every NCCL call on `comm`
+// happens under `mu`, so the handle is used by one thread at a time and the
+// abort happens once.
+struct NcclState {
+  std::mutex mu;
+  ncclComm_t comm = nullptr;  // null after destruction or abort
+  std::string name;
+  int rank = 0, size = 1, device = 0;
+  CommOptions opts;
+  bool broken = false;  // an operation failed or timed out; the communicator was aborted
+  std::string broken_reason;
+
+  std::string where() const {
+    return str_cat("(this is rank ", rank, " of ", size, " in group ", name, ", NCCL on CUDA device ", device, ")");
+  }
+  std::string nccl_message(ncclResult_t rc) const {
+    const char* last = ncclGetLastError(comm);
+    return str_cat(ncclGetErrorString(rc), last && *last ? str_cat(" (", last, ")") : std::string());
+  }
+
+  // The rest runs under mu.
+
+  // Ends the NCCL communicator: its kernels stop, its peers' operations with
+  // this rank fail or time out. The channel refuses all later work.
+  void abort_locked(const std::string& reason) {
+    if (!broken) {
+      broken = true;
+      broken_reason = reason;
+    }
+    if (comm) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+    }
+  }
+
+  // The communicator is non-blocking, so a call may return ncclInProgress
+  // before its work is queued on the stream (set-up, and the connection
+  // set-up NCCL does lazily at a first launch, both wait for peers). Polls
+  // until NCCL is done with it: a dead peer then ends in a timeout and a
+  // clean error instead of a host thread stuck inside NCCL forever. Throws
+  // ErrorKind::Comm (after aborting) on failure or timeout.
+  void settle_locked(ncclResult_t rc, const std::string& what) {
+    double start = now_seconds();
+    Backoff backoff;
+    while (rc == ncclInProgress && comm) {
+      if (now_seconds() - start > opts.timeout_s) {
+        std::string msg = str_cat(what, " was not accepted by NCCL within ", opts.timeout_s,
+                                  " s: a peer rank may have died or stopped answering ", where());
+        abort_locked(msg);
+        fail(ErrorKind::Comm, msg, "; the NCCL communicator was aborted");
+      }
+      backoff.pause();
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+      rc = q != ncclSuccess ? q : state;
+    }
+    if (rc == ncclSuccess) return;
+    std::string msg = str_cat(what, " failed: NCCL: ", nccl_message(rc), " ", where());
+    abort_locked(msg);
+    fail(ErrorKind::Comm, msg, "; the NCCL communicator was aborted");
+  }
+
+  // An asynchronous error NCCL has seen on the channel (a network failure, a
+  // peer that went away), or "" when there is none. Aborts on one.
+  std::string async_error_locked() {
+    if (!comm) return "";
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+    if (q != ncclSuccess) state = q;
+    if (!is_failure(state)) return "";
+    std::string msg = str_cat("NCCL reported an error on channel ", name, ": ", nccl_message(state), " ", where());
+    abort_locked(msg);
+    return msg;
+  }
+};
+
+namespace {
+
+// Runs `calls` as one NCCL group (they progress together and are launched
+// as one), then settles the group. `calls` returns the first failing result.
+void group_call(NcclState& s, const std::string& what, const std::function<ncclResult_t()>& calls) {
+  ncclResult_t rc = ncclGroupStart();
+  if (rc != ncclSuccess) s.settle_locked(rc, what);
+  ncclResult_t inner = calls();
+  // The group is closed even after a failed call, or NCCL stays inside it.
+  ncclResult_t end = ncclGroupEnd();
+  s.settle_locked(is_failure(inner) ? inner : end, what);
+}
+
+}  // namespace
+
+// ---- NcclWork
+
+NcclWork::NcclWork(std::shared_ptr<NcclState> state, std::string what, double submitted_s, CudaEvent start,
+                   CudaEvent done)
+    : state_(std::move(state)),
+      what_(std::move(what)),
+      submitted_s_(submitted_s),
+      start_(std::move(start)),
+      done_(std::move(done)) {}
+
+bool NcclWork::poll() {
+  if (finished_) return true;
+  cudaError_t q = cudaEventQuery(done_.get());
+  if (q == cudaErrorNotReady) cudaGetLastError();  // see CudaEvent::query
+  std::string failure;
+  {
+    NcclState& s = *state_;
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (q == cudaSuccess) {
+      // After an abort NCCL's kernels stop early, so an operation that
+      // "completed" on a broken channel may hold partial data.
+      if (s.broken)
+        failure = str_cat(what_, " cannot be trusted: channel ", s.name, " broke before it was seen to complete: ",
+                          s.broken_reason);
+    } else if (q != cudaErrorNotReady) {
+      failure = str_cat(what_, " failed: CUDA: ", cudaGetErrorString(q), " ", s.where());
+      s.abort_locked(failure);
+    } else {
+      std::string async = s.async_error_locked();
+      if (!async.empty()) {
+        failure = str_cat(what_, " failed: ", async);
+      } else if (s.broken) {
+        failure = str_cat(what_, " abandoned: channel ", s.name, " is broken: ", s.broken_reason);
+      } else if (now_seconds() - submitted_s_ > s.opts.timeout_s) {
+        failure = str_cat(what_, " did not complete within ", s.opts.timeout_s,
+                          " s: a peer rank may have died or stopped answering ", s.where(),
+                          "; the NCCL communicator was aborted");
+        s.abort_locked(failure);
+      } else {
+        return false;
+      }
+    }
+  }
+  finished_ = true;
+  if (!failure.empty()) error_ = std::make_exception_ptr(Error(ErrorKind::Comm, failure));
+  return true;
+}
+
+void NcclWork::wait() {
+  Backoff backoff;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (poll()) {
+        if (error_) std::rethrow_exception(error_);
+        return;
+      }
+    }
+    backoff.pause();
+  }
+}
+
+bool NcclWork::test() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return poll();
+}
+
+double NcclWork::duration_ms() const {
+  // Asked only once both have completed: on an incomplete event
+  // cudaEventElapsedTime fails. A failed operation reports its error in
+  // wait(), not here.
+  if (cudaEventQuery(start_.get()) != cudaSuccess || cudaEventQuery(done_.get()) != cudaSuccess) {
+    cudaGetLastError();  // see CudaEvent::query
+    return 0;
+  }
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, start_.get(), done_.get()) != cudaSuccess) return 0;
+  return ms;
+}
+
+void NcclWork::wait_on(cudaStream_t stream) const { stream_wait(stream, done_); }
+
+void join_on_stream(Work& work, cudaStream_t stream) {
+  if (auto* nccl = dynamic_cast<NcclWork*>(&work)) {
+    nccl->wait_on(stream);
+    return;
+  }
+  work.wait();
+}
+
+// ---- NcclCommunicator: set-up and shutdown
+
+NcclCommunicator::NcclCommunicator(Communicator& group, int device, cudaStream_t stream, const CommOptions& opts)
+    : state_(std::make_shared<NcclState>()), stream_(stream), input_ready_(stream) {
+  NcclState& s = *state_;
+  s.name = group.name();
+  s.rank = group.rank();
+  s.size = group.size();
+  s.device = device;
+  s.opts = opts;
+  std::string what = str_cat("NCCL set-up of group ", s.name);
+  if (!(opts.timeout_s > 0)) fail(ErrorKind::Comm, what, ": timeout_s must be positive, got ", opts.timeout_s);
+  int count = 0;
+  cudaError_t crc = cudaGetDeviceCount(&count);
+  if (crc != cudaSuccess || count == 0)
+    fail(ErrorKind::Comm, what, ": no CUDA device is visible (",
+         crc != cudaSuccess ? cudaGetErrorString(crc) : "0 devices", ") ", s.where());
+  if (device < 0 || device >= count)
+    fail(ErrorKind::Comm, what, ": CUDA device ", device, " does not exist (", count, " visible) ", s.where());
+  CudaDeviceGuard guard(device);
+  // Allocated before the NCCL communicator exists: cudaMalloc may synchronize
+  // the device, which must not happen while NCCL kernels wait for peers.
+  XR_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+  try {
+    XR_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(float)));
+    // Rank 0 makes the id and sends it with a success flag, so that when it
+    // cannot, the others fail at once instead of waiting for a timeout.
+    std::array<uint32_t, 1 + sizeof(ncclUniqueId) / 4> msg{};
+    static_assert(sizeof(ncclUniqueId) % 4 == 0, "the id travels as u32 words");
+    std::string id_error;
+    if (s.rank == 0) {
+      ncclUniqueId id;
+      ncclResult_t rc = ncclGetUniqueId(&id);
+      if (rc == ncclSuccess) {
+        msg[0] = 1;
+        std::memcpy(&msg[1], &id, sizeof(id));
+      } else {
+        id_error = str_cat(": ", ncclGetErrorString(rc));
+      }
+    }
+    group.broadcast(Tensor(msg.data(), {int64_t(msg.size())}, DType::U32), 0);
+    if (msg[0] != 1)
+      fail(ErrorKind::Comm, what, ": rank 0 of the group could not create an NCCL id", id_error, " ", s.where());
+    ncclUniqueId id;
+    std::memcpy(&id, &msg[1], sizeof(id));
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // see settle_locked
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    config.commName = s.name.c_str();  // NCCL's own log lines then name the group
+#endif
+    std::lock_guard<std::mutex> lk(s.mu);
+    ncclResult_t rc = ncclCommInitRankConfig(&s.comm, s.size, id, s.rank, &config);
+    s.settle_locked(rc, what);
+  } catch (...) {
+    cudaFree(scratch_);
+    throw;
+  }
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  NcclState& s = *state_;
+  bool broken = false;
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    broken = s.broken;  // an aborted communicator has nothing left to drain
+  }
+  if (!broken) {
+    try {
+      synchronize();
+    } catch (...) {
+      // synchronize() timed out or saw an error and aborted the communicator;
+      // a destructor has no caller to report it to.
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.comm) {
+      try {
+        CudaDeviceGuard guard(s.device);
+        // Finalize is non-blocking here and flushes NCCL's own work; then
+        // destroy only frees local resources. A failure or a timeout aborts.
+        s.settle_locked(ncclCommFinalize(s.comm), str_cat(s.name, " NCCL shutdown"));
+        ncclCommDestroy(s.comm);
+        s.comm = nullptr;
+      } catch (...) {
+        s.abort_locked(str_cat("channel ", s.name, " was destroyed"));
+      }
+    }
+  }
+  cudaFree(scratch_);
+}
+
+int NcclCommunicator::rank() const { return state_->rank; }
+int NcclCommunicator::size() const { return state_->size; }
+const std::string& NcclCommunicator::name() const { return state_->name; }
+int NcclCommunicator::device() const { return state_->device; }
+
+void NcclCommunicator::set_input_ready_stream(cudaStream_t producer) {
+  std::lock_guard<std::mutex> lk(state_->mu);  // launch() reads it under the same lock
+  input_ready_ = producer;
+}
+
+// ---- Operations
+
+WorkPtr NcclCommunicator::launch(const std::string& what,
+                                 const std::function<void(NcclState&, cudaStream_t)>& body) {
+  NcclState& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (s.broken || !s.comm)
+    fail(ErrorKind::Comm, what, " refused: channel ", s.name, " is broken since an earlier operation failed: ",
+         s.broken_reason);
+  CudaDeviceGuard guard(s.device);
+  double submitted = now_seconds();
+  CudaEvent start(EventTiming::Enabled), done(EventTiming::Enabled);
+  // The input-ready join: the operation starts after the producer's queued
+  // kernels. `start` doubles as the duration's first timestamp.
+  start.record(input_ready_);
+  if (input_ready_ != stream_) stream_wait(stream_, start);
+  body(s, stream_);
+  done.record(stream_);
+  return std::make_shared<NcclWork>(state_, what, submitted, std::move(start), std::move(done));
+}
+
+WorkPtr NcclCommunicator::all_reduce_async(Tensor t, ReduceOp op) {
+  std::string what = str_cat(name(), " all_reduce of ", t.bytes(), " bytes (", dtype_name(t.dtype()), ")");
+  check_device(what, t, "tensor");
+  WireType w = reduce_type(what, t.dtype());
+  return launch(what, [&](NcclState& s, cudaStream_t st) {
+    if (t.numel() == 0) return;
+    s.settle_locked(ncclAllReduce(t.raw(), t.raw(), w.count(t.numel()), w.type, nccl_op(op), s.comm, st), what);
+  });
+}
+
+WorkPtr NcclCommunicator::reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) {
+  std::string what = str_cat(name(), " reduce_scatter of ", in.bytes(), " bytes (", dtype_name(in.dtype()), ")");
+  check_device(what, in, "input");
+  check_device(what, out, "output");
+  if (in.dtype() != out.dtype())
+    fail(ErrorKind::Comm, what, ": input ", in.str(), " and output ", out.str(), " have different dtypes");
+  const int p = size(), me = rank();
+  const int64_t n = in.numel();
+  auto [begin, end] = split_range(n, p, me);
+  if (out.numel() != end - begin)
+    fail(ErrorKind::Comm, what, ": output ", out.str(), " must hold this rank's chunk of input ", in.str(), ", which is ",
+         end - begin, " elements [", begin, ", ", end, ") ", state_->where());
+  if (out.raw() != element(in, begin) && overlaps(in, out))
+    fail(ErrorKind::Comm, what, ": output ", out.str(), " overlaps input ", in.str(),
+         " without being this rank's chunk of it");
+  WireType w = reduce_type(what, in.dtype());
+  return launch(what, [&](NcclState& s, cudaStream_t st) {
+    if (n == 0) return;
+    if (n % p == 0) {
+      // In place when out is this rank's chunk: NCCL's in-place condition
+      // (recvbuff == sendbuff + rank * recvcount) is exactly that.
+      s.settle_locked(ncclReduceScatter(in.raw(), out.raw(), w.count(n / p), w.type, nccl_op(op), s.comm, st), what);
+      return;
+    }
+    group_call(s, what, [&] {
+      for (int r = 0; r < p; ++r) {
+        auto [b, e] = split_range(n, p, r);
+        if (e == b) continue;  // every rank skips the same empty chunks
+        // Only the root's receive buffer is written; `out` may be the chunk
+        // itself (sendbuff == recvbuff: NCCL's in-place form).
+        void* recv = r == me ? out.raw() : nullptr;
+        ncclResult_t rc = ncclReduce(element(in, b), recv, w.count(e - b), w.type, nccl_op(op), r, s.comm, st);
+        if (is_failure(rc)) return rc;
+      }
+      return ncclSuccess;
+    });
+  });
+}
+
+WorkPtr NcclCommunicator::all_gather_async(const Tensor& in, Tensor out) {
+  std::string what = str_cat(name(), " all_gather of ", out.bytes(), " bytes (", dtype_name(out.dtype()), ")");
+  check_device(what, in, "input");
+  check_device(what, out, "output");
+  if (in.dtype() != out.dtype())
+    fail(ErrorKind::Comm, what, ": input ", in.str(), " and output ", out.str(), " have different dtypes");
+  const int p = size(), me = rank();
+  const int64_t n = out.numel();
+  auto [begin, end] = split_range(n, p, me);
+  if (in.numel() != end - begin)
+    fail(ErrorKind::Comm, what, ": input ", in.str(), " must be this rank's chunk of output ", out.str(), ", which is ",
+         end - begin, " elements [", begin, ", ", end, ") ", state_->where());
+  if (in.raw() != element(out, begin) && overlaps(in, out))
+    fail(ErrorKind::Comm, what, ": input ", in.str(), " overlaps output ", out.str(),
+         " without being this rank's chunk of it");
+  WireType w = wire_type(out.dtype());
+  return launch(what, [&](NcclState& s, cudaStream_t st) {
+    if (n == 0) return;
+    if (n % p == 0) {
+      s.settle_locked(ncclAllGather(in.raw(), out.raw(), w.count(n / p), w.type, s.comm, st), what);
+      return;
+    }
+    group_call(s, what, [&] {
+      for (int r = 0; r < p; ++r) {
+        auto [b, e] = split_range(n, p, r);
+        if (e == b) continue;
+        // The root sends its input (in place when it already is its chunk);
+        // the others receive into the chunk, their send buffer unused.
+        void* chunk = element(out, b);
+        const void* send = r == me ? in.raw() : chunk;
+        ncclResult_t rc = ncclBroadcast(send, chunk, w.count(e - b), w.type, r, s.comm, st);
+        if (is_failure(rc)) return rc;
+      }
+      return ncclSuccess;
+    });
+  });
+}
+
+WorkPtr NcclCommunicator::broadcast_async(Tensor t, int root) {
+  std::string what =
+      str_cat(name(), " broadcast of ", t.bytes(), " bytes (", dtype_name(t.dtype()), ") from rank ", root);
+  check_device(what, t, "tensor");
+  if (root < 0 || root >= size()) fail(ErrorKind::Comm, what, ": root must be in [0, ", size(), ")");
+  WireType w = wire_type(t.dtype());
+  return launch(what, [&](NcclState& s, cudaStream_t st) {
+    if (t.numel() == 0) return;
+    s.settle_locked(ncclBroadcast(t.raw(), t.raw(), w.count(t.numel()), w.type, root, s.comm, st), what);
+  });
+}
+
+namespace {
+void check_peer(const std::string& what, int peer, int size) {
+  if (peer < 0 || peer >= size) fail(ErrorKind::Comm, what, ": peer must be a rank in [0, ", size, ")");
+}
+void check_p2p(const std::string& what, int peer, int tag, int rank, int size) {
+  check_peer(what, peer, size);
+  if (tag < 0) fail(ErrorKind::Comm, what, ": tag must be non-negative");
+  if (peer == rank)
+    fail(ErrorKind::Comm, what, ": a send or recv to this rank itself would wait forever for its other half on the "
+         "NCCL backend; use sendrecv_async");
+}
+}  // namespace
+
+WorkPtr NcclCommunicator::send_async(const Tensor& t, int peer, int tag) {
+  std::string what = str_cat(name(), " send of ", t.bytes(), " bytes (", dtype_name(t.dtype()), ") to rank ", peer);
+  check_device(what, t, "tensor");
+  check_p2p(what, peer, tag, rank(), size());
+  WireType w = wire_type(t.dtype());
+  return launch(what, [&](NcclState& s, cudaStream_t st) {
+    if (t.numel() == 0) return;  // the matching recv (same count) skips too
+    s.settle_locked(ncclSend(t.raw(), w.count(t.numel()), w.type, peer, s.comm, st), what);
+  });
+}
+
+WorkPtr NcclCommunicator::recv_async(Tensor t, int peer, int tag) {
+  std::string what =
+      str_cat(name(), " recv of ", t.bytes(), " bytes (", dtype_name(t.dtype()), ") from rank ", peer);
+  check_device(what, t, "tensor");
+  check_p2p(what, peer, tag, rank(), size());
+  WireType w = wire_type(t.dtype());
+  return launch(what, [&](NcclState& s, cudaStream_t st) {
+    if (t.numel() == 0) return;
+    s.settle_locked(ncclRecv(t.raw(), w.count(t.numel()), w.type, peer, s.comm, st), what);
+  });
+}
+
+WorkPtr NcclCommunicator::sendrecv_async(const Tensor& send, int send_peer, Tensor recv, int recv_peer) {
+  std::string what = str_cat(name(), " sendrecv of ", send.bytes(), " bytes to rank ", send_peer, " and ", recv.bytes(),
+                             " bytes from rank ", recv_peer);
+  check_device(what, send, "send tensor");
+  check_device(what, recv, "receive tensor");
+  check_peer(what, send_peer, size());
+  check_peer(what, recv_peer, size());
+  if (overlaps(send, recv)) fail(ErrorKind::Comm, what, ": the send and receive buffers overlap");
+  WireType ws = wire_type(send.dtype()), wr = wire_type(recv.dtype());
+  return launch(what, [&](NcclState& s, cudaStream_t st) {
+    group_call(s, what, [&] {
+      if (send.numel() > 0) {
+        ncclResult_t rc = ncclSend(send.raw(), ws.count(send.numel()), ws.type, send_peer, s.comm, st);
+        if (is_failure(rc)) return rc;
+      }
+      if (recv.numel() > 0) return ncclRecv(recv.raw(), wr.count(recv.numel()), wr.type, recv_peer, s.comm, st);
+      return ncclSuccess;
+    });
+  });
+}
+
+void NcclCommunicator::barrier() {
+  all_reduce_async(Tensor(scratch_, {1}, DType::F32, Device::CUDA), ReduceOp::Sum)->wait();
+}
+
+void NcclCommunicator::synchronize() {
+  // Only the channel's own stream: no input-ready join, which would make the
+  // host wait for the producer's work as well.
+  NcclState& s = *state_;
+  std::string what = str_cat(s.name, " synchronize");
+  std::shared_ptr<NcclWork> w;
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.broken) fail(ErrorKind::Comm, what, " refused: channel ", s.name, " is broken: ", s.broken_reason);
+    CudaDeviceGuard guard(s.device);
+    CudaEvent start(EventTiming::Enabled), done(EventTiming::Enabled);
+    start.record(stream_);
+    done.record(stream_);
+    w = std::make_shared<NcclWork>(state_, what, now_seconds(), std::move(start), std::move(done));
+  }
+  w->wait();
+}
+
+std::unique_ptr<NcclCommunicator> make_nccl_group(Communicator& group, int device, cudaStream_t stream,
+                                                  const CommOptions& opts) {
+  return std::make_unique<NcclCommunicator>(group, device, stream, opts);
+}
+
+}  // namespace xirang
