@@ -16,6 +16,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <initializer_list>
+#include <utility>
+
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -54,6 +57,14 @@ inline cudaStream_t stream(const KernelContext& ctx) { return static_cast<cudaSt
 
 inline void require_cuda(const KernelContext& ctx, const char* op) {
   if (ctx.device != Device::CUDA) fail(ErrorKind::Internal, op, ": CUDA kernel called on a ", device_name(ctx.device), " context");
+}
+
+// Every defined tensor an op receives must be in CUDA memory (a host view
+// here would fault asynchronously, far from the call).
+inline void check_on_device(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> tensors) {
+  for (auto [what, t] : tensors)
+    if (t->defined() && t->device() != Device::CUDA)
+      fail(ErrorKind::Shape, op, ": ", what, " ", t->str(), " is not in CUDA memory");
 }
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }

@@ -1,0 +1,290 @@
+// CUDA elementwise ops, casts and the two reductions that return a host value.
+//
+// Elementwise kernels are grid-stride loops over the flat elements, in
+// float, rounding once on store. sum_squares is a two-pass reduction whose
+// grid depends on the element count only, so its result repeats bit for
+// bit on any GPU; it and all_finite copy their one value back and wait on an
+// event recorded after that copy, not on the device.
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace xirang::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 4096;  // grid-stride beyond this; plenty for 132 SMs
+
+unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>(kMaxBlocks, std::max<int64_t>(1, blocks_for(n, kThreads)))); }
+
+__device__ __forceinline__ int64_t first_index() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
+
+template <class S>
+__global__ void gelu_forward_kernel(S* __restrict__ y, const S* __restrict__ x, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = store<S>(gelu_value(load(x[i])));
+}
+
+// dx may alias dy: each element is read, then written, by one thread.
+template <class S>
+__global__ void gelu_backward_kernel(S* dx, const S* dy, const S* __restrict__ x, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) dx[i] = store<S>(load(dy[i]) * gelu_grad(load(x[i])));
+}
+
+template <class S>
+__global__ void add_bias_kernel(S* __restrict__ y, const S* __restrict__ bias, int64_t n, int64_t C) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] = store<S>(load(y[i]) + load(bias[i % C]));
+}
+
+template <class S>
+__global__ void add_kernel(S* out, const S* a, const S* b, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = store<S>(load(a[i]) + load(b[i]));
+}
+
+// Rounded once from double, as the CPU's scale does.
+template <class S>
+__device__ __forceinline__ S store_double(double v);
+template <>
+__device__ __forceinline__ float store_double<float>(double v) { return __double2float_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 store_double<__nv_bfloat16>(double v) { return __double2bfloat16(v); }
+template <>
+__device__ __forceinline__ __half store_double<__half>(double v) { return __double2half(v); }
+
+// The CPU's operations: the value times s in double, then one rounding to S,
+// so the results agree bit for bit. Memory-bound: double math costs nothing.
+template <class S>
+__global__ void scale_kernel(S* __restrict__ x, double s, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] = store_double<S>(double(load(x[i])) * s);
+}
+
+template <class I, class O>
+__global__ void cast_kernel(O* __restrict__ out, const I* __restrict__ in, int64_t n) {
+  // Through float, which holds every f32/bf16/f16 value exactly, so the one
+  // rounding is the store's.
+  for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = store<O>(load(in[i]));
+}
+
+// ---------------------------------------------------------------- reductions
+constexpr int kReduceThreads = 256;
+constexpr int64_t kReduceBlocks = 1024;  // at most; the second pass is one block of this many threads
+constexpr int64_t kElemsPerThread = 8;   // before the grid grows to its cap
+
+// Blocks of the first pass: a function of n only (never of the device).
+int64_t reduce_blocks(int64_t n) {
+  return std::clamp<int64_t>((n + kReduceThreads * kElemsPerThread - 1) / (kReduceThreads * kElemsPerThread), 1,
+                             kReduceBlocks);
+}
+
+// Tree sum of one value per thread; the result is in sh[0]. Fixed pairing,
+// so the order of additions never varies.
+template <int kN>
+__device__ void block_tree_sum(double* sh) {
+  for (int s = kN / 2; s > 0; s /= 2) {
+    __syncthreads();
+    if (int(threadIdx.x) < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+  }
+  __syncthreads();
+}
+
+template <class S>
+__global__ void sum_squares_partial_kernel(const S* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  __shared__ double sh[kReduceThreads];
+  double acc = 0;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const double v = load(x[i]);
+    acc += v * v;
+  }
+  sh[threadIdx.x] = acc;
+  block_tree_sum<kReduceThreads>(sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+
+__global__ void sum_partials_kernel(const double* __restrict__ partial, int64_t count, double* __restrict__ out) {
+  __shared__ double sh[kReduceBlocks];
+  sh[threadIdx.x] = int64_t(threadIdx.x) < count ? partial[threadIdx.x] : 0.0;
+  block_tree_sum<int(kReduceBlocks)>(sh);
+  if (threadIdx.x == 0) *out = sh[0];
+}
+
+template <class S>
+__global__ void non_finite_kernel(const S* __restrict__ x, int64_t n, int* __restrict__ flag) {
+  bool bad = false;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) bad |= !isfinite(load(x[i]));
+  if (bad) *flag = 1;  // every writer writes the same value
+}
+
+// Copies `bytes` from device `src` into host `dst` on the context's stream
+// and waits for that copy (and what precedes it on the stream) only.
+void copy_back(const KernelContext& ctx, void* dst, const void* src, size_t bytes, const char* op) {
+  cudaEvent_t done = nullptr;
+  XR_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(ctx));
+  if (rc == cudaSuccess) rc = cudaEventRecord(done, stream(ctx));
+  if (rc == cudaSuccess) rc = cudaEventSynchronize(done);
+  cudaEventDestroy(done);
+  if (rc != cudaSuccess) fail(ErrorKind::Library, op, ": reading the result back failed: ", cudaGetErrorString(rc));
+}
+
+}  // namespace
+
+void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x) {
+  const char* op = "gelu_forward";
+  require_cuda(ctx, op);
+  check_same_shape(op, y, x);
+  check_dtype(op, "y", y, x.dtype());
+  check_on_device(op, {{"y", &y}, {"x", &x}});
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_storage(x.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    gelu_forward_kernel<S><<<grid_for(n), kThreads, 0, stream(ctx)>>>(static_cast<S*>(y.raw()),
+                                                                     static_cast<const S*>(x.raw()), n);
+  });
+  XR_CUDA_LAUNCH_CHECK();
+}
+
+void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x) {
+  const char* op = "gelu_backward";
+  require_cuda(ctx, op);
+  check_same_shape(op, dx, x);
+  check_same_shape(op, dy, x);
+  check_dtype(op, "dx", dx, x.dtype());
+  check_dtype(op, "dy", dy, x.dtype());
+  check_on_device(op, {{"dx", &dx}, {"dy", &dy}, {"x", &x}});
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_storage(x.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    gelu_backward_kernel<S><<<grid_for(n), kThreads, 0, stream(ctx)>>>(
+        static_cast<S*>(dx.raw()), static_cast<const S*>(dy.raw()), static_cast<const S*>(x.raw()), n);
+  });
+  XR_CUDA_LAUNCH_CHECK();
+}
+
+void add_bias(const KernelContext& ctx, Tensor y, const Tensor& bias) {
+  const char* op = "add_bias";
+  require_cuda(ctx, op);
+  if (bias.rank() != 1) fail(ErrorKind::Shape, "add_bias: bias must be (C), got ", bias.shape().str());
+  const int64_t C = bias.size(0);
+  if (y.rank() < 1 || y.size(-1) != C)
+    fail(ErrorKind::Shape, "add_bias: y ", y.shape().str(), " does not have rows of width ", C);
+  check_dtype(op, "bias", bias, y.dtype());
+  check_on_device(op, {{"y", &y}, {"bias", &bias}});
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  dispatch_storage(y.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    add_bias_kernel<S><<<grid_for(n), kThreads, 0, stream(ctx)>>>(static_cast<S*>(y.raw()),
+                                                                 static_cast<const S*>(bias.raw()), n, C);
+  });
+  XR_CUDA_LAUNCH_CHECK();
+}
+
+void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b) {
+  const char* op = "add";
+  require_cuda(ctx, op);
+  check_same_shape(op, out, a);
+  check_same_shape(op, out, b);
+  check_dtype(op, "a", a, out.dtype());
+  check_dtype(op, "b", b, out.dtype());
+  check_on_device(op, {{"out", &out}, {"a", &a}, {"b", &b}});
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  dispatch_storage(out.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    add_kernel<S><<<grid_for(n), kThreads, 0, stream(ctx)>>>(
+        static_cast<S*>(out.raw()), static_cast<const S*>(a.raw()), static_cast<const S*>(b.raw()), n);
+  });
+  XR_CUDA_LAUNCH_CHECK();
+}
+
+void scale(const KernelContext& ctx, Tensor x, double s) {
+  const char* op = "scale";
+  require_cuda(ctx, op);
+  check_on_device(op, {{"x", &x}});
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_storage(x.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    scale_kernel<S><<<grid_for(n), kThreads, 0, stream(ctx)>>>(static_cast<S*>(x.raw()), s, n);
+  });
+  XR_CUDA_LAUNCH_CHECK();
+}
+
+void zero(const KernelContext& ctx, Tensor x) {
+  const char* op = "zero";
+  require_cuda(ctx, op);
+  check_on_device(op, {{"x", &x}});
+  if (x.bytes() == 0) return;
+  XR_CUDA_CHECK(cudaMemsetAsync(x.raw(), 0, x.bytes(), stream(ctx)));
+}
+
+void cast(const KernelContext& ctx, Tensor out, const Tensor& in) {
+  const char* op = "cast";
+  require_cuda(ctx, op);
+  if (out.numel() != in.numel())
+    fail(ErrorKind::Shape, "cast: element counts differ: ", in.shape().str(), " vs ", out.shape().str());
+  check_on_device(op, {{"out", &out}, {"in", &in}});
+  const int64_t n = in.numel();
+  if (n == 0) return;
+  if (out.dtype() == in.dtype()) {
+    if (out.raw() != in.raw())
+      XR_CUDA_CHECK(cudaMemcpyAsync(out.raw(), in.raw(), in.bytes(), cudaMemcpyDeviceToDevice, stream(ctx)));
+    return;
+  }
+  dispatch_storage(in.dtype(), op, [&](auto in_tag) {
+    using I = decltype(in_tag);
+    dispatch_storage(out.dtype(), op, [&](auto out_tag) {
+      using O = decltype(out_tag);
+      cast_kernel<I, O><<<grid_for(n), kThreads, 0, stream(ctx)>>>(static_cast<O*>(out.raw()),
+                                                                   static_cast<const I*>(in.raw()), n);
+    });
+  });
+  XR_CUDA_LAUNCH_CHECK();
+}
+
+double sum_squares(const KernelContext& ctx, const Tensor& x) {
+  const char* op = "sum_squares";
+  require_cuda(ctx, op);
+  check_on_device(op, {{"x", &x}});
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  const int64_t blocks = reduce_blocks(n);
+  // Scratch: the partials, then the result.
+  auto* partial = static_cast<double*>(scratch(ctx, align256(blocks * sizeof(double)) + sizeof(double), op));
+  double* result = partial + align256(blocks * sizeof(double)) / sizeof(double);
+  dispatch_storage(x.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    sum_squares_partial_kernel<S><<<unsigned(blocks), kReduceThreads, 0, stream(ctx)>>>(
+        static_cast<const S*>(x.raw()), n, partial);
+  });
+  XR_CUDA_LAUNCH_CHECK();
+  sum_partials_kernel<<<1, unsigned(kReduceBlocks), 0, stream(ctx)>>>(partial, blocks, result);
+  XR_CUDA_LAUNCH_CHECK();
+  double host = 0;
+  copy_back(ctx, &host, result, sizeof(double), op);
+  return host;
+}
+
+bool all_finite(const KernelContext& ctx, const Tensor& x) {
+  const char* op = "all_finite";
+  require_cuda(ctx, op);
+  check_on_device(op, {{"x", &x}});
+  const int64_t n = x.numel();
+  if (n == 0) return true;
+  auto* flag = static_cast<int*>(scratch(ctx, sizeof(int), op));
+  XR_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream(ctx)));
+  dispatch_storage(x.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    non_finite_kernel<S><<<grid_for(n), kThreads, 0, stream(ctx)>>>(static_cast<const S*>(x.raw()), n, flag);
+  });
+  XR_CUDA_LAUNCH_CHECK();
+  int host = 0;
+  copy_back(ctx, &host, flag, sizeof(int), op);
+  return host == 0;
+}
+
+}  // namespace xirang::cuda
