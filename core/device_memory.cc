@@ -22,6 +22,8 @@ void* device_alloc(Device device, size_t bytes, std::string_view what) {
   cudaError_t rc = cudaMalloc(&p, bytes);
   if (rc != cudaSuccess)
     fail(ErrorKind::Memory, "cannot allocate ", bytes, " bytes of GPU memory for ", what, ": ", cudaGetErrorString(rc));
+  // Zeroed like host memory: alignment padding inside flat buffers must read as zero.
+  XR_CUDA_CHECK(cudaMemset(p, 0, bytes));
   return p;
 #else
   fail(ErrorKind::Config, "this build has no CUDA backend (configure with -DXIRANG_CUDA=ON where nvcc exists)");
@@ -35,6 +37,23 @@ void device_free(Device device, void* p) {
   }
 #ifdef XIRANG_HAVE_CUDA
   cudaFree(p);
+#endif
+}
+
+void copy_bytes(void* dst, Device to, const void* src, Device from, size_t bytes, void* stream, bool wait) {
+  if (bytes == 0) return;
+  if (to == Device::CPU && from == Device::CPU) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+#ifdef XIRANG_HAVE_CUDA
+  auto s = static_cast<cudaStream_t>(stream);
+  XR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  if (wait) XR_CUDA_CHECK(cudaStreamSynchronize(s));
+#else
+  (void)stream, (void)wait;
+  fail(ErrorKind::Internal, "copy_bytes: a ", device_name(from), " -> ", device_name(to),
+       " copy in a build without CUDA");
 #endif
 }
 

@@ -3,7 +3,11 @@
 //
 // logits (N, Vp) where only the first `vocab_size` columns are real (the rest
 // pad the vocabulary to a multiple of 128 and take no part in the softmax).
-// targets (N) int32 in [0, vocab_size).
+// targets (N) int32 in [0, vocab_size). Logits and dlogits are F32, F64,
+// BF16 or F16; losses and the row statistics of the sharded form (row_max,
+// sums) are F32 when the logits are 16-bit, else the logits' dtype. Sums
+// and the log-sum-exp are formed in double; each 16-bit gradient entry,
+// the target's included, is rounded once.
 //
 //   cross_entropy_forward_backward(ctx, losses, dlogits, logits, targets, V, 1.0 / N);
 #pragma once

@@ -1,5 +1,12 @@
 // kernels/elementwise.h: GELU (tanh form), residual adds, scaling, casts,
 // and reductions used by the optimizer.
+//
+// Every op takes F32, F64, BF16 and F16; the tensors of one call share the
+// dtype (except cast). 16-bit values are computed on in float and rounded
+// once when stored; scale forms its product in double.
+//
+//   gelu_forward(ctx, y, x);          // y, x (N, C)
+//   add(ctx, res, res, attn_out);     // in place
 #pragma once
 
 #include "kernels/context.h"

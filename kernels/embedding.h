@@ -2,6 +2,11 @@
 //
 //   embedding_forward(ctx, out, tokens, wte, wpe);     // tokens (B, T) int32 -> out (B, T, C)
 //   embedding_backward(ctx, dwte, dwpe, dout, tokens); // dwte, dwpe accumulate
+//
+// Tables and activations share one of F32, F64, BF16, F16. The table
+// gradients dwte and dwpe have that dtype or, beside 16-bit activations, F32;
+// with 16-bit activations each table row's contributions are summed in
+// double, in row order, and added with one rounding.
 #pragma once
 
 #include "kernels/context.h"

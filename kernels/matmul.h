@@ -3,6 +3,12 @@
 // Conventions: row-major; a linear weight is (out_features, in_features) and
 // y = x W^T + b. Activations are flattened to (N, features) by the caller.
 //
+// Dtypes (kernels/context.h): activations and weights share one of F32, F64,
+// BF16, F16. 16-bit products are summed in float over the whole inner
+// dimension and each output is rounded once. The parameter gradients dw and
+// dbias are that dtype or, beside 16-bit activations, F32 (summed into in
+// float, never rounded to 16 bits).
+//
 //   linear_forward(ctx, y, x, w, b);                  // y (N, out)
 //   linear_backward(ctx, dx, dw, db, dy, x, w, GradMode::Overwrite);
 #pragma once
@@ -12,7 +18,7 @@
 namespace xirang {
 
 // out (M, N) = alpha * op(a) op(b) + beta * out, op = transpose when trans_*.
-// F32 and F64; all three tensors share the dtype.
+// All three tensors share the dtype (F32, F64, BF16 or F16).
 void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
             double alpha = 1.0, double beta = 0.0);
 
@@ -20,12 +26,15 @@ void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor&
 void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
 
 // dx (N, in) = dy w (overwritten or accumulated per dx_mode; skipped when dx is undefined);
-// dw (out, in) += dy^T x;  dbias (out) += sum over rows of dy (skipped when undefined).
+// dw (out, in) += dy^T x;  dbias (out) += sum over rows of dy (skipped when undefined);
+// dw and dbias may be F32 when the activations are 16-bit.
 void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& w, GradMode dx_mode);
 
 // The MLP up-projection with its activation (one cuBLASLt GELU epilogue on
-// CUDA): pre (N, out) = x w^T + bias, y (N, out) = gelu(pre).
+// CUDA): pre (N, out) = x w^T + bias, y (N, out) = gelu(pre), with GELU taken
+// of pre as stored (rounded, for 16-bit), so the result equals
+// linear_forward + gelu_forward.
 void linear_gelu_forward(const KernelContext& ctx, Tensor y, Tensor pre, const Tensor& x, const Tensor& w,
                          const Tensor& bias);
 // Backward of linear_gelu_forward given dy = dL/dy: dpre (N, out) = dy *

@@ -1,17 +1,30 @@
 // CPU causal self-attention. One task per (batch, head): each touches a
-// disjoint slice of the outputs, so the parallel loop needs no reductions.
-// The loops run inside the OpenMP region rather than calling BLAS there, so
-// OpenBLAS's own threads never nest inside ours.
+// disjoint slice of the outputs, so the parallel loop needs no reductions and
+// the results do not depend on the thread count. The loops run inside the
+// OpenMP region rather than calling BLAS there, so OpenBLAS's own threads
+// never nest inside ours.
+//
+// A task gathers its head's q, k and v (T rows of D, strided 3C apart in
+// qkv) into contiguous per-thread scratch in the compute type, accumulates
+// the head's gradients there and writes them back at the end, rounding once
+// for BF16 and F16; per-thread memory stays O(T D). The flash pair always
+// gathers (the contiguous rows are faster); the probability-based pair works
+// on F32 and F64 tensors in place, as it always has.
 #include "kernels/attention.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/common.h"
 
 namespace xirang {
 
-using cpu::dispatch_float;
+using cpu::compute_t;
+using cpu::dispatch_storage;
+using cpu::is_16bit_v;
+using cpu::load;
+using cpu::store;
 
 namespace {
 
@@ -43,6 +56,206 @@ void axpy(T alpha, const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// Softmax sums of the probability-based pair: F32 and F64 keep summing in
+// their own type, as they always have (their results are pinned by golden
+// losses); the 16-bit paths sum in double as kernels/context.h asks.
+template <class S>
+using softmax_sum_t = std::conditional_t<is_16bit_v<S>, double, compute_t<S>>;
+
+// n values widened to the compute type (a copy for F32/F64), and back
+// (rounded once for 16-bit).
+template <class S>
+void widen(const S* src, compute_t<S>* dst, int64_t n) {
+  if constexpr (is_16bit_v<S>) cpu::load_row(src, dst, n);
+  else std::copy(src, src + n, dst);
+}
+template <class S>
+void narrow(const compute_t<S>* src, S* dst, int64_t n) {
+  if constexpr (is_16bit_v<S>) cpu::store_row(src, dst, n);
+  else std::copy(src, src + n, dst);
+}
+
+// One (batch, head)'s q, k and v rows in the compute type: row t of q is
+// q + t * ld. Gathered into `scratch` (3 T D values) when it is given, else
+// pointing into qkv itself (F32/F64 only).
+template <class T>
+struct Head {
+  const T* q;
+  const T* k;
+  const T* v;
+  int64_t ld;
+};
+
+template <class S>
+Head<compute_t<S>> head_of(const Dims& d, const S* pqkv, int64_t b, int64_t h, compute_t<S>* scratch) {
+  const int64_t C3 = 3 * d.C;
+  const S* base = pqkv + b * d.T * C3 + h * d.D;
+  if (scratch) {
+    const int64_t TD = d.T * d.D;
+    for (int64_t t = 0; t < d.T; ++t)
+      for (int part = 0; part < 3; ++part) widen(base + t * C3 + part * d.C, scratch + part * TD + t * d.D, d.D);
+    return {scratch, scratch + TD, scratch + 2 * TD, d.D};
+  }
+  if constexpr (is_16bit_v<S>) fail(ErrorKind::Internal, "attention: 16-bit q, k, v need scratch");
+  else return {base, base + d.C, base + 2 * d.C, C3};
+}
+
+// Gradient rows of one (batch, head), zeroed: row t of dq is dq + t * ld. In
+// `scratch` (3 T D values, see store_grads) when it is given, else in dqkv
+// itself (F32/F64 only).
+template <class T>
+struct HeadGrads {
+  T* dq;
+  T* dk;
+  T* dv;
+  int64_t ld;
+};
+
+template <class S>
+HeadGrads<compute_t<S>> grads_of(const Dims& d, S* pd, int64_t b, int64_t h, compute_t<S>* scratch) {
+  using T = compute_t<S>;
+  const int64_t C3 = 3 * d.C;
+  if (scratch) {
+    const int64_t TD = d.T * d.D;
+    std::fill(scratch, scratch + 3 * TD, T(0));
+    return {scratch, scratch + TD, scratch + 2 * TD, d.D};
+  }
+  if constexpr (is_16bit_v<S>) {
+    fail(ErrorKind::Internal, "attention: 16-bit gradients need scratch");
+  } else {
+    S* base = pd + b * d.T * C3 + h * d.D;
+    for (int64_t t = 0; t < d.T; ++t)
+      for (int part = 0; part < 3; ++part) std::fill(base + t * C3 + part * d.C, base + t * C3 + part * d.C + d.D, S(0));
+    return {base, base + d.C, base + 2 * d.C, C3};
+  }
+}
+
+// Scratch gradient rows written into dqkv (rounded once for 16-bit).
+template <class S>
+void store_grads(const Dims& d, const HeadGrads<compute_t<S>>& g, S* pd, int64_t b, int64_t h) {
+  const int64_t C3 = 3 * d.C;
+  S* base = pd + b * d.T * C3 + h * d.D;
+  for (int64_t t = 0; t < d.T; ++t) {
+    narrow(g.dq + t * g.ld, base + t * C3, d.D);
+    narrow(g.dk + t * g.ld, base + t * C3 + d.C, d.D);
+    narrow(g.dv + t * g.ld, base + t * C3 + 2 * d.C, d.D);
+  }
+}
+
+// Per-thread scratch of one task, in the compute type: q, k, v, (backward)
+// their gradients, and rows of T and D values.
+template <class T>
+T* task_scratch(const Dims& d, bool backward) {
+  return cpu::thread_scratch<T, cpu::kScratchA>(size_t((backward ? 6 : 3) * d.T * d.D + 2 * d.T + 2 * d.D));
+}
+
+// ---------------------------------------------------------------- probability-based pair
+
+// probs of type P: S, or F32 when S is 16-bit.
+template <class S, class P>
+void attention_forward_impl(const Dims& d, const S* pqkv, S* pout, P* pp) {
+  using T = compute_t<S>;
+  using Sum = softmax_sum_t<S>;
+  const T scale = T(1.0 / std::sqrt(double(d.D)));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+    int64_t b = bh / d.H, h = bh % d.H;
+    T* scratch = is_16bit_v<S> ? task_scratch<T>(d, false) : nullptr;
+    Head<T> hd = head_of(d, pqkv, b, h, scratch);
+    T* row_scratch = is_16bit_v<S> ? scratch + 3 * d.T * d.D : nullptr;  // T + D values
+    for (int64_t t = 0; t < d.T; ++t) {
+      const T* q = hd.q + t * hd.ld;
+      P* prow = pp + (bh * d.T + t) * d.T;
+      T* p;
+      if constexpr (std::is_same_v<P, T>) p = prow;
+      else p = row_scratch;
+      T mx = -INFINITY;
+      for (int64_t j = 0; j <= t; ++j) {
+        p[j] = scale * dot(q, hd.k + j * hd.ld, d.D);
+        mx = std::max(mx, p[j]);
+      }
+      Sum sum = 0;
+      for (int64_t j = 0; j <= t; ++j) {
+        p[j] = std::exp(p[j] - mx);
+        sum += p[j];
+      }
+      T inv = T(Sum(1) / sum);
+      for (int64_t j = 0; j <= t; ++j) p[j] *= inv;
+      if constexpr (!std::is_same_v<P, T>) cpu::store_row(p, prow, t + 1);
+      std::fill(prow + t + 1, prow + d.T, P{});
+      S* orow = pout + (b * d.T + t) * d.C + h * d.D;
+      T* o;
+      if constexpr (is_16bit_v<S>) o = row_scratch + d.T;
+      else o = orow;
+      std::fill(o, o + d.D, T(0));
+      for (int64_t j = 0; j <= t; ++j) axpy(p[j], hd.v + j * hd.ld, o, d.D);
+      if constexpr (is_16bit_v<S>) cpu::store_row(o, orow, d.D);
+    }
+  }
+}
+
+template <class S, class P>
+void attention_backward_impl(const Dims& d, S* pd, const S* pdo, const S* pqkv, const P* pp) {
+  using T = compute_t<S>;
+  using Sum = softmax_sum_t<S>;
+  const T scale = T(1.0 / std::sqrt(double(d.D)));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+    int64_t b = bh / d.H, h = bh % d.H;
+    T* scratch = is_16bit_v<S> ? task_scratch<T>(d, true) : nullptr;
+    Head<T> hd = head_of(d, pqkv, b, h, scratch);
+    HeadGrads<T> g = grads_of(d, pd, b, h, is_16bit_v<S> ? scratch + 3 * d.T * d.D : nullptr);
+    T* dp = cpu::thread_scratch<T>(size_t(2 * d.T + d.D));
+    T* p_scratch = dp + d.T;
+    T* do_scratch = p_scratch + d.T;
+    for (int64_t t = 0; t < d.T; ++t) {
+      const P* prow = pp + (bh * d.T + t) * d.T;
+      const T* p;
+      if constexpr (std::is_same_v<P, T>) {
+        p = prow;
+      } else {
+        cpu::load_row(prow, p_scratch, t + 1);
+        p = p_scratch;
+      }
+      const S* do_row = pdo + (b * d.T + t) * d.C + h * d.D;
+      const T* dot_;
+      if constexpr (is_16bit_v<S>) {
+        cpu::load_row(do_row, do_scratch, d.D);
+        dot_ = do_scratch;
+      } else {
+        dot_ = do_row;
+      }
+      const T* q = hd.q + t * hd.ld;
+      T* dq = g.dq + t * g.ld;
+      // dP = dO V^T; dV += P^T dO
+      Sum s = 0;
+      for (int64_t j = 0; j <= t; ++j) {
+        dp[j] = dot(dot_, hd.v + j * hd.ld, d.D);
+        s += p[j] * dp[j];
+        axpy(p[j], dot_, g.dv + j * g.ld, d.D);
+      }
+      // softmax backward: dS = P (dP - sum(P dP)); then dQ = dS K scale, dK += dS^T Q scale
+      for (int64_t j = 0; j <= t; ++j) {
+        T ds = T(p[j] * (dp[j] - s) * scale);
+        axpy(ds, hd.k + j * hd.ld, dq, d.D);
+        axpy(ds, q, g.dk + j * g.ld, d.D);
+      }
+    }
+    if constexpr (is_16bit_v<S>) store_grads(d, g, pd, b, h);
+  }
+}
+
+// The probabilities' storage: S, or F32 beside 16-bit activations.
+template <class S, class F>
+void dispatch_probs(const char* op, const Tensor& probs, F&& f) {
+  if (probs.dtype() == dtype_of<S>::value) return f(S{});
+  if constexpr (is_16bit_v<S>) {
+    if (probs.dtype() == DType::F32) return f(float{});
+  }
+  fail(ErrorKind::Shape, op, ": probs has dtype ", dtype_name(probs.dtype()), " for ", dtype_name(dtype_of<S>::value),
+       " qkv (expected ", dtype_name(dtype_of<S>::value), is_16bit_v<S> ? " or f32)" : ")");
+}
+
 }  // namespace
 
 void attention_forward(const KernelContext& ctx, Tensor out, Tensor probs, const Tensor& qkv, int n_head) {
@@ -50,38 +263,13 @@ void attention_forward(const KernelContext& ctx, Tensor out, Tensor probs, const
   Dims d = check_dims("attention_forward", qkv, n_head);
   check_shape("attention_forward", "out", out, {d.B, d.T, d.C});
   check_shape("attention_forward", "probs", probs, {d.B, d.H, d.T, d.T});
-  dispatch_float(qkv.dtype(), "attention_forward", [&](auto tag) {
-    using T = decltype(tag);
-    const T* pqkv = qkv.data<T>();
-    T* pout = out.data<T>();
-    T* pp = probs.data<T>();
-    const T scale = T(1.0 / std::sqrt(double(d.D)));
-    const int64_t C3 = 3 * d.C;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
-      int64_t b = bh / d.H, h = bh % d.H;
-      const T* base = pqkv + b * d.T * C3;
-      for (int64_t t = 0; t < d.T; ++t) {
-        const T* q = base + t * C3 + h * d.D;
-        T* p = pp + (bh * d.T + t) * d.T;
-        T mx = -INFINITY;
-        for (int64_t j = 0; j <= t; ++j) {
-          p[j] = scale * dot(q, base + j * C3 + d.C + h * d.D, d.D);
-          mx = std::max(mx, p[j]);
-        }
-        T sum = 0;
-        for (int64_t j = 0; j <= t; ++j) {
-          p[j] = std::exp(p[j] - mx);
-          sum += p[j];
-        }
-        T inv = T(1) / sum;
-        for (int64_t j = 0; j <= t; ++j) p[j] *= inv;
-        std::fill(p + t + 1, p + d.T, T(0));
-        T* o = pout + (b * d.T + t) * d.C + h * d.D;
-        std::fill(o, o + d.D, T(0));
-        for (int64_t j = 0; j <= t; ++j) axpy(p[j], base + j * C3 + 2 * d.C + h * d.D, o, d.D);
-      }
-    }
+  check_dtype("attention_forward", "out", out, qkv.dtype());
+  dispatch_storage(qkv.dtype(), "attention_forward", [&](auto tag) {
+    using S = decltype(tag);
+    dispatch_probs<S>("attention_forward", probs, [&](auto ptag) {
+      using P = decltype(ptag);
+      attention_forward_impl(d, qkv.data<S>(), out.data<S>(), probs.data<P>());
+    });
   });
 }
 
@@ -92,45 +280,133 @@ void attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dou
   check_same_shape("attention_backward", dqkv, qkv);
   check_shape("attention_backward", "dout", dout, {d.B, d.T, d.C});
   check_shape("attention_backward", "probs", probs, {d.B, d.H, d.T, d.T});
-  dispatch_float(qkv.dtype(), "attention_backward", [&](auto tag) {
-    using T = decltype(tag);
-    const T* pqkv = qkv.data<T>();
-    const T* pdo = dout.data<T>();
-    const T* pp = probs.data<T>();
-    T* pd = dqkv.data<T>();
-    const T scale = T(1.0 / std::sqrt(double(d.D)));
-    const int64_t C3 = 3 * d.C;
+  check_dtype("attention_backward", "dqkv", dqkv, qkv.dtype());
+  check_dtype("attention_backward", "dout", dout, qkv.dtype());
+  dispatch_storage(qkv.dtype(), "attention_backward", [&](auto tag) {
+    using S = decltype(tag);
+    dispatch_probs<S>("attention_backward", probs, [&](auto ptag) {
+      using P = decltype(ptag);
+      attention_backward_impl(d, dqkv.data<S>(), dout.data<S>(), qkv.data<S>(), probs.data<P>());
+    });
+  });
+}
+
+// ---------------------------------------------------------------- flash-style pair
+//
+// Each query row's scores are computed into one row of scratch (O(T) per
+// thread), never stored: forward keeps lse_t = log sum_j exp(s_tj), and
+// backward recomputes p_tj = exp(s_tj - lse_t). With delta_t = dO_t . O_t
+// (= sum_j p_tj dP_tj), dS_tj = p_tj (dP_tj - delta_t), so backward needs one
+// pass over the keys per query and no row of probabilities.
+
+namespace {
+
+template <class S>
+void flash_forward_impl(const Dims& d, const S* pqkv, S* pout, compute_t<S>* plse) {
+  using T = compute_t<S>;
+  const T scale = T(1.0 / std::sqrt(double(d.D)));
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
-      int64_t b = bh / d.H, h = bh % d.H;
-      const T* base = pqkv + b * d.T * C3;
-      T* dbase = pd + b * d.T * C3;
-      for (int64_t t = 0; t < d.T; ++t)
-        for (int part = 0; part < 3; ++part) {
-          T* z = dbase + t * C3 + part * d.C + h * d.D;
-          std::fill(z, z + d.D, T(0));
-        }
-      T* dp = cpu::thread_scratch<T>(size_t(d.T));
-      for (int64_t t = 0; t < d.T; ++t) {
-        const T* p = pp + (bh * d.T + t) * d.T;
-        const T* dot_ = pdo + (b * d.T + t) * d.C + h * d.D;
-        const T* q = base + t * C3 + h * d.D;
-        T* dq = dbase + t * C3 + h * d.D;
-        // dP = dO V^T; dV += P^T dO
-        T s = 0;
-        for (int64_t j = 0; j <= t; ++j) {
-          dp[j] = dot(dot_, base + j * C3 + 2 * d.C + h * d.D, d.D);
-          s += p[j] * dp[j];
-          axpy(p[j], dot_, dbase + j * C3 + 2 * d.C + h * d.D, d.D);
-        }
-        // softmax backward: dS = P (dP - sum(P dP)); then dQ = dS K scale, dK += dS^T Q scale
-        for (int64_t j = 0; j <= t; ++j) {
-          T ds = p[j] * (dp[j] - s) * scale;
-          axpy(ds, base + j * C3 + d.C + h * d.D, dq, d.D);
-          axpy(ds, q, dbase + j * C3 + d.C + h * d.D, d.D);
-        }
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+    int64_t b = bh / d.H, h = bh % d.H;
+    T* scratch = task_scratch<T>(d, false);
+    Head<T> hd = head_of(d, pqkv, b, h, scratch);
+    T* s = scratch + 3 * d.T * d.D;  // the scores of one row (T), then an output row (D)
+    for (int64_t t = 0; t < d.T; ++t) {
+      const T* q = hd.q + t * hd.ld;
+      T mx = -INFINITY;
+      for (int64_t j = 0; j <= t; ++j) {
+        s[j] = scale * dot(q, hd.k + j * hd.ld, d.D);
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j <= t; ++j) {
+        s[j] = std::exp(s[j] - mx);
+        sum += s[j];
+      }
+      plse[bh * d.T + t] = T(double(mx) + std::log(sum));
+      const T inv = T(1.0 / sum);
+      S* orow = pout + (b * d.T + t) * d.C + h * d.D;
+      T* o;
+      if constexpr (is_16bit_v<S>) o = s + d.T;
+      else o = orow;
+      std::fill(o, o + d.D, T(0));
+      for (int64_t j = 0; j <= t; ++j) axpy(s[j] * inv, hd.v + j * hd.ld, o, d.D);
+      if constexpr (is_16bit_v<S>) cpu::store_row(o, orow, d.D);
+    }
+  }
+}
+
+template <class S>
+void flash_backward_impl(const Dims& d, S* pd, const S* pdo, const S* pqkv, const S* pout, const compute_t<S>* plse) {
+  using T = compute_t<S>;
+  const T scale = T(1.0 / std::sqrt(double(d.D)));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+    int64_t b = bh / d.H, h = bh % d.H;
+    T* scratch = task_scratch<T>(d, true);
+    Head<T> hd = head_of(d, pqkv, b, h, scratch);
+    HeadGrads<T> g = grads_of(d, pd, b, h, scratch + 3 * d.T * d.D);
+    T* do_scratch = scratch + 6 * d.T * d.D;
+    for (int64_t t = 0; t < d.T; ++t) {
+      const S* do_row = pdo + (b * d.T + t) * d.C + h * d.D;
+      const S* o_row = pout + (b * d.T + t) * d.C + h * d.D;
+      double delta = 0;  // dO_t . O_t, a row sum: double
+      for (int64_t c = 0; c < d.D; ++c) delta += double(load(do_row[c])) * double(load(o_row[c]));
+      const T* dot_;
+      if constexpr (is_16bit_v<S>) {
+        cpu::load_row(do_row, do_scratch, d.D);
+        dot_ = do_scratch;
+      } else {
+        dot_ = do_row;
+      }
+      const T* q = hd.q + t * hd.ld;
+      T* dq = g.dq + t * g.ld;
+      const T lse = plse[bh * d.T + t];
+      for (int64_t j = 0; j <= t; ++j) {
+        const T p = std::exp(scale * dot(q, hd.k + j * hd.ld, d.D) - lse);
+        const T dp = dot(dot_, hd.v + j * hd.ld, d.D);
+        axpy(p, dot_, g.dv + j * g.ld, d.D);
+        const T ds = T(p * (dp - delta) * scale);
+        axpy(ds, hd.k + j * hd.ld, dq, d.D);
+        axpy(ds, q, g.dk + j * g.ld, d.D);
       }
     }
+    store_grads(d, g, pd, b, h);
+  }
+}
+
+}  // namespace
+
+void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head) {
+  const char* op = "flash_attention_forward";
+  cpu::require_cpu(ctx, op);
+  Dims d = check_dims(op, qkv, n_head);
+  check_shape(op, "out", out, {d.B, d.T, d.C});
+  check_shape(op, "lse", lse, {d.B, d.H, d.T});
+  check_dtype(op, "out", out, qkv.dtype());
+  cpu::check_stat_dtype(op, "lse", lse, qkv.dtype());
+  dispatch_storage(qkv.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    flash_forward_impl(d, qkv.data<S>(), out.data<S>(), lse.data<compute_t<S>>());
+  });
+}
+
+void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
+                              const Tensor& out, const Tensor& lse, int n_head) {
+  const char* op = "flash_attention_backward";
+  cpu::require_cpu(ctx, op);
+  Dims d = check_dims(op, qkv, n_head);
+  check_same_shape(op, dqkv, qkv);
+  check_shape(op, "dout", dout, {d.B, d.T, d.C});
+  check_shape(op, "out", out, {d.B, d.T, d.C});
+  check_shape(op, "lse", lse, {d.B, d.H, d.T});
+  check_dtype(op, "dqkv", dqkv, qkv.dtype());
+  check_dtype(op, "dout", dout, qkv.dtype());
+  check_dtype(op, "out", out, qkv.dtype());
+  cpu::check_stat_dtype(op, "lse", lse, qkv.dtype());
+  dispatch_storage(qkv.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    flash_backward_impl(d, dqkv.data<S>(), dout.data<S>(), qkv.data<S>(), out.data<S>(), lse.data<compute_t<S>>());
   });
 }
 

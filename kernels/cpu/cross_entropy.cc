@@ -1,5 +1,7 @@
 // CPU softmax cross entropy fused with its gradient, and its three-phase
 // vocabulary-parallel form (max, sums, finish) for a shard of the columns.
+// 16-bit logits are widened to float; losses and row statistics are then F32
+// and each gradient element is rounded once, the target's included.
 #include "kernels/cross_entropy.h"
 
 #include <algorithm>
@@ -10,7 +12,31 @@
 
 namespace xirang {
 
-using cpu::dispatch_float;
+using cpu::compute_t;
+using cpu::dispatch_storage;
+using cpu::is_16bit_v;
+using cpu::load;
+using cpu::store;
+
+namespace {
+
+// dlogits row (n columns, may alias the logits row) = (softmax - onehot(t)) * dloss,
+// t < 0 when the row's target is elsewhere. F32 and F64 subtract dloss from the
+// stored target entry (as they always have); 16-bit forms the target's
+// value in double so that it too is rounded only once.
+template <class S>
+void softmax_gradient_row(const S* row, S* drow, int64_t n, int64_t t, double logz, double dloss) {
+  for (int64_t j = 0; j < n; ++j) {
+    double g = std::exp(double(load(row[j])) - logz) * dloss;
+    if constexpr (is_16bit_v<S>)
+      if (j == t) g -= dloss;
+    drow[j] = store<S>(g);
+  }
+  if constexpr (!is_16bit_v<S>)
+    if (t >= 0) drow[t] -= S(dloss);
+}
+
+}  // namespace
 
 void cross_entropy_forward_backward(const KernelContext& ctx, Tensor losses, Tensor dlogits, const Tensor& logits,
                                     const Tensor& targets, int64_t vocab_size, double dloss) {
@@ -22,31 +48,35 @@ void cross_entropy_forward_backward(const KernelContext& ctx, Tensor losses, Ten
   check_shape("cross_entropy", "targets", targets.flat(), {N});
   check_shape("cross_entropy", "losses", losses.flat(), {N});
   check_dtype("cross_entropy", "targets", targets, DType::I32);
-  if (dlogits.defined()) check_same_shape("cross_entropy", dlogits, logits);
+  cpu::check_stat_dtype("cross_entropy", "losses", losses, logits.dtype());
+  if (dlogits.defined()) {
+    check_same_shape("cross_entropy", dlogits, logits);
+    check_dtype("cross_entropy", "dlogits", dlogits, logits.dtype());
+  }
   const int32_t* tg = targets.data<int32_t>();
   for (int64_t i = 0; i < N; ++i)
     if (tg[i] < 0 || tg[i] >= vocab_size)
       fail(ErrorKind::Data, "cross_entropy: target ", tg[i], " at position ", i, " is outside [0, ", vocab_size, ")");
-  dispatch_float(logits.dtype(), "cross_entropy", [&](auto tag) {
-    using T = decltype(tag);
-    const T* pl = logits.data<T>();
+  dispatch_storage(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using S = decltype(tag);
+    using T = compute_t<S>;
+    const S* pl = logits.data<S>();
     T* pls = losses.data<T>();
-    T* pd = dlogits.defined() ? dlogits.data<T>() : nullptr;
+    S* pd = dlogits.defined() ? dlogits.data<S>() : nullptr;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
-      const T* row = pl + i * Vp;
-      T mx = row[0];
-      for (int64_t j = 1; j < vocab_size; ++j) mx = std::max(mx, row[j]);
+      const S* row = pl + i * Vp;
+      T mx = load(row[0]);
+      for (int64_t j = 1; j < vocab_size; ++j) mx = std::max(mx, load(row[j]));
       double sum = 0;
-      for (int64_t j = 0; j < vocab_size; ++j) sum += std::exp(double(row[j] - mx));
+      for (int64_t j = 0; j < vocab_size; ++j) sum += std::exp(double(load(row[j]) - mx));
       double logz = std::log(sum) + double(mx);
-      T target_logit = row[tg[i]];
+      T target_logit = load(row[tg[i]]);
       pls[i] = T(logz - double(target_logit));
       if (pd) {
-        T* drow = pd + i * Vp;  // may alias row: each element is read before it is written
-        for (int64_t j = 0; j < vocab_size; ++j) drow[j] = T(std::exp(double(row[j]) - logz) * dloss);
-        drow[tg[i]] -= T(dloss);
-        std::fill(drow + vocab_size, drow + Vp, T(0));
+        S* drow = pd + i * Vp;  // may alias row: each element is read before it is written
+        softmax_gradient_row(row, drow, vocab_size, tg[i], logz, dloss);
+        std::fill(drow + vocab_size, drow + Vp, S{});
       }
     }
   });
@@ -71,9 +101,10 @@ Tensor check_shard(const char* op, const Tensor& logits, int64_t vocab_begin, in
   return logits.flat2d();
 }
 
-void check_row_vector(const char* op, const char* what, const Tensor& t, int64_t N, DType dtype) {
+// A per-row statistic or loss beside logits of dtype s: F32 when s is 16-bit.
+void check_row_vector(const char* op, const char* what, const Tensor& t, int64_t N, DType s) {
   check_shape(op, what, t.flat(), {N});
-  check_dtype(op, what, t, dtype);
+  cpu::check_stat_dtype(op, what, t, s);
 }
 
 void check_targets(const char* op, const Tensor& targets, int64_t N, int64_t vocab_size) {
@@ -94,17 +125,18 @@ void cross_entropy_shard_max(const KernelContext& ctx, Tensor row_max, const Ten
   Tensor l2 = check_shard(op, logits, vocab_begin, vocab_size);
   const int64_t N = l2.size(0), Vs = l2.size(1), n_real = real_columns(vocab_begin, vocab_size, Vs);
   check_row_vector(op, "row_max", row_max, N, logits.dtype());
-  dispatch_float(logits.dtype(), op, [&](auto tag) {
-    using T = decltype(tag);
-    const T* pl = l2.data<T>();
+  dispatch_storage(logits.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    using T = compute_t<S>;
+    const S* pl = l2.data<S>();
     T* pm = row_max.data<T>();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
-      const T* row = pl + i * Vs;
+      const S* row = pl + i * Vs;
       // -inf is the identity of the Max all-reduce, so a shard without real
       // columns leaves the global max to the others.
       T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < n_real; ++j) mx = std::max(mx, row[j]);
+      for (int64_t j = 0; j < n_real; ++j) mx = std::max(mx, load(row[j]));
       pm[i] = mx;
     }
   });
@@ -118,26 +150,27 @@ void cross_entropy_shard_sums(const KernelContext& ctx, Tensor sums, const Tenso
   const int64_t N = l2.size(0), Vs = l2.size(1), n_real = real_columns(vocab_begin, vocab_size, Vs);
   check_row_vector(op, "row_max", row_max, N, logits.dtype());
   check_shape(op, "sums", sums, {N, 2});
-  check_dtype(op, "sums", sums, logits.dtype());
+  cpu::check_stat_dtype(op, "sums", sums, logits.dtype());
   check_targets(op, targets, N, vocab_size);
-  dispatch_float(logits.dtype(), op, [&](auto tag) {
-    using T = decltype(tag);
-    const T* pl = l2.data<T>();
+  dispatch_storage(logits.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    using T = compute_t<S>;
+    const S* pl = l2.data<S>();
     const T* pm = row_max.data<T>();
     const int32_t* tg = targets.data<int32_t>();
     T* ps = sums.data<T>();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
-      const T* row = pl + i * Vs;
+      const S* row = pl + i * Vs;
       const double mx = double(pm[i]);
       // Summed in double: a shard's partial sum is rounded to T once, when stored.
       double sum = 0;
-      for (int64_t j = 0; j < n_real; ++j) sum += std::exp(double(row[j]) - mx);
+      for (int64_t j = 0; j < n_real; ++j) sum += std::exp(double(load(row[j])) - mx);
       const int64_t t = int64_t(tg[i]) - vocab_begin;
       // The target logit travels in the Sum all-reduce: exactly one shard
       // holds the target, every other one contributes 0.
       ps[2 * i] = T(sum);
-      ps[2 * i + 1] = (t >= 0 && t < n_real) ? row[t] : T(0);
+      ps[2 * i + 1] = (t >= 0 && t < n_real) ? load(row[t]) : T(0);
     }
   });
 }
@@ -152,31 +185,31 @@ void cross_entropy_shard_finish(const KernelContext& ctx, Tensor losses, Tensor 
   check_row_vector(op, "row_max", row_max, N, logits.dtype());
   check_row_vector(op, "losses", losses, N, logits.dtype());
   check_shape(op, "sums", sums, {N, 2});
-  check_dtype(op, "sums", sums, logits.dtype());
+  cpu::check_stat_dtype(op, "sums", sums, logits.dtype());
   check_targets(op, targets, N, vocab_size);
   if (dlogits.defined()) {
     check_same_shape(op, dlogits, logits);
     check_dtype(op, "dlogits", dlogits, logits.dtype());
   }
-  dispatch_float(logits.dtype(), op, [&](auto tag) {
-    using T = decltype(tag);
-    const T* pl = l2.data<T>();
+  dispatch_storage(logits.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    using T = compute_t<S>;
+    const S* pl = l2.data<S>();
     const T* pm = row_max.data<T>();
     const T* ps = sums.data<T>();
     const int32_t* tg = targets.data<int32_t>();
     T* pls = losses.data<T>();
-    T* pd = dlogits.defined() ? dlogits.data<T>() : nullptr;
+    S* pd = dlogits.defined() ? dlogits.data<S>() : nullptr;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
       const double logz = std::log(double(ps[2 * i])) + double(pm[i]);
       pls[i] = T(logz - double(ps[2 * i + 1]));
       if (!pd) continue;
-      const T* row = pl + i * Vs;
-      T* drow = pd + i * Vs;  // may alias row: each element is read before it is written
-      for (int64_t j = 0; j < n_real; ++j) drow[j] = T(std::exp(double(row[j]) - logz) * dloss);
+      const S* row = pl + i * Vs;
+      S* drow = pd + i * Vs;  // may alias row: each element is read before it is written
       const int64_t t = int64_t(tg[i]) - vocab_begin;
-      if (t >= 0 && t < n_real) drow[t] -= T(dloss);
-      std::fill(drow + n_real, drow + Vs, T(0));
+      softmax_gradient_row(row, drow, n_real, (t >= 0 && t < n_real) ? t : -1, logz, dloss);
+      std::fill(drow + n_real, drow + Vs, S{});
     }
   });
 }

@@ -1,4 +1,6 @@
-// CPU elementwise ops, casts and reductions.
+// CPU elementwise ops, casts and reductions. Every op takes F32, F64, BF16
+// and F16; 16-bit values are widened to float, computed on and rounded once
+// when stored.
 #include "kernels/elementwise.h"
 
 #include <cmath>
@@ -8,7 +10,10 @@
 
 namespace xirang {
 
-using cpu::dispatch_float;
+using cpu::compute_t;
+using cpu::dispatch_storage;
+using cpu::load;
+using cpu::store;
 
 namespace {
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
@@ -18,14 +23,16 @@ void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x) {
   cpu::require_cpu(ctx, "gelu_forward");
   check_same_shape("gelu_forward", y, x);
   int64_t n = x.numel();
-  dispatch_float(x.dtype(), "gelu_forward", [&](auto tag) {
-    using T = decltype(tag);
-    const T* px = x.data<T>();
-    T* py = y.data<T>();
+  check_dtype("gelu_forward", "y", y, x.dtype());
+  dispatch_storage(x.dtype(), "gelu_forward", [&](auto tag) {
+    using S = decltype(tag);
+    using T = compute_t<S>;
+    const S* px = x.data<S>();
+    S* py = y.data<S>();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      T v = px[i];
-      py[i] = T(0.5) * v * (T(1) + std::tanh(T(kGeluC) * (v + T(0.044715) * v * v * v)));
+      T v = load(px[i]);
+      py[i] = store<S>(T(0.5) * v * (T(1) + std::tanh(T(kGeluC) * (v + T(0.044715) * v * v * v))));
     }
   });
 }
@@ -35,19 +42,22 @@ void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const 
   check_same_shape("gelu_backward", dx, x);
   check_same_shape("gelu_backward", dy, x);
   int64_t n = x.numel();
-  dispatch_float(x.dtype(), "gelu_backward", [&](auto tag) {
-    using T = decltype(tag);
-    const T* px = x.data<T>();
-    const T* pdy = dy.data<T>();
-    T* pdx = dx.data<T>();
+  check_dtype("gelu_backward", "dx", dx, x.dtype());
+  check_dtype("gelu_backward", "dy", dy, x.dtype());
+  dispatch_storage(x.dtype(), "gelu_backward", [&](auto tag) {
+    using S = decltype(tag);
+    using T = compute_t<S>;
+    const S* px = x.data<S>();
+    const S* pdy = dy.data<S>();
+    S* pdx = dx.data<S>();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      T v = px[i];
+      T v = load(px[i]);
       T u = T(kGeluC) * (v + T(0.044715) * v * v * v);
       T t = std::tanh(u);
       T du = T(kGeluC) * (T(1) + T(3 * 0.044715) * v * v);
       T grad = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du;
-      pdx[i] = pdy[i] * grad;
+      pdx[i] = store<S>(load(pdy[i]) * grad);
     }
   });
 }
@@ -62,13 +72,13 @@ void add_bias(const KernelContext& ctx, Tensor y, const Tensor& bias) {
   check_dtype("add_bias", "bias", bias, y.dtype());
   Tensor y2 = y.flat2d();
   const int64_t N = y2.size(0);
-  dispatch_float(y.dtype(), "add_bias", [&](auto tag) {
-    using T = decltype(tag);
-    const T* pb = bias.data<T>();
-    T* py = y2.data<T>();
+  dispatch_storage(y.dtype(), "add_bias", [&](auto tag) {
+    using S = decltype(tag);
+    const S* pb = bias.data<S>();
+    S* py = y2.data<S>();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i)
-      for (int64_t j = 0; j < C; ++j) py[i * C + j] += pb[j];
+      for (int64_t j = 0; j < C; ++j) py[i * C + j] = store<S>(load(py[i * C + j]) + load(pb[j]));
   });
 }
 
@@ -77,24 +87,28 @@ void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b)
   check_same_shape("add", out, a);
   check_same_shape("add", out, b);
   int64_t n = out.numel();
-  dispatch_float(out.dtype(), "add", [&](auto tag) {
-    using T = decltype(tag);
-    const T* pa = a.data<T>();
-    const T* pb = b.data<T>();
-    T* po = out.data<T>();
+  check_dtype("add", "a", a, out.dtype());
+  check_dtype("add", "b", b, out.dtype());
+  dispatch_storage(out.dtype(), "add", [&](auto tag) {
+    using S = decltype(tag);
+    const S* pa = a.data<S>();
+    const S* pb = b.data<S>();
+    S* po = out.data<S>();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
+    for (int64_t i = 0; i < n; ++i) po[i] = store<S>(load(pa[i]) + load(pb[i]));
   });
 }
 
 void scale(const KernelContext& ctx, Tensor x, double s) {
   cpu::require_cpu(ctx, "scale");
   int64_t n = x.numel();
-  dispatch_float(x.dtype(), "scale", [&](auto tag) {
-    using T = decltype(tag);
-    T* p = x.data<T>();
+  // The product is formed in double for every dtype (as F32 always has) and
+  // rounded once.
+  dispatch_storage(x.dtype(), "scale", [&](auto tag) {
+    using S = decltype(tag);
+    S* p = x.data<S>();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] = T(p[i] * s);
+    for (int64_t i = 0; i < n; ++i) p[i] = store<S>(load(p[i]) * s);
   });
 }
 
@@ -105,29 +119,10 @@ void zero(const KernelContext& ctx, Tensor x) {
 
 namespace {
 
+// Widened to double for cast and the reductions: exact for every float dtype.
 template <class T>
-double load(const T* p, int64_t i) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16_to_float(p[i]);
-  else if constexpr (std::is_same_v<T, f16>) return f16_to_float(p[i]);
-  else return double(p[i]);
-}
-
-template <class T>
-void store(T* p, int64_t i, double v) {
-  if constexpr (std::is_same_v<T, bf16>) p[i] = float_to_bf16(float(v));
-  else if constexpr (std::is_same_v<T, f16>) p[i] = float_to_f16(float(v));
-  else p[i] = T(v);
-}
-
-template <class F>
-void dispatch_storage(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::F32: f(float{}); break;
-    case DType::F64: f(double{}); break;
-    case DType::BF16: f(bf16{}); break;
-    case DType::F16: f(f16{}); break;
-    default: fail(ErrorKind::Shape, op, ": dtype ", dtype_name(t), " is not a float type");
-  }
+double load_double(const T* p, int64_t i) {
+  return double(cpu::load(p[i]));
 }
 
 }  // namespace
@@ -143,9 +138,10 @@ void cast(const KernelContext& ctx, Tensor out, const Tensor& in) {
       using O = decltype(out_tag);
       const I* pi = in.data<I>();
       O* po = out.data<O>();
-      // A double in between is exact for every pair, so f32 -> bf16 rounds once.
+      // A double in between is exact for every source, and store<O>(double)
+      // rounds once (f64 -> bf16 included).
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) store(po, i, load(pi, i));
+      for (int64_t i = 0; i < n; ++i) po[i] = store<O>(load_double(pi, i));
     });
   });
 }
@@ -161,7 +157,7 @@ double sum_squares(const KernelContext& ctx, const Tensor& x) {
     for (int64_t c = 0; c < cpu::kReduceChunks; ++c) {
       double s = 0;
       for (int64_t i = cpu::chunk_begin(n, c); i < cpu::chunk_begin(n, c + 1); ++i) {
-        double v = load(p, i);
+        double v = load_double(p, i);
         s += v * v;
       }
       part[c] = s;
@@ -180,7 +176,7 @@ bool all_finite(const KernelContext& ctx, const Tensor& x) {
     using T = decltype(tag);
     const T* p = x.data<T>();
 #pragma omp parallel for schedule(static) reduction(| : bad)
-    for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(load(p, i));
+    for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(load_double(p, i));
   });
   return !bad;
 }

@@ -1,6 +1,10 @@
 // CPU token + position embedding: the sharded pieces (lookup over a slice of
 // the vocabulary, positions over a run of rows) and embedding_forward/backward
 // as their composition on one rank.
+//
+// F32 and F64 gradients add row by row in place. With 16-bit activations the
+// backward passes sum each table row's contributions in double, in row order,
+// and round once into the gradient (16-bit or F32).
 #include "kernels/embedding.h"
 
 #include <algorithm>
@@ -9,7 +13,10 @@
 
 namespace xirang {
 
-using cpu::dispatch_float;
+using cpu::dispatch_storage;
+using cpu::is_16bit_v;
+using cpu::load;
+using cpu::store;
 
 namespace {
 
@@ -56,6 +63,67 @@ void check_positions(const char* op, const char* what, const Tensor& table, int6
          " positions of width ", C);
 }
 
+// Adds to one gradient row (C) the double sum of rows `idx[0..n)` of g, in
+// that order, rounding once per element.
+template <class E, class G>
+void add_rows_once(G* a, const E* g, const int64_t* idx, int64_t n, int64_t C, double* acc) {
+  std::fill(acc, acc + C, 0.0);
+  for (int64_t k = 0; k < n; ++k) {
+    const E* gi = g + idx[k] * C;
+    for (int64_t j = 0; j < C; ++j) acc[j] += load(gi[j]);
+  }
+  for (int64_t j = 0; j < C; ++j) a[j] = store<G>(double(load(a[j])) + acc[j]);
+}
+
+// 16-bit lookup backward: the rows of dout are grouped by the table row they
+// hit (a stable counting sort, so each group stays in row order), then each
+// table row is summed in double and rounded once. Parallel over table rows.
+template <class E, class G>
+void lookup_backward_grouped(const E* pd, const int32_t* tk, int64_t N, int64_t C, int64_t vocab_begin, int64_t Vs,
+                             G* pte) {
+  // start (Vs + 1): group offsets; order (N): dout rows by group; rows (<= N): the groups present.
+  int64_t* start = cpu::thread_scratch<int64_t, cpu::kScratchIndex>(size_t(Vs + 1 + 2 * N));
+  int64_t* order = start + Vs + 1;
+  int64_t* rows = order + N;
+  std::fill(start, start + Vs + 1, int64_t(0));
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t r = int64_t(tk[i]) - vocab_begin;
+    if (r >= 0 && r < Vs) ++start[r + 1];
+  }
+  int64_t n_rows = 0;
+  for (int64_t r = 0; r < Vs; ++r) {
+    if (start[r + 1] > 0) rows[n_rows++] = r;
+    start[r + 1] += start[r];
+  }
+  // Placing the rows moves start[r] from group r's beginning to its end.
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t r = int64_t(tk[i]) - vocab_begin;
+    if (r >= 0 && r < Vs) order[start[r]++] = i;
+  }
+#pragma omp parallel for schedule(dynamic, 8)
+  for (int64_t k = 0; k < n_rows; ++k) {
+    const int64_t r = rows[k];
+    const int64_t end = start[r], begin = r == 0 ? 0 : start[r - 1];
+    add_rows_once(pte + r * C, pd, order + begin, end - begin, C,
+                  cpu::thread_scratch<double, cpu::kScratchReduce>(size_t(C)));
+  }
+}
+
+// 16-bit positions backward: position p gets rows i = i0, i0 + seq_len, ...
+// with (row_offset + i0) % seq_len == p, summed in double in row order.
+template <class E, class G>
+void positions_backward_grouped(const E* pd, int64_t N, int64_t C, int64_t seq_len, int64_t row_offset, G* ppe) {
+  const int64_t P = std::min(N, seq_len);
+#pragma omp parallel for schedule(static)
+  for (int64_t i0 = 0; i0 < P; ++i0) {
+    int64_t* idx = cpu::thread_scratch<int64_t, cpu::kScratchIndex>(size_t(N / seq_len + 1));
+    int64_t n = 0;
+    for (int64_t i = i0; i < N; i += seq_len) idx[n++] = i;
+    add_rows_once(ppe + ((row_offset + i0) % seq_len) * C, pd, idx, n, C,
+                  cpu::thread_scratch<double, cpu::kScratchReduce>(size_t(C)));
+  }
+}
+
 }  // namespace
 
 void embedding_lookup(const KernelContext& ctx, Tensor out, const Tensor& tokens, const Tensor& wte,
@@ -68,7 +136,7 @@ void embedding_lookup(const KernelContext& ctx, Tensor out, const Tensor& tokens
   Tensor o2 = as_rows(op, "out", out, N, C);
   check_dtype(op, "out", out, wte.dtype());
   check_tokens(op, tokens, vocab_size);
-  dispatch_float(wte.dtype(), op, [&](auto tag) {
+  dispatch_storage(wte.dtype(), op, [&](auto tag) {
     using E = decltype(tag);
     const int32_t* tk = tokens.data<int32_t>();
     const E* pte = wte.data<E>();
@@ -80,7 +148,7 @@ void embedding_lookup(const KernelContext& ctx, Tensor out, const Tensor& tokens
       // A token of another shard contributes zero here; the tensor-parallel
       // all-reduce of the outputs then gives every row exactly one table row.
       if (r >= 0 && r < Vs) std::copy(pte + r * C, pte + (r + 1) * C, o);
-      else std::fill(o, o + C, E(0));
+      else std::fill(o, o + C, E{});
     }
   });
 }
@@ -93,22 +161,29 @@ void embedding_lookup_backward(const KernelContext& ctx, Tensor dwte, const Tens
   check_shard(op, vocab_begin, vocab_size);
   const int64_t N = tokens.numel(), Vs = dwte.size(0), C = dwte.size(1);
   Tensor d2 = as_rows(op, "dout", dout, N, C);
-  check_dtype(op, "dout", dout, dwte.dtype());
+  cpu::check_grad_dtype(op, "dwte", dwte, dout.dtype());
   check_tokens(op, tokens, vocab_size);
-  dispatch_float(dwte.dtype(), op, [&](auto tag) {
+  dispatch_storage(dout.dtype(), op, [&](auto tag) {
     using E = decltype(tag);
     const int32_t* tk = tokens.data<int32_t>();
     const E* pd = d2.data<E>();
-    E* pte = dwte.data<E>();
+    if constexpr (is_16bit_v<E>) {
+      cpu::dispatch_grad<E>(dwte.dtype(), [&](auto gtag) {
+        using G = decltype(gtag);
+        lookup_backward_grouped(pd, tk, N, C, vocab_begin, Vs, dwte.data<G>());
+      });
+    } else {
+      E* pte = dwte.data<E>();
 #pragma omp parallel for schedule(static)
-    for (int64_t j0 = 0; j0 < C; j0 += kColBlock) {
-      const int64_t j1 = std::min(C, j0 + kColBlock);
-      for (int64_t i = 0; i < N; ++i) {
-        int64_t r = int64_t(tk[i]) - vocab_begin;
-        if (r < 0 || r >= Vs) continue;  // another shard's token
-        const E* g = pd + i * C;
-        E* a = pte + r * C;
-        for (int64_t j = j0; j < j1; ++j) a[j] += g[j];
+      for (int64_t j0 = 0; j0 < C; j0 += kColBlock) {
+        const int64_t j1 = std::min(C, j0 + kColBlock);
+        for (int64_t i = 0; i < N; ++i) {
+          int64_t r = int64_t(tk[i]) - vocab_begin;
+          if (r < 0 || r >= Vs) continue;  // another shard's token
+          const E* g = pd + i * C;
+          E* a = pte + r * C;
+          for (int64_t j = j0; j < j1; ++j) a[j] += g[j];
+        }
       }
     }
   });
@@ -125,7 +200,7 @@ void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_
   check_dtype(op, "x", x, wpe.dtype());
   Tensor x2 = x.flat2d();
   const int64_t N = x2.size(0);
-  dispatch_float(wpe.dtype(), op, [&](auto tag) {
+  dispatch_storage(wpe.dtype(), op, [&](auto tag) {
     using E = decltype(tag);
     const E* ppe = wpe.data<E>();
     E* px = x2.data<E>();
@@ -133,7 +208,7 @@ void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_
     for (int64_t i = 0; i < N; ++i) {
       const E* p = ppe + ((row_offset + i) % seq_len) * C;
       E* o = px + i * C;
-      for (int64_t j = 0; j < C; ++j) o[j] += p[j];
+      for (int64_t j = 0; j < C; ++j) o[j] = store<E>(load(o[j]) + load(p[j]));
     }
   });
 }
@@ -147,22 +222,29 @@ void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor&
   if (dx.rank() < 1 || dx.size(-1) != C)
     fail(ErrorKind::Shape, op, ": dx ", dx.shape().str(), " does not have rows of width ", C);
   check_positions(op, "dwpe", dwpe, C, seq_len, row_offset);
-  check_dtype(op, "dx", dx, dwpe.dtype());
+  cpu::check_grad_dtype(op, "dwpe", dwpe, dx.dtype());
   Tensor d2 = dx.flat2d();
   const int64_t N = d2.size(0);
-  dispatch_float(dwpe.dtype(), op, [&](auto tag) {
+  dispatch_storage(dx.dtype(), op, [&](auto tag) {
     using E = decltype(tag);
     const E* pd = d2.data<E>();
-    E* ppe = dwpe.data<E>();
-    // Several rows share a position when the run spans more than one
-    // sequence: same column-block scheme as the lookup backward.
+    if constexpr (is_16bit_v<E>) {
+      cpu::dispatch_grad<E>(dwpe.dtype(), [&](auto gtag) {
+        using G = decltype(gtag);
+        positions_backward_grouped(pd, N, C, seq_len, row_offset, dwpe.data<G>());
+      });
+    } else {
+      E* ppe = dwpe.data<E>();
+      // Several rows share a position when the run spans more than one
+      // sequence: same column-block scheme as the lookup backward.
 #pragma omp parallel for schedule(static)
-    for (int64_t j0 = 0; j0 < C; j0 += kColBlock) {
-      const int64_t j1 = std::min(C, j0 + kColBlock);
-      for (int64_t i = 0; i < N; ++i) {
-        const E* g = pd + i * C;
-        E* p = ppe + ((row_offset + i) % seq_len) * C;
-        for (int64_t j = j0; j < j1; ++j) p[j] += g[j];
+      for (int64_t j0 = 0; j0 < C; j0 += kColBlock) {
+        const int64_t j1 = std::min(C, j0 + kColBlock);
+        for (int64_t i = 0; i < N; ++i) {
+          const E* g = pd + i * C;
+          E* p = ppe + ((row_offset + i) % seq_len) * C;
+          for (int64_t j = j0; j < j1; ++j) p[j] += g[j];
+        }
       }
     }
   });
@@ -199,8 +281,8 @@ void embedding_backward(const KernelContext& ctx, Tensor dwte, Tensor dwpe, cons
   check_shape("embedding_backward", "dout", dout, {B, T, C});
   if (dwpe.rank() != 2 || dwpe.size(0) < T || dwpe.size(1) != C)
     fail(ErrorKind::Shape, "embedding_backward: dwpe ", dwpe.shape().str(), " cannot cover ", T, " positions of width ", C);
-  check_dtype("embedding_backward", "dwpe", dwpe, dwte.dtype());
-  check_dtype("embedding_backward", "dout", dout, dwte.dtype());
+  cpu::check_grad_dtype("embedding_backward", "dwte", dwte, dout.dtype());
+  cpu::check_grad_dtype("embedding_backward", "dwpe", dwpe, dout.dtype());
   check_tokens("embedding_backward", tokens, V);
   if (B * T == 0) return;
   Tensor rows = dout.view({B * T, C});

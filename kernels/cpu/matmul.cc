@@ -1,13 +1,23 @@
-// CPU matrix products through CBLAS (OpenBLAS).
+// CPU matrix products through CBLAS (OpenBLAS). F32 and F64 call sgemm and
+// dgemm on the tensors; BF16 and F16 convert tiles of the operands to float
+// scratch, call sgemm and round each result once when storing it.
 #include "kernels/matmul.h"
 
 #include <cblas.h>
 
+#include <algorithm>
+
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/gemm_16bit.h"
+#include "kernels/elementwise.h"
 
 namespace xirang {
 
-using cpu::dispatch_float;
+using cpu::compute_t;
+using cpu::dispatch_storage;
+using cpu::GemmTiles;
+using cpu::gemm_16bit;
+using cpu::is_16bit_v;
 
 namespace {
 
@@ -40,9 +50,14 @@ void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor&
   check_dtype("matmul", "a", a, out.dtype());
   check_dtype("matmul", "b", b, out.dtype());
   if (M == 0 || N == 0) return;
-  dispatch_float(out.dtype(), "matmul", [&](auto tag) {
-    using T = decltype(tag);
-    gemm<T>(trans_a, trans_b, M, N, K, T(alpha), a.data<T>(), a.size(1), b.data<T>(), b.size(1), T(beta), out.data<T>(), N);
+  dispatch_storage(out.dtype(), "matmul", [&](auto tag) {
+    using S = decltype(tag);
+    if constexpr (is_16bit_v<S>)
+      gemm_16bit<S, S>(trans_a, trans_b, M, N, K, float(alpha), a.data<S>(), a.size(1), b.data<S>(), b.size(1),
+                       float(beta), out.data<S>(), N, nullptr, GemmTiles::for_shape(M, N, K));
+    else
+      gemm<S>(trans_a, trans_b, M, N, K, S(alpha), a.data<S>(), a.size(1), b.data<S>(), b.size(1), S(beta),
+              out.data<S>(), N);
   });
 }
 
@@ -54,51 +69,119 @@ void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const T
   if (w.size(1) != in)
     fail(ErrorKind::Shape, "linear_forward: x has ", in, " features but w ", w.shape().str(), " expects ", w.size(1));
   check_shape("linear_forward", "y", y, {N, out});
-  if (bias.defined()) check_shape("linear_forward", "bias", bias, {out});
-  dispatch_float(y.dtype(), "linear_forward", [&](auto tag) {
+  check_dtype("linear_forward", "x", x, y.dtype());
+  check_dtype("linear_forward", "w", w, y.dtype());
+  if (bias.defined()) {
+    check_shape("linear_forward", "bias", bias, {out});
+    check_dtype("linear_forward", "bias", bias, y.dtype());
+  }
+  dispatch_storage(y.dtype(), "linear_forward", [&](auto tag) {
     using T = decltype(tag);
-    T* py = y.data<T>();
-    T beta = 0;
-    if (bias.defined()) {
-      const T* pb = bias.data<T>();
+    if constexpr (is_16bit_v<T>) {
+      gemm_16bit<T, T>(false, true, N, out, in, 1.0f, x.data<T>(), in, w.data<T>(), in, 0.0f, y.data<T>(), out,
+                       bias.defined() ? bias.data<T>() : nullptr, GemmTiles::for_shape(N, out, in));
+    } else {
+      T* py = y.data<T>();
+      T beta = 0;
+      if (bias.defined()) {
+        const T* pb = bias.data<T>();
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < N; ++i)
-        for (int64_t j = 0; j < out; ++j) py[i * out + j] = pb[j];
-      beta = 1;
+        for (int64_t i = 0; i < N; ++i)
+          for (int64_t j = 0; j < out; ++j) py[i * out + j] = pb[j];
+        beta = 1;
+      }
+      gemm<T>(false, true, N, out, in, T(1), x.data<T>(), in, w.data<T>(), in, beta, py, out);
     }
-    gemm<T>(false, true, N, out, in, T(1), x.data<T>(), in, w.data<T>(), in, beta, py, out);
   });
 }
 
+namespace {
+
+// dbias (out) += column sums of dy (N, out). Parallel over columns, rows in
+// order, sums in double, so the result is deterministic. F32 and F64 add the
+// sum rounded to their type (as they always have); the 16-bit paths add in
+// double and round once.
+template <class S, class G>
+void add_column_sums(const S* pdy, int64_t N, int64_t out, G* pdb) {
+#pragma omp parallel for schedule(static)
+  for (int64_t j0 = 0; j0 < out; j0 += 64) {
+    int64_t j1 = std::min(out, j0 + 64);
+    double acc[64] = {};
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = j0; j < j1; ++j) acc[j - j0] += cpu::load(pdy[i * out + j]);
+    for (int64_t j = j0; j < j1; ++j) {
+      if constexpr (is_16bit_v<S>) pdb[j] = cpu::store<G>(double(cpu::load(pdb[j])) + acc[j - j0]);
+      else pdb[j] += G(acc[j - j0]);
+    }
+  }
+}
+
+}  // namespace
+
 void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& w, GradMode dx_mode) {
-  cpu::require_cpu(ctx, "linear_backward");
+  const char* op = "linear_backward";
+  cpu::require_cpu(ctx, op);
   int64_t N = x.size(0), in = x.size(1), out = w.size(0);
-  check_shape("linear_backward", "dy", dy, {N, out});
-  check_shape("linear_backward", "w", w, {out, in});
-  check_shape("linear_backward", "dw", dw, {out, in});
-  if (dx.defined()) check_shape("linear_backward", "dx", dx, {N, in});
-  if (dbias.defined()) check_shape("linear_backward", "dbias", dbias, {out});
-  dispatch_float(dy.dtype(), "linear_backward", [&](auto tag) {
+  check_shape(op, "dy", dy, {N, out});
+  check_shape(op, "w", w, {out, in});
+  check_shape(op, "dw", dw, {out, in});
+  if (dx.defined()) check_shape(op, "dx", dx, {N, in});
+  if (dbias.defined()) check_shape(op, "dbias", dbias, {out});
+  const DType s = dy.dtype();
+  check_dtype(op, "x", x, s);
+  check_dtype(op, "w", w, s);
+  if (dx.defined()) check_dtype(op, "dx", dx, s);
+  cpu::check_grad_dtype(op, "dw", dw, s);
+  if (dbias.defined()) cpu::check_grad_dtype(op, "dbias", dbias, s);
+  dispatch_storage(s, op, [&](auto tag) {
     using T = decltype(tag);
     const T* pdy = dy.data<T>();
-    if (dx.defined())
-      gemm<T>(false, false, N, in, out, T(1), pdy, out, w.data<T>(), in, dx_mode == GradMode::Accumulate ? T(1) : T(0),
-              dx.data<T>(), in);
-    gemm<T>(true, false, out, in, N, T(1), pdy, out, x.data<T>(), in, T(1), dw.data<T>(), in);
-    if (dbias.defined()) {
-      T* pdb = dbias.data<T>();
-      // Column sums: parallel over columns, rows in order, so the result is deterministic.
-#pragma omp parallel for schedule(static)
-      for (int64_t j0 = 0; j0 < out; j0 += 64) {
-        int64_t j1 = std::min(out, j0 + 64);
-        double acc[64] = {};
-        for (int64_t i = 0; i < N; ++i)
-          for (int64_t j = j0; j < j1; ++j) acc[j - j0] += pdy[i * out + j];
-        for (int64_t j = j0; j < j1; ++j) pdb[j] += T(acc[j - j0]);
-      }
+    if constexpr (is_16bit_v<T>) {
+      if (dx.defined())
+        gemm_16bit<T, T>(false, false, N, in, out, 1.0f, pdy, out, w.data<T>(), in,
+                         dx_mode == GradMode::Accumulate ? 1.0f : 0.0f, dx.data<T>(), in, nullptr,
+                         GemmTiles::for_shape(N, in, out));
+      // An F32 dw is summed into in place (beta 1): no 16-bit rounding at all.
+      cpu::dispatch_grad<T>(dw.dtype(), [&](auto gtag) {
+        using G = decltype(gtag);
+        gemm_16bit<T, G>(true, false, out, in, N, 1.0f, pdy, out, x.data<T>(), in, 1.0f, dw.data<G>(), in, nullptr,
+                         GemmTiles::for_shape(out, in, N));
+      });
+    } else {
+      if (dx.defined())
+        gemm<T>(false, false, N, in, out, T(1), pdy, out, w.data<T>(), in, dx_mode == GradMode::Accumulate ? T(1) : T(0),
+                dx.data<T>(), in);
+      gemm<T>(true, false, out, in, N, T(1), pdy, out, x.data<T>(), in, T(1), dw.data<T>(), in);
     }
+    if (dbias.defined())
+      cpu::dispatch_grad<T>(dbias.dtype(), [&](auto gtag) {
+        using G = decltype(gtag);
+        add_column_sums(pdy, N, out, dbias.data<G>());
+      });
   });
+}
+
+// On the CPU the fused pairs run their two halves back to back: the GEMM
+// dominates, and the results equal the unfused composition bit for bit.
+void linear_gelu_forward(const KernelContext& ctx, Tensor y, Tensor pre, const Tensor& x, const Tensor& w,
+                         const Tensor& bias) {
+  cpu::require_cpu(ctx, "linear_gelu_forward");
+  check_same_shape("linear_gelu_forward", y, pre);
+  check_dtype("linear_gelu_forward", "y", y, pre.dtype());
+  linear_forward(ctx, pre, x, w, bias);
+  gelu_forward(ctx, y, pre);
+}
+
+void linear_gelu_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, Tensor dpre, const Tensor& dy,
+                          const Tensor& pre, const Tensor& x, const Tensor& w, GradMode dx_mode) {
+  cpu::require_cpu(ctx, "linear_gelu_backward");
+  check_same_shape("linear_gelu_backward", dpre, pre);
+  check_same_shape("linear_gelu_backward", dy, pre);
+  check_dtype("linear_gelu_backward", "dpre", dpre, pre.dtype());
+  check_dtype("linear_gelu_backward", "dy", dy, pre.dtype());
+  gelu_backward(ctx, dpre, dy, pre);
+  linear_backward(ctx, dx, dw, dbias, dpre, x, w, dx_mode);
 }
 
 }  // namespace xirang

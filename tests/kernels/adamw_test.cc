@@ -1,5 +1,6 @@
 // Tests for kernels/adamw.h against the float64 reference, over several
-// steps with weight decay and a gradient scale != 1.
+// steps with weight decay and a gradient scale != 1, and the 16-bit (or F32)
+// model copy written in the same pass.
 //
 // fp32 tolerance: 1e-5 of max(1, max|ref|). The update is elementwise (no
 // reductions): about 15 fp32 roundings per element per step, over 5 steps,
@@ -8,6 +9,7 @@
 // step is lr * O(1) = 1e-2, so a wrong formula (no bias correction, decay
 // on the wrong term, scale applied twice) moves p by >= 1e-4.
 #include <cmath>
+#include <cstring>
 
 #include "kernels/adamw.h"
 #include "tests/kernels/reference.h"
@@ -110,6 +112,98 @@ TEST(AdamWClosedForm, ZeroBetasGiveSignUpdate) {
     ASSERT_NEAR(m[i], 3.0 * g[i], 1e-12) << i;
     ASSERT_NEAR(v[i], 9.0 * g[i] * g[i], 1e-11 * (1 + v[i])) << i;
   }
+}
+
+// ---------------------------------------------------------------- model copy
+
+// The stored value a model copy of dtype t must hold for master value x:
+// round to nearest even at t's precision (reference.h's rounding, not
+// core/dtype's conversions).
+double ref_copy_value(double x, DType t) {
+  switch (t) {
+    case DType::BF16: return ref_round_bf16(x);
+    case DType::F16: return ref_round_f16(x);
+    default: return double(float(x));
+  }
+}
+
+double read_copy(const std::vector<uint8_t>& buf, size_t i, DType t) {
+  switch (t) {
+    case DType::BF16: { bf16 x; std::memcpy(&x, &buf[i * 2], 2); return bf16_to_float(x); }
+    case DType::F16: { f16 x; std::memcpy(&x, &buf[i * 2], 2); return f16_to_float(x); }
+    default: { float x; std::memcpy(&x, &buf[i * 4], 4); return x; }
+  }
+}
+
+// With model_copy defined, the F32 master, m and v are updated exactly as
+// without it (bitwise), and the copy holds each updated master value rounded
+// once to its dtype (bitwise: a conversion is one correctly rounded
+// operation). Masters lie in +-[2^-6, 2^2], inside f16's normal range, and
+// the copy buffer starts as garbage, so an element left unwritten shows.
+TEST(AdamWModelCopy, CopyIsTheRoundedUpdatedMaster) {
+  KernelContext ctx;
+  const int64_t n = kRows * kCols;
+  Vec mag = randu(n, 641, -6.0, 2.0), sign = randn(n, 642);
+  Vec p0(n);
+  for (int64_t i = 0; i < n; ++i) p0[i] = std::copysign(std::exp2(mag[i]), sign[i]);
+  const auto g = cast_vec<bf16>(randn(n, 643));
+  const auto m0 = cast_vec<float>(randn(n, 644, 0.1));
+  Vec vv = randn(n, 645, 0.1);
+  for (double& x : vv) x *= x;
+  const auto v0 = cast_vec<float>(vv);
+  for (int64_t step : {int64_t(1), int64_t(9)}) {
+    // The update without a copy, for comparison.
+    auto p_plain = cast_vec<float>(p0), m_plain = m0, v_plain = v0;
+    adamw_update(ctx, view(p_plain, {n}), Tensor(const_cast<bf16*>(g.data()), {n}, DType::BF16), view(m_plain, {n}),
+                 view(v_plain, {n}), make_step(step));
+    for (DType t : {DType::BF16, DType::F16, DType::F32}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << " copy, step " << step);
+      auto p = cast_vec<float>(p0), m = m0, v = v0;
+      std::vector<uint8_t> copy(size_t(n) * dtype_size(t), 0xA5);
+      adamw_update(ctx, view(p, {kRows, kCols}), Tensor(const_cast<bf16*>(g.data()), {kRows, kCols}, DType::BF16),
+                   view(m, {kRows, kCols}), view(v, {kRows, kCols}), make_step(step),
+                   Tensor(copy.data(), {kRows, kCols}, t));
+      EXPECT_EQ(p, p_plain) << "master";
+      EXPECT_EQ(m, m_plain) << "m";
+      EXPECT_EQ(v, v_plain) << "v";
+      int bad = 0;
+      for (int64_t i = 0; i < n && bad < 5; ++i)
+        if (read_copy(copy, size_t(i), t) != ref_copy_value(p[i], t))
+          ++bad, ADD_FAILURE() << "copy[" << i << "] = " << read_copy(copy, size_t(i), t) << " for master " << p[i]
+                               << ", expected " << ref_copy_value(p[i], t);
+    }
+  }
+}
+
+// The copy may alias the F32 master itself (a model that computes in F32
+// with the master as its weights): the update is then unchanged.
+TEST(AdamWModelCopy, F32CopyAliasingTheMaster) {
+  KernelContext ctx;
+  const int64_t n = 301;
+  auto p = cast_vec<float>(randn(n, 651)), g = cast_vec<float>(randn(n, 652));
+  auto m = cast_vec<float>(randn(n, 653, 0.1)), v = cast_vec<float>(randu(n, 654, 0.01, 0.1));
+  auto p2 = p, m2 = m, v2 = v;
+  adamw_update(ctx, view(p, {n}), view(g, {n}), view(m, {n}), view(v, {n}), make_step(2), view(p, {n}));
+  adamw_update(ctx, view(p2, {n}), view(g, {n}), view(m2, {n}), view(v2, {n}), make_step(2));
+  EXPECT_EQ(p, p2);
+}
+
+TEST(AdamWModelCopy, RejectsWrongCopies) {
+  KernelContext ctx;
+  std::vector<float> p(12), g(12), m(12), v(12);
+  std::vector<bf16> copy11(11), copy12(12);
+  std::vector<double> copy64(12), p64(12), g64(12), m64(12), v64(12);
+  expect_error([&] {
+    adamw_update(ctx, view(p, {12}), view(g, {12}), view(m, {12}), view(v, {12}), make_step(1), view(copy11, {11}));
+  }, ErrorKind::Shape, {"adamw_update", "model_copy"});
+  expect_error([&] {
+    adamw_update(ctx, view(p, {12}), view(g, {12}), view(m, {12}), view(v, {12}), make_step(1), view(copy64, {12}));
+  }, ErrorKind::Shape, {"adamw_update", "model_copy"});
+  // A 16-bit copy is made from an F32 master, not an F64 one.
+  expect_error([&] {
+    adamw_update(ctx, view(p64, {12}), view(g64, {12}), view(m64, {12}), view(v64, {12}), make_step(1),
+                 view(copy12, {12}));
+  }, ErrorKind::Shape, {"adamw_update", "f32 master"});
 }
 
 TEST(AdamWErrors, GradShapeMismatchNamesTheOp) {

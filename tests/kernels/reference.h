@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -63,13 +64,51 @@ inline std::vector<int32_t> rand_int(size_t n, uint64_t seed, int32_t lo, int32_
 
 // ---------------------------------------------------------------- storage
 template <class T>
+constexpr bool is_16bit_v = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+// Values stored as T (16-bit types through core/dtype's rounding: the tests
+// only need inputs the kernel can hold; references then read them back).
+template <class T>
 std::vector<T> cast_vec(const Vec& v) {
-  return std::vector<T>(v.begin(), v.end());
+  if constexpr (std::is_same_v<T, bf16>) {
+    std::vector<T> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = float_to_bf16(float(v[i]));
+    return r;
+  } else if constexpr (std::is_same_v<T, f16>) {
+    std::vector<T> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = float_to_f16(float(v[i]));
+    return r;
+  } else {
+    return std::vector<T>(v.begin(), v.end());
+  }
 }
+
+inline double as_double(bf16 x) { return bf16_to_float(x); }
+inline double as_double(f16 x) { return f16_to_float(x); }
+inline double as_double(float x) { return x; }
+inline double as_double(double x) { return x; }
 
 template <class T>
 Vec to_f64(const std::vector<T>& v) {
-  return Vec(v.begin(), v.end());
+  Vec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = as_double(v[i]);
+  return r;
+}
+
+// v rounded to T and read back: the exact values a kernel sees as inputs.
+template <class T>
+Vec rounded(const Vec& v) {
+  return to_f64(cast_vec<T>(v));
+}
+
+// Unit roundoff of a stored T: rounding to nearest changes a value by at
+// most u |x|, u = 2^-p for p significant bits (bf16 8, f16 11, f32 24).
+template <class T>
+constexpr double unit_roundoff() {
+  if constexpr (std::is_same_v<T, bf16>) return 0x1p-8;
+  else if constexpr (std::is_same_v<T, f16>) return 0x1p-11;
+  else if constexpr (std::is_same_v<T, float>) return 0x1p-24;
+  else return 0x1p-53;
 }
 
 // A Tensor over a vector; the element count must match the shape.
@@ -98,12 +137,13 @@ void expect_near(const std::vector<T>& got, const Vec& ref, double rel, const st
   double worst = 0;
   size_t at = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
-    double e = std::fabs(double(got[i]) - ref[i]);
+    double e = std::fabs(as_double(got[i]) - ref[i]);
     if (std::isnan(e)) e = std::numeric_limits<double>::infinity();
     if (e > worst) worst = e, at = i;
   }
-  EXPECT_LE(worst, rel * scale) << what << ": worst element [" << at << "] got " << double(got[at]) << ", reference "
-                                << ref[at] << " (scale " << scale << ", tolerance " << rel * scale << ")";
+  EXPECT_LE(worst, rel * scale) << what << ": worst element [" << at << "] got " << as_double(got[at])
+                                << ", reference " << ref[at] << " (scale " << scale << ", tolerance " << rel * scale
+                                << ")";
 }
 
 inline Vec plus(const Vec& a, const Vec& b) {
@@ -416,6 +456,36 @@ inline double ref_round_bits(double x, int bits) {
 }
 inline double ref_round_bf16(double x) { return ref_round_bits(double(float(x)), 8); }
 inline double ref_round_f16(double x) { return ref_round_bits(double(float(x)), 11); }  // |x| in [2^-14, 65504]
+
+// A 16-bit output computed in float (or double) from exact inputs and
+// rounded once equals the reference rounded to S, except where the reference
+// lies within the float error of a rounding boundary: a fraction of about
+// (float error) / (16-bit spacing), well under 1% for the sizes here. Rounding
+// twice, or accumulating in 16 bits, misses far more often. Elements below
+// f16's normal range (2^-14) are not counted.
+template <class S>
+void expect_mostly_rounded(const std::vector<S>& got, const Vec& ref, double min_fraction, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  size_t counted = 0, exact = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::fabs(ref[i]) < 0x1p-14) continue;
+    ++counted;
+    double want = std::is_same_v<S, bf16> ? ref_round_bf16(ref[i]) : ref_round_f16(ref[i]);
+    exact += as_double(got[i]) == want;
+  }
+  ASSERT_GT(counted, 0u) << what;
+  EXPECT_GE(double(exact) / double(counted), min_fraction)
+      << what << ": " << exact << " of " << counted << " elements are the reference rounded to "
+      << (std::is_same_v<S, bf16> ? "bf16" : "f16");
+}
+
+// Reinterpreted bytes, for bitwise comparisons of any storage type.
+template <class T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
 
 // y (N, C) + bias (C) on every row.
 inline Vec ref_add_bias(const Vec& y, const Vec& bias, int64_t N, int64_t C) {
