@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/clock.h"
+#include "core/device_memory.h"
 #include "core/rng.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -124,7 +125,7 @@ void GPT2::layout_activations(Arena& acts) {
       a.ln1_mean = W({R}, "ln_1 mean");
       a.ln1_rstd = W({R}, "ln_1 rstd");
       a.qkv = A({B, T, 3 * Cp}, "qkv");
-      a.probs = A({B, Hp, T, T}, "attention probabilities");
+      a.lse = W({B, Hp, T}, "attention log-sum-exp");
       a.atty = A({B, T, Cp}, "attention output");
       a.res2 = A({R, C}, "residual 2");
       a.ln2 = A({N, C}, "ln_2 output");
@@ -177,33 +178,41 @@ void GPT2::init_parameters(uint64_t seed) {
     // Padding rows of the token embedding stay zero: no token selects them and their logits are ignored.
     const int64_t limit = nm == "wte.weight" ? int64_t(shape_.vocab_size) * shape_.d_model : p.shard.global.numel();
     const Shape local = p.value.shape();
+    // Device parameters are filled on the host and copied over.
+    std::vector<char> staging;
+    Tensor dst = p.value;
+    if (dst.device() != Device::CPU) {
+      staging.resize(dst.bytes());
+      dst = Tensor(staging.data(), local, dtype_);
+    }
     auto value_at = [&](int64_t i) {
       const int64_t g = p.shard.global_index(local, i);
       return kind == Zero ? 0.0 : kind == One ? 1.0 : (g < limit ? sd * rng_normal(seed, stream, uint64_t(g)) : 0.0);
     };
     switch (dtype_) {
       case DType::F32: {
-        float* v = p.value.data<float>();
+        float* v = dst.data<float>();
         for (int64_t i = 0; i < n; ++i) v[i] = float(value_at(i));
         break;
       }
       case DType::F64: {
-        double* v = p.value.data<double>();
+        double* v = dst.data<double>();
         for (int64_t i = 0; i < n; ++i) v[i] = value_at(i);
         break;
       }
       case DType::BF16: {
-        bf16* v = p.value.data<bf16>();
+        bf16* v = dst.data<bf16>();
         for (int64_t i = 0; i < n; ++i) v[i] = float_to_bf16(float(value_at(i)));
         break;
       }
       case DType::F16: {
-        f16* v = p.value.data<f16>();
+        f16* v = dst.data<f16>();
         for (int64_t i = 0; i < n; ++i) v[i] = float_to_f16(float(value_at(i)));
         break;
       }
       default: fail(ErrorKind::Internal, "init_parameters: unsupported model dtype ", dtype_name(dtype_));
     }
+    if (dst.raw() != p.value.raw()) copy_tensor(p.value, dst);
   }
 }
 
@@ -275,11 +284,16 @@ void GPT2::block_forward(const KernelContext& ctx, int l, const Tensor& x, Block
   };
   norm_to_full(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, *p.ln1_w, *p.ln1_b);
   linear_forward(ctx, a.qkv.flat2d(), a.ln1, p.qkv_w->value, p.qkv_b->value);
-  attention_forward(ctx, a.atty, a.probs, a.qkv, shape_.n_head / tp_size_);
-  row_parallel(a.res2, a.atty.flat2d(), *p.attn_w, *p.attn_b, x);
-  norm_to_full(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, *p.ln2_w, *p.ln2_b);
-  linear_forward(ctx, a.fch, a.ln2, p.fc_w->value, p.fc_b->value);
-  gelu_forward(ctx, a.fch_gelu, a.fch);
+  flash_attention_forward(ctx, a.atty, a.lse, a.qkv, shape_.n_head / tp_size_);
+  if (split) {
+    row_parallel(a.res2, a.atty.flat2d(), *p.attn_w, *p.attn_b, x);
+    norm_to_full(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, *p.ln2_w, *p.ln2_b);
+  } else {
+    // One rank: the bias rides on the product, the residual add on the LayerNorm.
+    linear_forward(ctx, a.res2, a.atty.flat2d(), p.attn_w->value, p.attn_b->value);
+    residual_layernorm_forward(ctx, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, x, p.ln2_w->value, p.ln2_b->value);
+  }
+  linear_gelu_forward(ctx, a.fch_gelu, a.fch, a.ln2, p.fc_w->value, p.fc_b->value);
   row_parallel(a.res3, a.fch_gelu, *p.proj_w, *p.proj_b, a.res2);
 }
 
@@ -297,12 +311,19 @@ double GPT2::head_loss(const KernelContext& ctx, SlotActs& s, const Tensor& targ
     tp_all_reduce(ce_sums_, ReduceOp::Sum);
     cross_entropy_shard_finish(ctx, s.losses, dlogits, s.logits, tg, ce_max_, ce_sums_, vb, shape_.vocab_size, dloss);
   }
+  Tensor losses = s.losses;
+  if (losses.device() != Device::CPU) {  // the one device-to-host copy of a forward (N values)
+    loss_host_.resize(losses.bytes());
+    Tensor host(loss_host_.data(), losses.shape(), losses.dtype());
+    copy_tensor(host, losses, ctx.cuda_stream, true);
+    losses = host;
+  }
   double sum = 0;
   if (wide_dtype_ == DType::F32) {
-    const float* pl = s.losses.data<float>();
+    const float* pl = losses.data<float>();
     for (int64_t i = 0; i < rows_; ++i) sum += pl[i];
   } else {
-    const double* pl = s.losses.data<double>();
+    const double* pl = losses.data<double>();
     for (int64_t i = 0; i < rows_; ++i) sum += pl[i];
   }
   return sum / double(rows_);
@@ -355,15 +376,15 @@ void GPT2::block_backward(const KernelContext& ctx, int l, const Tensor& x, Bloc
 
   Tensor dy = full_rows(d_res_);
   linear_backward(ctx, d4, p.proj_w->grad, p.proj_b->grad, dy, a.fch_gelu, p.proj_w->value, GradMode::Overwrite);
-  gelu_backward(ctx, d4, d4, a.fch);
-  linear_backward(ctx, partial_, p.fc_w->grad, p.fc_b->grad, d4, a.ln2, p.fc_w->value, GradMode::Overwrite);
+  linear_gelu_backward(ctx, partial_, p.fc_w->grad, p.fc_b->grad, d4, d4, a.fch, a.ln2, p.fc_w->value,
+                       GradMode::Overwrite);
   layernorm_backward(ctx, d_res_, p.ln2_w->grad, p.ln2_b->grad, column_input_grad(), a.res2, p.ln2_w->value,
                      a.ln2_mean, a.ln2_rstd, GradMode::Accumulate);
 
   dy = full_rows(d_res_);
   linear_backward(ctx, datty, p.attn_w->grad, p.attn_b->grad, dy, a.atty.flat2d(), p.attn_w->value,
                   GradMode::Overwrite);
-  attention_backward(ctx, dqkv, datty.view(a.atty.shape()), a.qkv, a.probs, shape_.n_head / tp_size_);
+  flash_attention_backward(ctx, dqkv, datty.view(a.atty.shape()), a.qkv, a.atty, a.lse, shape_.n_head / tp_size_);
   linear_backward(ctx, partial_, p.qkv_w->grad, p.qkv_b->grad, dqkv.flat2d(), a.ln1, p.qkv_w->value,
                   GradMode::Overwrite);
   layernorm_backward(ctx, d_res_, p.ln1_w->grad, p.ln1_b->grad, column_input_grad(), x, p.ln1_w->value, a.ln1_mean,
@@ -402,7 +423,7 @@ void GPT2::backward(const KernelContext& ctx, int slot, const Tensor& tokens, Gr
     ready(shape_.n_layer);
   } else {
     check_shape("GPT2::backward", "output_grad", output_grad, d_res_.shape());
-    std::memcpy(d_res_.raw(), output_grad.raw(), d_res_.bytes());
+    copy_tensor(d_res_, output_grad, ctx.cuda_stream, false);  // in stream order on a device
   }
   for (int l = int(blocks_.size()) - 1; l >= 0; --l) {
     const Tensor& x = l == 0 ? s.input : s.blocks[size_t(l - 1)].res3;

@@ -171,11 +171,11 @@ class GPT2 {
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd;  // (N, C) gathered, (R), (R)
     Tensor qkv;                      // (B, T, 3C/P)
-    Tensor probs;                    // (B, H/P, T, T)
+    Tensor lse;                      // (B, H/P, T) attention log-sum-exp (flash attention)
     Tensor atty;                     // (B, T, C/P) attention output before projection
     Tensor res2;                     // (R, C) residual after attention
     Tensor ln2, ln2_mean, ln2_rstd;  // (N, C) gathered, (R), (R)
-    Tensor fch, fch_gelu;            // (N, 4C/P)
+    Tensor fch, fch_gelu;            // (N, 4C/P) before and after GELU
     Tensor res3;                     // (R, C) block output
   };
   struct SlotActs {
@@ -221,6 +221,7 @@ class GPT2 {
   Tensor d_big_;    // (N, 4C/P) MLP hidden gradient; also attention output and qkv gradients
   Tensor ce_max_, ce_sums_;  // (N), (N, 2) vocabulary-parallel softmax statistics
   std::function<void(int)> grad_ready_;
+  std::vector<char> loss_host_;  // host copy of the per-token losses when they live on a device
   double tp_comm_ms_ = 0;
 };
 

@@ -10,15 +10,16 @@
 namespace xirang {
 
 GradSync::GradSync(std::vector<Parameter>& params, Communicator& dp, Communicator* tp, Communicator* pp,
-                   GradSyncOptions opts)
-    : params_(params), dp_(dp), tp_(tp), pp_(pp), opts_(opts) {
+                   GradSyncOptions opts, Communicator* dp_host)
+    : params_(params), dp_(dp), dp_host_(dp_host ? dp_host : &dp), tp_(tp), pp_(pp), opts_(opts) {
   XR_CHECK(!params.empty(), "GradSync without parameters");
   const DType dt = params.front().grad.dtype();
   const size_t es = dtype_size(dt);
+  const size_t pes = dtype_size(params.front().value.dtype());  // 16-bit parameters have f32 gradients
   char* pbase = static_cast<char*>(params.front().value.raw());
   char* gbase = static_cast<char*>(params.front().grad.raw());
   for (auto& p : params) {
-    const int64_t po = (static_cast<char*>(p.value.raw()) - pbase) / int64_t(es);
+    const int64_t po = (static_cast<char*>(p.value.raw()) - pbase) / int64_t(pes);
     const int64_t go = (static_cast<char*>(p.grad.raw()) - gbase) / int64_t(es);
     XR_CHECK(po == go && p.grad.dtype() == dt, "parameter ", p.name, " is not laid out like its gradient");
     XR_CHECK(offset_.empty() || po >= offset_.back(), "parameters are not in arena order");
@@ -28,8 +29,8 @@ GradSync::GradSync(std::vector<Parameter>& params, Communicator& dp, Communicato
   // buckets tile the buffers without gaps (padding elements are zero and stay zero).
   const int64_t align = int64_t(Arena::kAlignment / es);
   const int64_t total = (offset_.back() + params.back().value.numel() + align - 1) / align * align;
-  flat_params_ = Tensor(pbase, {total}, dt);
-  flat_grads_ = Tensor(gbase, {total}, dt);
+  flat_params_ = Tensor(pbase, {total}, params.front().value.dtype(), params.front().value.device());
+  flat_grads_ = Tensor(gbase, {total}, dt, params.front().grad.device());
 
   // Buckets from the end of the buffer (reverse layer order).
   const int64_t bucket_elems = std::max<int64_t>(1, int64_t(opts_.bucket_mb * 1024 * 1024 / double(es)));
@@ -153,7 +154,7 @@ double GradSync::grad_norm(const KernelContext& ctx, const AdamW& opt) {
     if (!(tp_split && seg.tp_replicated && tp_->rank() != 0) && !seg.tied_copy) s += sum_squares(ctx, seg.grad);
   if (tp_split) s = tp_->all_reduce_sum(s);
   if (pp_ && pp_->size() > 1) s = pp_->all_reduce_sum(s);
-  if (opts_.zero) s = dp_.all_reduce_sum(s);
+  if (opts_.zero) s = dp_host_->all_reduce_sum(s);
   return std::sqrt(s);
 }
 

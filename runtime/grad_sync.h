@@ -45,9 +45,11 @@ class GradSync {
  public:
   // `params` must be carved contiguously and in order from one parameter
   // arena and one gradient arena with the same layout (GPT2::layout_parameters).
-  // `tp` and `pp` (may be null) are the tensor- and pipeline-parallel groups, for the gradient norm.
+  // `tp` and `pp` (may be null) are the tensor- and pipeline-parallel groups, for the gradient norm;
+  // `dp_host` (null: dp itself) carries the norm's host scalar over dp when
+  // `dp` moves device tensors (NCCL).
   GradSync(std::vector<Parameter>& params, Communicator& dp, Communicator* tp, Communicator* pp,
-           GradSyncOptions opts);
+           GradSyncOptions opts, Communicator* dp_host = nullptr);
 
   // Carves the ZeRO shard-gradient buffer (nothing without ZeRO).
   void layout(Arena& shard);
@@ -89,6 +91,7 @@ class GradSync {
 
   std::vector<Parameter>& params_;
   Communicator& dp_;
+  Communicator* dp_host_;
   Communicator* tp_;
   Communicator* pp_;
   GradSyncOptions opts_;

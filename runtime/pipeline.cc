@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/clock.h"
+#include "core/device_memory.h"
 #include "core/error.h"
 
 namespace xirang {
@@ -142,7 +143,17 @@ double PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeIns
         Tensor targets = c.last ? c.targets[size_t(s)] : Tensor();
         if (c.first || c.last) {
           Stopwatch sw;
-          feed(in.microbatch, c.first ? tokens.data<int32_t>() : nullptr, c.last ? targets.data<int32_t>() : nullptr);
+          // Device slots are filled through host staging and copied in stream order.
+          const bool device = (c.first ? tokens : targets).device() != Device::CPU;
+          const size_t n = size_t(B_) * size_t(T_);
+          if (device) staging_.resize(2 * n);
+          int32_t* tk = c.first ? (device ? staging_.data() : tokens.data<int32_t>()) : nullptr;
+          int32_t* tg = c.last ? (device ? staging_.data() + n : targets.data<int32_t>()) : nullptr;
+          feed(in.microbatch, tk, tg);
+          if (device) {  // the last copy waits, so the staging buffer is free again
+            if (tk) copy_bytes(tokens.raw(), tokens.device(), tk, Device::CPU, n * 4, ctx.cuda_stream, !tg);
+            if (tg) copy_bytes(targets.raw(), targets.device(), tg, Device::CPU, n * 4, ctx.cuda_stream, true);
+          }
           stats.data_ms += sw.ms();
         }
         Stopwatch sw;
@@ -185,7 +196,7 @@ double PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeIns
           stats.comm_exposed_ms += sw.ms();
         }
         Tensor g = c.model->input_grad();
-        std::memcpy(c.send_bufs[b].raw(), g.raw(), g.bytes());
+        copy_tensor(c.send_bufs[b], g, ctx.cuda_stream, true);
         c.send_work[b] = pp_.send_async(c.send_bufs[b], (rank_ + p_ - 1) % p_, tag(1, in.microbatch, c.g - 1));
         break;
       }

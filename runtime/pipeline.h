@@ -82,6 +82,7 @@ class PipelineExecutor {
   int B_ = 0, T_ = 0;
   std::map<std::tuple<int, int, int>, WorkPtr> posted_;  // (op, mb, chunk) -> receive in flight
   size_t post_cursor_ = 0;  // next list index to consider for posting
+  std::vector<int32_t> staging_;  // host tokens and targets of a microbatch bound for device slots
 };
 
 }  // namespace xirang

@@ -11,7 +11,15 @@
 #include "comm/simulated_link.h"
 #include "core/clock.h"
 #include "core/device_memory.h"
+#include "kernels/elementwise.h"
 #include "runtime/checkpoint_io.h"
+#ifdef XIRANG_HAVE_CUDA
+#include "core/cuda_stream.h"
+#include "kernels/cuda/context.h"
+#endif
+#ifdef XIRANG_HAVE_NCCL
+#include "comm/nccl_groups.h"
+#endif
 #include "runtime/model_layout.h"
 
 namespace xirang {
@@ -53,14 +61,35 @@ void check_backend(const Config& c) {
   if (!cuda_available())
     fail(ErrorKind::Config, "device.backend=cuda: no CUDA device is visible (cudaGetDeviceCount found none; "
                             "check CUDA_VISIBLE_DEVICES and the driver), use device.backend=cpu");
-  fail(ErrorKind::Config, "device.backend=cuda: the trainer does not run on CUDA yet; the CUDA kernels and the NCCL "
-                          "communicator are tested on their own (docs/architecture.md), use device.backend=cpu");
+  if (c.parallel.pp > 1)
+    fail(ErrorKind::Config, "device.backend=cuda runs parallel.pp=1 for now (pipeline transfers over NCCL are not "
+                            "wired into the executor), got parallel.pp=", c.parallel.pp);
+#ifndef XIRANG_HAVE_NCCL
+  if (c.parallel.dp * c.parallel.tp > 1)
+    fail(ErrorKind::Config, "device.backend=cuda with dp ", c.parallel.dp, " x tp ", c.parallel.tp,
+         " needs NCCL, which this build did not find (set NCCL_ROOT and reconfigure)");
+#endif
 #endif
 }
 
-constexpr int kEvalTag = 30000;  // pipeline tags for evaluation, above any training tag in use
+constexpr int kEvalTag = 30000;
+
+// Copies a host tensor's bytes into `dst`, which may live on a device.
+void upload(Tensor dst, const void* host) {
+  copy_bytes(dst.raw(), dst.device(), host, Device::CPU, dst.bytes(), nullptr, true);
+}  // pipeline tags for evaluation, above any training tag in use
 
 }  // namespace
+
+struct Trainer::DeviceState {
+#ifdef XIRANG_HAVE_CUDA
+  std::unique_ptr<CudaContext> cuda;
+#ifdef XIRANG_HAVE_NCCL
+  std::unique_ptr<CudaStream> dp_stream, pp_stream;
+  std::unique_ptr<NcclGroups> nccl;
+#endif
+#endif
+};
 
 Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cfg_(cfg), opts_(opts), grid_(grid) {
   if (!grid_) {
@@ -74,6 +103,37 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   opts_.print = opts_.print && is_logger();
   check_backend(cfg_);
   model_dtype_ = model_dtype_of(cfg_, opts_.dtype);
+  tp_comm_ = &grid_->tp();
+  dp_grads_comm_ = &grid_->dp_grads();
+  embedding_comm_ = &grid_->embedding();
+  dev_ = std::make_unique<DeviceState>();
+#ifdef XIRANG_HAVE_CUDA
+  if (cfg_.device.backend == "cuda") {
+    if (model_dtype_ == DType::F64) fail(ErrorKind::Config, "device.backend=cuda does not run f64 models");
+    device_ = Device::CUDA;
+    const bool alone = grid_->shape().world() == 1;
+#ifdef XIRANG_HAVE_NCCL
+    const int dev = alone ? 0 : node_local_device();
+#else
+    const int dev = 0;
+#endif
+    dev_->cuda = std::make_unique<CudaContext>(dev);
+    ctx_ = dev_->cuda->kernel_context();
+#ifdef XIRANG_HAVE_NCCL
+    if (!alone) {
+      // Gradient buckets on their own high-priority stream; tp on the compute stream.
+      dev_->dp_stream = std::make_unique<CudaStream>(dev, StreamPriority::High);
+      dev_->pp_stream = std::make_unique<CudaStream>(dev, StreamPriority::High);
+      dev_->nccl = std::make_unique<NcclGroups>(
+          *grid_, dev, NcclStreams{dev_->cuda->stream(), dev_->dp_stream->get(), dev_->pp_stream->get()},
+          CommOptions{cfg_.comm.timeout_s});
+      tp_comm_ = &dev_->nccl->tp();
+      dp_grads_comm_ = &dev_->nccl->dp_grads();
+      embedding_comm_ = &dev_->nccl->embedding();
+    }
+#endif
+  }
+#endif
   if (cfg_.precision.loss_scale > 0)
     loss_scale_ = LossScale(cfg_.precision.loss_scale, false, cfg_.precision.growth_interval);
   else if (model_dtype_ == DType::F16)
@@ -115,8 +175,8 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   plan_.add("gradients", mg.used(), per_wide);
   // GradSync needs real parameter addresses for its offsets, so the
   // parameter and gradient arenas are created before the rest is measured.
-  params_arena_ = Arena("parameters", mp.used());
-  grads_ = Arena("gradients", mg.used());
+  params_arena_ = Arena("parameters", mp.used(), device_);
+  grads_ = Arena("gradients", mg.used(), device_);
   for (auto& c : chunks_) c->layout_parameters(params_arena_, grads_);
   params_.clear();
   for (auto& c : chunks_)
@@ -126,8 +186,9 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
       for (auto& prm : c->parameters())
         if (prm.name == "wte.weight") (prm.tied_copy ? tied_last_ : tied_first_) = &prm;
   }
-  sync_ = std::make_unique<GradSync>(params_, grid_->dp_grads(), &grid_->tp(), &grid_->pp(),
-                                     GradSyncOptions{cfg_.parallel.bucket_mb, cfg_.parallel.overlap_grad_reduce, zero});
+  sync_ = std::make_unique<GradSync>(params_, *dp_grads_comm_, &grid_->tp(), &grid_->pp(),
+                                     GradSyncOptions{cfg_.parallel.bucket_mb, cfg_.parallel.overlap_grad_reduce, zero},
+                                     &grid_->dp());
   opt_ = std::make_unique<AdamW>(cfg_.train);
   sync_->layout(mz);
   opt_->set_segments(sync_->optimizer_segments());
@@ -149,16 +210,17 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
                  plan_.table(str_cat("memory plan (per rank; dp=", dp, ", tp=", cfg_.parallel.tp, ", pp=", p,
                                      p > 1 ? str_cat(" ", schedule_name(schedule_kind_)) : "", "):"))
                      .c_str());
-  if (!cfg_.checkpoint.dir.empty() && cfg_.checkpoint.async)
-    plan_.add("checkpoint snapshot", mp.used() + ms.used(), "parameters and AdamW state, for background saving");
+  // Asynchronous saves write from a host snapshot; so does every save of device memory.
+  const bool snapshot = !cfg_.checkpoint.dir.empty() && (cfg_.checkpoint.async || device_ != Device::CPU);
+  if (snapshot)
+    plan_.add("checkpoint snapshot", mp.used() + ms.used(), "parameters and AdamW state, in host memory");
   plan_.check_limit(size_t(cfg_.memory.limit_gb * double(1ull << 30)), "memory.limit_gb");
 
-  opt_state_ = Arena("optimizer state", ms.used());
-  if (!cfg_.checkpoint.dir.empty() && cfg_.checkpoint.async)
-    snapshot_ = Arena("checkpoint snapshot", mp.used() + ms.used());
-  shard_ = Arena("gradient shard", mz.used());
-  acts_ = Arena("activations", ma.used());
-  io_ = Arena("input batch", io_bytes);
+  opt_state_ = Arena("optimizer state", ms.used(), device_);
+  if (snapshot) snapshot_ = Arena("checkpoint snapshot", mp.used() + ms.used());
+  shard_ = Arena("gradient shard", mz.used(), device_);
+  acts_ = Arena("activations", ma.used(), device_);
+  io_ = Arena("input batch", io_bytes, device_);
   sync_->layout(shard_);
   opt_->set_segments(sync_->optimizer_segments());
   opt_->layout_state(opt_state_);
@@ -202,6 +264,9 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
 
   if (opts_.peak) peak_ = *opts_.peak;
   else if (cfg_.metrics.peak_tflops > 0) peak_ = {cfg_.metrics.peak_tflops * 1e12, "config metrics.peak_tflops"};
+  else if (device_ != Device::CPU)
+    // Dense tensor-core peak of an H100/H200 SXM (bf16/fp16; fp32 without TF32); other GPUs set metrics.peak_tflops.
+    peak_ = {model_dtype_ == DType::F32 ? 66.9e12 : 989.4e12, "H100/H200 SXM datasheet (metrics.peak_tflops overrides)"};
   else peak_ = {measure_sgemm_flops(), "measured sgemm"};
 }
 
@@ -217,13 +282,13 @@ void Trainer::build_chunks() {
     const GPT2Stage stage = pipeline_chunk_stage(cfg_.model.n_layer, p * v, g);
     chunks_.push_back(std::make_unique<GPT2>(shape, stage, model_dtype_,
                                              GPT2Batch{cfg_.train.micro_batch, cfg_.seq_len(), slots},
-                                             GPT2Parallel{&grid_->tp(), cfg_.parallel.sequence_parallel}));
+                                             GPT2Parallel{tp_comm_, cfg_.parallel.sequence_parallel}));
   }
 }
 
 void Trainer::reduce_tied_embedding() {
   Parameter* w = tied_first_ ? tied_first_ : tied_last_;
-  grid_->embedding().all_reduce(w->grad, ReduceOp::Sum);
+  embedding_comm_->all_reduce(w->grad, ReduceOp::Sum);
 }
 
 double Trainer::accumulate_gradients(int step, StepMetrics& m) {
@@ -264,11 +329,15 @@ double Trainer::evaluate() {
   const int64_t n = std::min<int64_t>(cfg_.train.eval_batches, std::max<int64_t>(1, val_sampler_->samples_per_epoch() / B));
   io_.reset();
   Tensor tokens = io_.alloc({B, T}, DType::I32, "eval tokens"), targets = io_.alloc({B, T}, DType::I32, "eval targets");
+  std::vector<int32_t> host_tokens(size_t(B) * T), host_targets(size_t(B) * T);
   double sum = 0;
   for (int64_t mb = dp_rank; mb < n; mb += dp) {
-    if (chunks_.front()->stage().has_embedding || chunks_.back()->stage().has_head)
+    if (chunks_.front()->stage().has_embedding || chunks_.back()->stage().has_head) {
       for (int b = 0; b < B; ++b)
-        val_sampler_->fill(mb * B + b, tokens.data<int32_t>() + int64_t(b) * T, targets.data<int32_t>() + int64_t(b) * T);
+        val_sampler_->fill(mb * B + b, host_tokens.data() + int64_t(b) * T, host_targets.data() + int64_t(b) * T);
+      upload(tokens, host_tokens.data());
+      upload(targets, host_targets.data());
+    }
     // Forward only, through the chunks in model order; each stage waits for its input.
     for (size_t c = 0; c < chunks_.size(); ++c) {
       GPT2& g = *chunks_[c];
@@ -305,18 +374,19 @@ void Trainer::save_checkpoint(int64_t steps_done) {
     if (opt_->has_master()) todo.push_back({"master", p.name, p.shard, b, e, opt_->master()[i]});
   }
   const bool async = cfg_.checkpoint.async;
-  if (async) {
+  if (async || device_ != Device::CPU) {
     // The snapshot is what the step stalls for; the file is written behind training.
     snapshot_.reset();
     for (SaveEntry& e : todo) {
       Tensor copy = snapshot_.alloc(e.data.flat().shape(), e.data.dtype(), e.name);
-      std::memcpy(copy.raw(), e.data.raw(), e.data.bytes());
+      copy_tensor(copy, e.data.flat(), ctx_.cuda_stream, true);
       e.data = copy;
     }
   }
   const bool kill = cfg_.faults.kind == "kill_in_save" && cfg_.faults.step == steps_done &&
                     cfg_.faults.rank == grid_->world_rank();
-  const double scale = loss_scale_.scale();
+  // The dynamic loss scale's state (nothing when there is none to continue).
+  const double scale = loss_scale_.dynamic() ? loss_scale_.scale() : 0.0;
   const int good_steps = loss_scale_.good_steps();
   auto write = [this, tmp, steps_done, kill, scale, good_steps, todo = std::move(todo)]() {
     try {
@@ -336,8 +406,10 @@ void Trainer::save_checkpoint(int64_t steps_done) {
       }
       // The data order is a pure function of (seed, step): the step is the loader's whole state.
       w.set_int("train.step", steps_done);
-      w.set_double("precision.loss_scale", scale);
-      w.set_int("precision.good_steps", good_steps);
+      if (scale > 0) {
+        w.set_double("precision.loss_scale", scale);
+        w.set_int("precision.good_steps", good_steps);
+      }
       w.close();
     } catch (...) {
       save_error_ = std::current_exception();
@@ -414,7 +486,7 @@ void Trainer::resume() {
       fail(ErrorKind::Checkpoint, "checkpoint '", path, "': tensor '", p.name, "' has shape ", g.str(),
            " but this model's is ", p.shard.global.str(), " (a different model.* shape)");
   }
-  for (Parameter& p : params_) r.read("params", p.name, p.shard, p.value);
+  for (Parameter& p : params_) read_checkpoint(r, "params", p, 0, p.value.numel(), p.value);
   // A params-only checkpoint (an imported model, `ckpt convert --params-only`)
   // has no optimizer state: AdamW keeps the zeroed state it was built with.
   bool has_optimizer_state = false;
@@ -426,14 +498,35 @@ void Trainer::resume() {
   for (size_t i = 0; has_optimizer_state && i < segs.size(); ++i) {
     const Parameter& p = params_[size_t(segs[i].param_index)];
     const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
-    r.read("adam_m", p.name, p.shard, b, e, opt_->m()[i]);
-    r.read("adam_v", p.name, p.shard, b, e, opt_->v()[i]);
+    read_checkpoint(r, "adam_m", p, b, e, opt_->m()[i]);
+    read_checkpoint(r, "adam_v", p, b, e, opt_->v()[i]);
   }
+  // fp32 master weights: those a bf16/fp16 run saved, else the checkpoint's
+  // parameters widened (an fp32 run's are the masters exactly).
+  for (size_t i = 0; i < opt_->master().size(); ++i) {
+    const Parameter& p = params_[size_t(segs[i].param_index)];
+    const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
+    read_checkpoint(r, r.has("master", p.name) ? "master" : "params", p, b, e, opt_->master()[i]);
+  }
+  // The loss scale continues where it was (every rank saved the same value).
+  if (loss_scale_.dynamic() && r.has_scalar(0, "precision.loss_scale"))
+    loss_scale_.restore(r.get_double(0, "precision.loss_scale"), int(r.get_int(0, "precision.good_steps")));
   start_step_ = r.step();
   if (start_step_ > cfg_.train.steps)
     fail(ErrorKind::Checkpoint, "checkpoint '", path, "' is at step ", start_step_, ", past train.steps=",
          cfg_.train.steps);
   if (opts_.print) std::fprintf(stderr, "resumed from %s at step %lld\n", path.c_str(), (long long)start_step_);
+}
+
+void Trainer::read_checkpoint(const CheckpointReader& r, std::string_view group, const Parameter& p, int64_t begin,
+                              int64_t end, Tensor dst) {
+  if (dst.device() == Device::CPU) {
+    r.read(group, p.name, p.shard, begin, end, dst);
+    return;
+  }
+  std::vector<char> host(dst.bytes());
+  r.read(group, p.name, p.shard, begin, end, Tensor(host.data(), dst.flat().shape(), dst.dtype()));
+  upload(dst, host.data());
 }
 
 void Trainer::inject_fault(int step) {
@@ -477,7 +570,10 @@ TrainResult Trainer::run() {
     StepMetrics m;
     m.step = step + 1;
     Stopwatch sw;
-    for (auto& p : params_) std::memset(p.grad.raw(), 0, p.grad.bytes());
+    for (auto& p : params_) {
+      if (device_ == Device::CPU) std::memset(p.grad.raw(), 0, p.grad.bytes());
+      else zero(ctx_, p.grad);
+    }
     sync_->begin_step();
     const double local_loss = accumulate_gradients(step, m);
     sync_->finish();

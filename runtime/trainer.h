@@ -24,6 +24,7 @@
 #include <optional>
 #include <thread>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/process_grid.h"
@@ -101,8 +102,21 @@ class Trainer {
   void resume();
   bool is_logger() const { return grid_->world_rank() == 0; }
 
+  // Reads checkpoint tensor elements into `dst`, through host memory when it lives on a device.
+  void read_checkpoint(const class CheckpointReader& r, std::string_view group, const Parameter& p, int64_t begin,
+                       int64_t end, Tensor dst);
+
   Config cfg_;
   TrainerOptions opts_;
+  // The CUDA stream, cuBLASLt handle and NCCL channels of device.backend=cuda
+  // (defined in trainer.cc; null on the CPU).
+  struct DeviceState;
+  std::unique_ptr<DeviceState> dev_;
+  Device device_ = Device::CPU;
+  // The groups that move device tensors: the grid's own on the CPU, NCCL's on CUDA.
+  Communicator* tp_comm_ = nullptr;
+  Communicator* dp_grads_comm_ = nullptr;
+  Communicator* embedding_comm_ = nullptr;
   std::unique_ptr<ProcessGrid> own_grid_;
   ProcessGrid* grid_;
   KernelContext ctx_;

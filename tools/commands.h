@@ -9,7 +9,12 @@ namespace xirang::tools {
 int train_command(int argc, char** argv);
 // xirang data prepare|... (see tools/data_cmd.cc)
 int data_command(int argc, char** argv);
-// xirang ckpt inspect PATH (see tools/ckpt_cmd.cc)
+// xirang ckpt inspect PATH | convert SRC DST ... (see tools/ckpt_cmd.cc)
 int ckpt_command(int argc, char** argv);
+// xirang eval CONFIG --checkpoint PATH [--set section.key=value ...]
+int eval_command(int argc, char** argv);
+
+// Whether a launcher (mpirun, srun) started this process: MPI is initialised only then.
+bool launched_by_mpi();
 
 }  // namespace xirang::tools

@@ -1,7 +1,9 @@
 // The `xirang` command line: one binary, one subcommand per verb.
 //
 //   xirang train CONFIG [--set section.key=value ...]
+//   xirang eval CONFIG --checkpoint PATH [--set section.key=value ...]
 //   xirang data prepare --tokenizer bytes --out DIR FILE...
+//   xirang ckpt inspect PATH | convert SRC DST [...]
 //
 // Only this layer exits: library errors arrive as xirang::Error and leave as
 // one line on stderr ("xirang: config error: ...") and exit code 1; usage
@@ -20,10 +22,14 @@ const char* kUsage =
     "usage: xirang <command> [args]\n"
     "commands:\n"
     "  train CONFIG [--set section.key=value ...]   train a model (under mpirun for several ranks)\n"
+    "  eval CONFIG --checkpoint PATH [--set ...]    print a checkpoint's loss on data.val (val_loss, 17 digits)\n"
     "  data prepare --tokenizer gpt2|bytes --out DIR [--val-fraction F] [--force] [--threads N] INPUT...\n"
     "  data encode|decode --tokenizer gpt2|bytes    text on stdin -> ids on stdout, or back\n"
     "  data inspect DIR                              describe and verify a dataset split\n"
-    "  ckpt inspect PATH                             list a checkpoint's tensors and verify their checksums\n";
+    "  ckpt inspect PATH                             list a checkpoint's tensors and verify their checksums\n"
+    "  ckpt convert SRC DST [--layout dp=2,tp=2,pp=2,zero=1] [--dtype f32|bf16] [--params-only] [--to hf]\n"
+    "               [--config CFG.yaml] [--force]    reshard a checkpoint, export/import Hugging Face safetensors,\n"
+    "                                                import an llm.c model file\n";
 
 }  // namespace
 
@@ -37,7 +43,8 @@ int main(int argc, char** argv) {
     if (cmd == "train") return xirang::tools::train_command(argc - 1, argv + 1);
     if (cmd == "data") return xirang::tools::data_command(argc - 1, argv + 1);
     if (cmd == "ckpt") return xirang::tools::ckpt_command(argc - 1, argv + 1);
-    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, data or ckpt)\n", cmd.c_str());
+    if (cmd == "eval") return xirang::tools::eval_command(argc - 1, argv + 1);
+    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, eval, data or ckpt)\n", cmd.c_str());
     return 2;
   } catch (const xirang::Error& e) {
     std::fprintf(stderr, "xirang: %s: %s\n", xirang::error_kind_name(e.kind()), e.what());

@@ -24,13 +24,13 @@
 
 namespace xirang::tools {
 
-namespace {
-
 bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
     if (std::getenv(v)) return true;
   return false;
 }
+
+namespace {
 
 struct TrainArgs {
   std::string config_path;

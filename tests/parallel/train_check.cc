@@ -1,13 +1,14 @@
 // Layout equivalence under MPI: every parallel layout trains exactly like
 // one rank.
 //
-//   mpirun -np 4 parallel_train_check --data DIR --set parallel.zero=1 [--steps 10]
+//   mpirun -np 4 parallel_train_check --data DIR --set parallel.zero=1 [--steps 10] [--tol 1e-5] [--param-tol T]
 //
 // World rank 0 first trains the single-rank reference (parallel.dp = tp = pp
 // = 1, same global batch and seed) on its own; then every rank trains the
 // layout given by the overrides on the process grid. Rank 0 compares the
-// per-step losses (relative difference < 1e-5) and the final parameters
-// (largest difference < 1e-5 of the largest parameter), and every rank
+// per-step losses (relative difference < --tol, 1e-5 unless given) and the
+// final parameters (largest difference < tol of the largest parameter; under
+// precision.dtype=bf16/fp16 the reference is one rank in the same dtype), and every rank
 // checks that its replica equals rank 0's bit for bit. Prints one line per
 // check and a closing "N passed, M failed"; exits non-zero on any failure.
 //
@@ -27,6 +28,7 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
+#include "runtime/checkpoint_io.h"
 #include "runtime/config.h"
 #include "runtime/trainer.h"
 
@@ -38,6 +40,8 @@ struct Args {
   std::string data;
   std::vector<std::string> overrides;
   int steps = 10;
+  double tol = 1e-5;         // relative, for the per-step losses
+  double param_tol = -1;     // final parameters, relative to the largest; -1: tol
 };
 
 Args parse(int argc, char** argv) {
@@ -47,9 +51,12 @@ Args parse(int argc, char** argv) {
     if (s == "--data" && i + 1 < argc) a.data = argv[++i];
     else if (s == "--set" && i + 1 < argc) a.overrides.push_back(argv[++i]);
     else if (s == "--steps" && i + 1 < argc) a.steps = std::stoi(argv[++i]);
+    else if (s == "--tol" && i + 1 < argc) a.tol = std::stod(argv[++i]);
+    else if (s == "--param-tol" && i + 1 < argc) a.param_tol = std::stod(argv[++i]);
     else fail(ErrorKind::Usage, "parallel_train_check: unexpected argument '", s, "'");
   }
   if (a.data.empty()) fail(ErrorKind::Usage, "parallel_train_check: --data DIR is required");
+  if (a.param_tol < 0) a.param_tol = a.tol;
   return a;
 }
 
@@ -63,12 +70,19 @@ Config make_config(const Args& a, std::vector<std::string> extra, int world) {
   return c;
 }
 
+// One parameter's elements as float, whatever the model's dtype.
+std::vector<float> as_floats(const Parameter& p) {
+  std::vector<float> out(size_t(p.value.numel()));
+  convert_elements(p.value.raw(), p.value.dtype(), out.data(), DType::F32, p.value.numel());
+  return out;
+}
+
 // All parameters, concatenated in order (the single-rank reference's are full tensors).
 std::vector<float> flat_params(Trainer& t) {
   std::vector<float> out;
   for (auto& p : t.parameters()) {
-    const float* v = p.value.data<float>();
-    out.insert(out.end(), v, v + p.value.numel());
+    const std::vector<float> v = as_floats(p);
+    out.insert(out.end(), v.begin(), v.end());
   }
   return out;
 }
@@ -146,7 +160,7 @@ int main(int argc, char** argv) {
     double diff_scale[2] = {0, 0};
     for (auto& p : t.parameters()) {
       const size_t base = ref_offset.at(p.name);
-      const float* v = p.value.data<float>();
+      const std::vector<float> v = as_floats(p);
       for (int64_t i = 0; i < p.value.numel(); ++i) {
         const float ref = ref_params[base + size_t(p.shard.global_index(p.value.shape(), i))];
         diff_scale[0] = std::max(diff_scale[0], double(std::abs(v[i] - ref)));
@@ -173,8 +187,9 @@ int main(int argc, char** argv) {
     if (cfg.parallel.pp > 1 && grid->embedding().size() == 2) {
       for (auto& p : t.parameters())
         if (p.name == "wte.weight") {
-          std::vector<float> other(p.value.data<float>(), p.value.data<float>() + p.value.numel());
-          grid->embedding().broadcast(Tensor(other.data(), {int64_t(other.size())}, DType::F32), 0);
+          std::vector<char> other(static_cast<const char*>(p.value.raw()),
+                                  static_cast<const char*>(p.value.raw()) + p.value.bytes());
+          grid->embedding().broadcast(Tensor(other.data(), {p.value.numel()}, p.value.dtype()), 0);
           tied_same = std::memcmp(other.data(), p.value.raw(), p.value.bytes()) == 0;
         }
     }
@@ -195,11 +210,11 @@ int main(int argc, char** argv) {
         worst = std::max(worst, rel);
         std::printf("  step %2zu  loss %.8f  single rank %.8f  rel diff %.2e\n", first + i + 1, r.losses[i], ref, rel);
       }
-      check(worst < 1e-5, "per-step losses within 1e-5 relative of one rank (worst " + sci(worst) + ")");
+      check(worst < args.tol, "per-step losses within " + sci(args.tol) + " relative of one rank (worst " + sci(worst) + ")");
       const bool finished = int(first + r.losses.size()) == args.steps;
       if (finished)
-        check(diff_scale[0] / diff_scale[1] < 1e-5,
-            "final parameters (every rank's shards) within 1e-5 of one rank (largest difference " +
+        check(diff_scale[0] / diff_scale[1] < args.param_tol,
+            "final parameters (every rank's shards) within " + sci(args.param_tol) + " of one rank (largest difference " +
                 sci(diff_scale[0] / diff_scale[1]) + " of the largest parameter)");
       check(all_same == 1, "every data-parallel replica's parameters equal its group's first rank's bit for bit");
       if (cfg.parallel.pp > 1)

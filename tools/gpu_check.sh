@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# tools/gpu_check.sh: the GPU check, in one script for one CUDA machine.
+#
+#   tools/gpu_check.sh [--debs DIR] [--out DIR] [--steps N]
+#
+# 1. builds Xirang with the CUDA backend (sm_90 unless XIRANG_CUDA_ARCHS is
+#    set) into build-gpu/,
+# 2. runs the GPU tests: every CUDA kernel against the CPU op (cuda_tests)
+#    and the NCCL communicator in a group of one (mpi_nccl_tests),
+# 3. trains gpt2_124m in bf16 on one GPU for a few steps and prints tokens/s
+#    and MFU (metrics JSONL in OUT).
+# Budget: under 8 minutes on an H200 (the build is most of it).
+#
+# A machine without the Debian packages tools/setup.sh installs (and no way
+# to fetch them) gets them from --debs DIR: .deb files that
+# tools/fetch_gpu_debs.sh downloads on a machine that can. They are unpacked
+# into a private prefix, never over the system.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+debs="" out="$root/runs/gpu_check" steps=12
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --debs) debs="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    *) echo "gpu_check: unknown argument '$1' (expected --debs DIR, --out DIR, --steps N)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+log() { echo "[gpu_check $(date +%H:%M:%S)] $*"; }
+t0=$(date +%s)
+
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+# Dependencies from carried .deb files, unpacked into a prefix of their own.
+if [[ -n "$debs" ]]; then
+  prefix=/tmp/xirang-deps
+  mkdir -p "$prefix"
+  for f in "$debs"/*.deb; do dpkg-deb -x "$f" "$prefix"; done
+  multi=$prefix/usr/lib/x86_64-linux-gnu
+  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export CPATH="$prefix/usr/include:$prefix/usr/include/hdf5/serial${CPATH:+:$CPATH}"
+  export LIBRARY_PATH="$multi:$multi/hdf5/serial${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$multi:$multi/openblas-pthread:$multi/hdf5/serial${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PKG_CONFIG_PATH="$multi/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export PATH="$prefix/usr/bin:$PATH"
+  export OPAL_PREFIX="$prefix/usr"  # a relocated Open MPI finds its own files
+  log "unpacked $(ls "$debs"/*.deb | wc -l) packages into $prefix"
+fi
+
+# NCCL: the toolkit's, or the one the image's Python packages carry.
+if [[ -z "${NCCL_ROOT:-}" ]] && ! ls /usr/local/cuda/lib64/libnccl.so* >/dev/null 2>&1; then
+  nccl_py=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
+  if [[ -n "$nccl_py" ]]; then
+    export NCCL_ROOT="$nccl_py"
+    [[ -e "$nccl_py/lib/libnccl.so" ]] || ln -sf "$(ls "$nccl_py"/lib/libnccl.so.* | head -1)" "$nccl_py/lib/libnccl.so" || true
+    export LD_LIBRARY_PATH="$nccl_py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+fi
+
+log "configure and build (CUDA archs ${XIRANG_CUDA_ARCHS:-90})"
+export PATH="/usr/local/cuda/bin:$PATH"
+cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXIRANG_CUDA=ON \
+  -DXIRANG_CUDA_ARCHS="${XIRANG_CUDA_ARCHS:-90}" ${NCCL_ROOT:+-DNCCL_ROOT=$NCCL_ROOT} >"$out/configure.log" 2>&1 ||
+  { tail -30 "$out/configure.log"; exit 1; }
+cmake --build "$root/build-gpu" --target xirang cuda_tests mpi_nccl_tests -j "$(nproc)" >"$out/build.log" 2>&1 ||
+  { grep -E "error|Error" "$out/build.log" | head -30; exit 1; }
+log "built in $(( $(date +%s) - t0 )) s"
+
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+status=0
+log "GPU kernel tests (each CUDA op against the CPU op)"
+"$root/build-gpu/bin/cuda_tests" --gtest_brief=1 2>&1 | tee "$out/cuda_tests.log" | tail -25 || status=1
+log "NCCL communicator, one rank"
+mpirun --oversubscribe -np 1 "$root/build-gpu/bin/mpi_nccl_tests" --gtest_brief=1 2>&1 | tee "$out/nccl_tests.log" | tail -15 || status=1
+
+# Throughput: gpt2_124m (real shapes) in bf16 on one GPU, on byte tokens of
+# this repository's text (the tokenizer does not change the work per token).
+log "gpt2_124m bf16 training, $steps steps"
+data="$out/data"
+if [[ ! -e "$data/train/index.json" ]]; then
+  find "$root" -path "$root/build*" -prune -o \( -name '*.md' -o -name '*.cc' -o -name '*.h' -o -name '*.cu' \) -print |
+    sort | head -400 >"$out/text_files"
+  "$root/build-gpu/bin/xirang" data prepare --tokenizer bytes --force --val-fraction 0.05 --out "$data" \
+    $(cat "$out/text_files") >"$out/prepare.log" 2>&1 || { tail "$out/prepare.log"; exit 1; }
+fi
+"$root/build-gpu/bin/xirang" train "$root/configs/gpt2_124m.yaml" \
+  --set device.backend=cuda --set precision.dtype=bf16 --set train.steps="$steps" --set train.warmup_steps=2 \
+  --set train.global_batch=16 --set train.micro_batch=16 --set train.eval_every=0 \
+  --set data.train="$data/train" --set data.val= --set checkpoint.dir= \
+  --set metrics.jsonl="$out/metrics.jsonl" --set metrics.log_every=1 2>&1 | tee "$out/train.log" | tail -20 || status=1
+if [[ -s "$out/metrics.jsonl" ]]; then
+  python3 - "$out/metrics.jsonl" <<'EOF' | tee "$out/summary.txt"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+warm = rows[2:] if len(rows) > 4 else rows  # the first steps include cuBLASLt heuristics and first-touch costs
+tok = sum(r["tokens_per_s"] for r in warm) / len(warm)
+mfu = sum(r["mfu"] for r in warm) / len(warm)
+print(f"gpt2_124m bf16, 1 GPU, {len(rows)} steps: {tok:,.0f} tokens/s, MFU {100*mfu:.1f}% "
+      f"of {rows[-1]['peak_tflops']:.0f} TFLOP/s ({rows[-1]['peak_source']}); "
+      f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}")
+EOF
+fi
+log "done in $(( $(date +%s) - t0 )) s, status $status"
+exit $status
