@@ -378,6 +378,7 @@ void flash_backward_impl(const Dims& d, S* pd, const S* pdo, const S* pqkv, cons
 }  // namespace
 
 void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head) {
+  XR_ON_CUDA(ctx, flash_attention_forward(ctx, out, lse, qkv, n_head));
   const char* op = "flash_attention_forward";
   cpu::require_cpu(ctx, op);
   Dims d = check_dims(op, qkv, n_head);
@@ -393,6 +394,7 @@ void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, c
 
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, int n_head) {
+  XR_ON_CUDA(ctx, flash_attention_backward(ctx, dqkv, dout, qkv, out, lse, n_head));
   const char* op = "flash_attention_backward";
   cpu::require_cpu(ctx, op);
   Dims d = check_dims(op, qkv, n_head);

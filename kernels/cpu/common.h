@@ -26,6 +26,19 @@
 #include "core/tensor.h"
 #include "kernels/context.h"
 
+// The public ops are defined in kernels/cpu/; each one hands a CUDA
+// context to its CUDA implementation (kernels/cuda/ops.h) first:
+//   XR_ON_CUDA(ctx, matmul(ctx, out, a, b, trans_a, trans_b, alpha, beta));
+// In a build without CUDA the line is nothing, and require_cpu() refuses a
+// CUDA context with a clear error.
+#ifdef XIRANG_HAVE_CUDA
+#include "kernels/cuda/ops.h"
+#define XR_ON_CUDA(ctx, call) \
+  if ((ctx).device == ::xirang::Device::CUDA) return ::xirang::cuda::call
+#else
+#define XR_ON_CUDA(ctx, call) static_cast<void>(0)
+#endif
+
 namespace xirang::cpu {
 
 // ---------------------------------------------------------------- types

@@ -20,6 +20,7 @@ constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
 }
 
 void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x) {
+  XR_ON_CUDA(ctx, gelu_forward(ctx, y, x));
   cpu::require_cpu(ctx, "gelu_forward");
   check_same_shape("gelu_forward", y, x);
   int64_t n = x.numel();
@@ -38,6 +39,7 @@ void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x) {
 }
 
 void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x) {
+  XR_ON_CUDA(ctx, gelu_backward(ctx, dx, dy, x));
   cpu::require_cpu(ctx, "gelu_backward");
   check_same_shape("gelu_backward", dx, x);
   check_same_shape("gelu_backward", dy, x);
@@ -63,6 +65,7 @@ void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const 
 }
 
 void add_bias(const KernelContext& ctx, Tensor y, const Tensor& bias) {
+  XR_ON_CUDA(ctx, add_bias(ctx, y, bias));
   cpu::require_cpu(ctx, "add_bias");
   if (bias.rank() != 1) fail(ErrorKind::Shape, "add_bias: bias must be (C), got ", bias.shape().str());
   const int64_t C = bias.size(0);
@@ -83,6 +86,7 @@ void add_bias(const KernelContext& ctx, Tensor y, const Tensor& bias) {
 }
 
 void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b) {
+  XR_ON_CUDA(ctx, add(ctx, out, a, b));
   cpu::require_cpu(ctx, "add");
   check_same_shape("add", out, a);
   check_same_shape("add", out, b);
@@ -100,6 +104,7 @@ void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b)
 }
 
 void scale(const KernelContext& ctx, Tensor x, double s) {
+  XR_ON_CUDA(ctx, scale(ctx, x, s));
   cpu::require_cpu(ctx, "scale");
   int64_t n = x.numel();
   // The product is formed in double for every dtype (as F32 always has) and
@@ -113,6 +118,7 @@ void scale(const KernelContext& ctx, Tensor x, double s) {
 }
 
 void zero(const KernelContext& ctx, Tensor x) {
+  XR_ON_CUDA(ctx, zero(ctx, x));
   cpu::require_cpu(ctx, "zero");
   std::memset(x.raw(), 0, x.bytes());
 }
@@ -128,6 +134,7 @@ double load_double(const T* p, int64_t i) {
 }  // namespace
 
 void cast(const KernelContext& ctx, Tensor out, const Tensor& in) {
+  XR_ON_CUDA(ctx, cast(ctx, out, in));
   cpu::require_cpu(ctx, "cast");
   if (out.numel() != in.numel())
     fail(ErrorKind::Shape, "cast: element counts differ: ", in.shape().str(), " vs ", out.shape().str());
@@ -147,6 +154,7 @@ void cast(const KernelContext& ctx, Tensor out, const Tensor& in) {
 }
 
 double sum_squares(const KernelContext& ctx, const Tensor& x) {
+  XR_ON_CUDA(ctx, sum_squares(ctx, x));
   cpu::require_cpu(ctx, "sum_squares");
   int64_t n = x.numel();
   double part[cpu::kReduceChunks] = {};
@@ -169,6 +177,7 @@ double sum_squares(const KernelContext& ctx, const Tensor& x) {
 }
 
 bool all_finite(const KernelContext& ctx, const Tensor& x) {
+  XR_ON_CUDA(ctx, all_finite(ctx, x));
   cpu::require_cpu(ctx, "all_finite");
   int64_t n = x.numel();
   int bad = 0;

@@ -128,6 +128,7 @@ void positions_backward_grouped(const E* pd, int64_t N, int64_t C, int64_t seq_l
 
 void embedding_lookup(const KernelContext& ctx, Tensor out, const Tensor& tokens, const Tensor& wte,
                       int64_t vocab_begin, int64_t vocab_size) {
+  XR_ON_CUDA(ctx, embedding_lookup(ctx, out, tokens, wte, vocab_begin, vocab_size));
   const char* op = "embedding_lookup";
   cpu::require_cpu(ctx, op);
   check_table(op, "wte", wte);
@@ -155,6 +156,7 @@ void embedding_lookup(const KernelContext& ctx, Tensor out, const Tensor& tokens
 
 void embedding_lookup_backward(const KernelContext& ctx, Tensor dwte, const Tensor& dout, const Tensor& tokens,
                                int64_t vocab_begin, int64_t vocab_size) {
+  XR_ON_CUDA(ctx, embedding_lookup_backward(ctx, dwte, dout, tokens, vocab_begin, vocab_size));
   const char* op = "embedding_lookup_backward";
   cpu::require_cpu(ctx, op);
   check_table(op, "dwte", dwte);
@@ -190,6 +192,7 @@ void embedding_lookup_backward(const KernelContext& ctx, Tensor dwte, const Tens
 }
 
 void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_t seq_len, int64_t row_offset) {
+  XR_ON_CUDA(ctx, add_positions(ctx, x, wpe, seq_len, row_offset));
   const char* op = "add_positions";
   cpu::require_cpu(ctx, op);
   check_table(op, "wpe", wpe);
@@ -215,6 +218,7 @@ void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_
 
 void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, int64_t seq_len,
                             int64_t row_offset) {
+  XR_ON_CUDA(ctx, add_positions_backward(ctx, dwpe, dx, seq_len, row_offset));
   const char* op = "add_positions_backward";
   cpu::require_cpu(ctx, op);
   check_table(op, "dwpe", dwpe);
