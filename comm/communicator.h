@@ -47,6 +47,14 @@ class Work {
   // operations of the channel included), so that submission time plus
   // duration is when it completed; valid after wait().
   virtual double duration_ms() const = 0;
+  // Makes work queued later on `stream` (a cudaStream_t; null on the host)
+  // see the operation's result. Host communicators block like wait(); the
+  // NCCL communicator makes the stream wait on the device, and the host
+  // goes on (the hot path of device training).
+  virtual void join(void* stream) {
+    (void)stream;
+    wait();
+  }
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -93,6 +93,7 @@ class NcclWork final : public Work {
   // The device-side join: work queued on `stream` after this call runs after
   // the operation. Does not block the host and does not time out.
   void wait_on(cudaStream_t stream) const;
+  void join(void* stream) override { wait_on(static_cast<cudaStream_t>(stream)); }
   const std::string& what() const { return what_; }
 
  private:

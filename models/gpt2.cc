@@ -221,7 +221,7 @@ void GPT2::init_parameters(uint64_t seed) {
 void GPT2::tp_all_reduce(Tensor t, ReduceOp op) {
   if (tp_size_ == 1) return;
   Stopwatch sw;
-  par_.tp->all_reduce(t, op);
+  par_.tp->all_reduce_async(t, op)->join(stream_);
   tp_comm_ms_ += sw.ms();
 }
 
@@ -233,22 +233,23 @@ void GPT2::norm_to_full(const KernelContext& ctx, Tensor full, Tensor mean, Tens
   }
   layernorm_forward(ctx, ln_local_, mean, rstd, x, w.value, b.value);
   Stopwatch sw;
-  par_.tp->all_gather(ln_local_, full);  // all-gather forward, reduce-scatter backward
+  par_.tp->all_gather_async(ln_local_, full)->join(stream_);  // all-gather forward, reduce-scatter backward
   tp_comm_ms_ += sw.ms();
 }
 
 void GPT2::reduce_rows(Tensor partial, Tensor out) {
   if (tp_size_ == 1) return;
   Stopwatch sw;
-  if (par_.sequence_parallel) par_.tp->reduce_scatter(partial, out, ReduceOp::Sum);
-  else par_.tp->all_reduce(partial, ReduceOp::Sum);
+  WorkPtr w = par_.sequence_parallel ? par_.tp->reduce_scatter_async(partial, out, ReduceOp::Sum)
+                                     : par_.tp->all_reduce_async(partial, ReduceOp::Sum);
+  w->join(stream_);
   tp_comm_ms_ += sw.ms();
 }
 
 Tensor GPT2::full_rows(Tensor local) {
   if (!par_.sequence_parallel) return local;
   Stopwatch sw;
-  par_.tp->all_gather(local, d_full_);
+  par_.tp->all_gather_async(local, d_full_)->join(stream_);
   tp_comm_ms_ += sw.ms();
   return d_full_;
 }
@@ -330,6 +331,7 @@ double GPT2::head_loss(const KernelContext& ctx, SlotActs& s, const Tensor& targ
 }
 
 double GPT2::forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets, double dloss) {
+  stream_ = ctx.cuda_stream;
   SlotActs& s = slots_.at(size_t(slot));
   const int64_t T = batch_.seq_len;
   if (stage_.has_embedding) {
@@ -402,6 +404,7 @@ Tensor GPT2::stage_output(int slot) {
 
 void GPT2::backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase,
                     const Tensor& output_grad) {
+  stream_ = ctx.cuda_stream;
   SlotActs& s = slots_.at(size_t(slot));
   const bool final_pass = phase == GradPhase::Final;
   auto ready = [&](int layer) {

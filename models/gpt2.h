@@ -222,7 +222,8 @@ class GPT2 {
   Tensor ce_max_, ce_sums_;  // (N), (N, 2) vocabulary-parallel softmax statistics
   std::function<void(int)> grad_ready_;
   std::vector<char> loss_host_;  // host copy of the per-token losses when they live on a device
-  double tp_comm_ms_ = 0;
+  double tp_comm_ms_ = 0;  // host time in tensor-parallel calls (on a device: launch and join only)
+  void* stream_ = nullptr;  // the compute stream of the pass in progress (tensor-parallel joins)
 };
 
 }  // namespace xirang

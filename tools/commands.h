@@ -3,6 +3,8 @@
 // one line.
 #pragma once
 
+#include "core/error.h"
+
 namespace xirang::tools {
 
 // xirang train CONFIG [--set section.key=value ...]
@@ -16,5 +18,10 @@ int eval_command(int argc, char** argv);
 
 // Whether a launcher (mpirun, srun) started this process: MPI is initialised only then.
 bool launched_by_mpi();
+// A rank of a multi-rank job failed: peers may be blocked in a collective
+// with it, so the whole job ends. Config and data errors are the same on
+// every rank; rank 0 alone reports them, and the others give it a moment to
+// do so before aborting.
+[[noreturn]] void abort_job(const Error& e, int rank);
 
 }  // namespace xirang::tools

@@ -86,11 +86,7 @@ int evaluate(const EvalArgs& args, MpiRuntime* mpi) {
     }
   } catch (const Error& e) {
     if (!mpi || world == 1) throw;
-    // As in train: a rank that fails may leave peers blocked in a collective.
-    const bool shared = e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Data;
-    if (!shared || rank == 0) std::fprintf(stderr, "xirang: rank %d: %s: %s\n", rank, error_kind_name(e.kind()), e.what());
-    if (shared && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
-    MpiRuntime::abort_world(1);
+    abort_job(e, rank);
   }
   return 0;
 }

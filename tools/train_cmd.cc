@@ -24,6 +24,13 @@
 
 namespace xirang::tools {
 
+void abort_job(const Error& e, int rank) {
+  const bool shared = e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Data;
+  if (!shared || rank == 0) std::fprintf(stderr, "xirang: rank %d: %s: %s\n", rank, error_kind_name(e.kind()), e.what());
+  if (shared && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+  MpiRuntime::abort_world(1);
+}
+
 bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
     if (std::getenv(v)) return true;
@@ -90,13 +97,7 @@ int train(const TrainArgs& args, MpiRuntime* mpi) {
     }
   } catch (const Error& e) {
     if (!mpi || world == 1) throw;
-    // Peers may be blocked in a collective with this rank: end them all.
-    // Config and data errors are the same on every rank; rank 0 alone reports
-    // them, and the others give it a moment to do so before aborting.
-    const bool shared = e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Data;
-    if (!shared || rank == 0) std::fprintf(stderr, "xirang: rank %d: %s: %s\n", rank, error_kind_name(e.kind()), e.what());
-    if (shared && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
-    MpiRuntime::abort_world(1);
+    abort_job(e, rank);
   }
   return 0;
 }
