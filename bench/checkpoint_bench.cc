@@ -68,8 +68,11 @@ int main(int argc, char** argv) {
         }
       }
       std::string trace;
-      for (const StepMetrics& s : r.steps)
-        trace += " " + std::to_string(int(s.step_ms)) + (s.ckpt_stall_ms > 0 ? "*" : "");
+      for (const StepMetrics& s : r.steps) {
+        trace += ' ';
+        trace += std::to_string(int(s.step_ms));
+        if (s.ckpt_stall_ms > 0) trace += '*';
+      }
       std::fprintf(stderr, "%s step ms (* saves):%s\n", async ? "async" : "sync", trace.c_str());
       uintmax_t bytes = 0;
       for (auto& f : fs::recursive_directory_iterator(ck))

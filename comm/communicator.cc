@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/device_memory.h"
 #include "core/error.h"
 
 namespace xirang {
@@ -26,14 +27,14 @@ double Communicator::all_reduce_sum(double x) {
 WorkPtr LocalCommunicator::reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp) {
   if (in.numel() != out.numel() || in.dtype() != out.dtype())
     fail(ErrorKind::Comm, name_, " reduce_scatter: input ", in.str(), " and output ", out.str(), " differ");
-  if (in.raw() != out.raw()) std::memcpy(out.raw(), in.raw(), in.bytes());
+  if (in.raw() != out.raw()) copy_tensor(out, in);  // device tensors too (the whole device is synchronized first)
   return completed_work();
 }
 
 WorkPtr LocalCommunicator::all_gather_async(const Tensor& in, Tensor out) {
   if (in.numel() != out.numel() || in.dtype() != out.dtype())
     fail(ErrorKind::Comm, name_, " all_gather: input ", in.str(), " and output ", out.str(), " differ");
-  if (in.raw() != out.raw()) std::memcpy(out.raw(), in.raw(), in.bytes());
+  if (in.raw() != out.raw()) copy_tensor(out, in);  // device tensors too (the whole device is synchronized first)
   return completed_work();
 }
 

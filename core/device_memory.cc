@@ -48,8 +48,11 @@ void copy_bytes(void* dst, Device to, const void* src, Device from, size_t bytes
   }
 #ifdef XIRANG_HAVE_CUDA
   auto s = static_cast<cudaStream_t>(stream);
+  // Without a stream the copy cannot be ordered after work on the
+  // (non-blocking) compute streams, so everything queued finishes first.
+  if (!s) XR_CUDA_CHECK(cudaDeviceSynchronize());
   XR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
-  if (wait) XR_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (wait || !s) XR_CUDA_CHECK(cudaStreamSynchronize(s));
 #else
   (void)stream, (void)wait;
   fail(ErrorKind::Internal, "copy_bytes: a ", device_name(from), " -> ", device_name(to),

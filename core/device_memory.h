@@ -13,9 +13,11 @@ namespace xirang {
 void* device_alloc(Device device, size_t bytes, std::string_view what);
 void device_free(Device device, void* p);
 // Copies `bytes` from `src` on device `from` to `dst` on device `to`. A copy
-// that involves the GPU is queued on `stream` (a cudaStream_t; null is the
-// default stream) and, when `wait`, completes before the call returns (the
-// host may then read or reuse the host side). Host to host is a memmove.
+// that involves the GPU is queued on `stream` (a cudaStream_t) and, when
+// `wait`, completes before the call returns (the host may then read or
+// reuse the host side). With a null stream the device is synchronized
+// first and the copy always completes before the return (safe, slow: for
+// set-up, checkpoints and groups of one). Host to host is a memmove.
 void copy_bytes(void* dst, Device to, const void* src, Device from, size_t bytes, void* stream = nullptr,
                 bool wait = true);
 // The same for tensors of equal byte size.
