@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/common.h"
+#include "kernels/embedding_checks.h"
 
 namespace xirang {
 
@@ -17,6 +18,7 @@ using cpu::dispatch_storage;
 using cpu::is_16bit_v;
 using cpu::load;
 using cpu::store;
+using namespace embedding_checks;
 
 namespace {
 
@@ -33,34 +35,11 @@ void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
       fail(ErrorKind::Data, op, ": token id ", tk[i], " at position ", i, " is outside the vocabulary [0, ", V, ")");
 }
 
-// A table (rows, C) of the op's dtype: wte, wpe or their gradients.
-void check_table(const char* op, const char* what, const Tensor& t) {
-  if (t.rank() != 2) fail(ErrorKind::Shape, op, ": ", what, " must be a 2-D table, got ", t.shape().str());
-}
-
 // `t` viewed as (N, C) rows. Callers may pass (B, T, C) activations or
 // (N, C) row slices; only the row width and the row count matter.
 Tensor as_rows(const char* op, const char* what, const Tensor& t, int64_t N, int64_t C) {
-  if (t.rank() < 1 || t.size(-1) != C || t.numel() != N * C)
-    fail(ErrorKind::Shape, op, ": ", what, " ", t.shape().str(), " is not ", N, " rows of width ", C);
+  check_rows(op, what, t, N, C);
   return t.view({N, C});
-}
-
-void check_shard(const char* op, int64_t vocab_begin, int64_t vocab_size) {
-  if (vocab_size <= 0 || vocab_begin < 0)
-    fail(ErrorKind::Shape, op, ": vocab_begin ", vocab_begin, " and vocab_size ", vocab_size,
-         " must satisfy vocab_begin >= 0 and vocab_size > 0");
-}
-
-void check_positions(const char* op, const char* what, const Tensor& table, int64_t C, int64_t seq_len,
-                     int64_t row_offset) {
-  check_table(op, what, table);
-  if (seq_len <= 0 || row_offset < 0)
-    fail(ErrorKind::Shape, op, ": seq_len ", seq_len, " must be positive and row_offset ", row_offset,
-         " non-negative");
-  if (table.size(0) < seq_len || table.size(1) != C)
-    fail(ErrorKind::Shape, op, ": ", what, " ", table.shape().str(), " cannot cover ", seq_len,
-         " positions of width ", C);
 }
 
 // Adds to one gradient row (C) the double sum of rows `idx[0..n)` of g, in

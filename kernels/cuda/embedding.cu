@@ -30,38 +30,15 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/embedding_checks.h"
 
 namespace xirang::cuda {
+
+using namespace embedding_checks;
 
 namespace {
 
 constexpr int kThreads = 256;
-
-void check_table(const char* op, const char* what, const Tensor& t) {
-  if (t.rank() != 2) fail(ErrorKind::Shape, op, ": ", what, " must be a 2-D table, got ", t.shape().str());
-}
-
-void check_rows(const char* op, const char* what, const Tensor& t, int64_t N, int64_t C) {
-  if (t.rank() < 1 || t.size(-1) != C || t.numel() != N * C)
-    fail(ErrorKind::Shape, op, ": ", what, " ", t.shape().str(), " is not ", N, " rows of width ", C);
-}
-
-void check_shard(const char* op, int64_t vocab_begin, int64_t vocab_size) {
-  if (vocab_size <= 0 || vocab_begin < 0)
-    fail(ErrorKind::Shape, op, ": vocab_begin ", vocab_begin, " and vocab_size ", vocab_size,
-         " must satisfy vocab_begin >= 0 and vocab_size > 0");
-}
-
-void check_positions(const char* op, const char* what, const Tensor& table, int64_t C, int64_t seq_len,
-                     int64_t row_offset) {
-  check_table(op, what, table);
-  if (seq_len <= 0 || row_offset < 0)
-    fail(ErrorKind::Shape, op, ": seq_len ", seq_len, " must be positive and row_offset ", row_offset,
-         " non-negative");
-  if (table.size(0) < seq_len || table.size(1) != C)
-    fail(ErrorKind::Shape, op, ": ", what, " ", table.shape().str(), " cannot cover ", seq_len,
-         " positions of width ", C);
-}
 
 // A gradient table is stored in the activations' dtype or in f32.
 void check_grad_dtype(const char* op, const char* what, const Tensor& g, DType s) {
