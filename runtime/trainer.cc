@@ -486,7 +486,10 @@ void Trainer::resume() {
       fail(ErrorKind::Checkpoint, "checkpoint '", path, "': tensor '", p.name, "' has shape ", g.str(),
            " but this model's is ", p.shard.global.str(), " (a different model.* shape)");
   }
-  for (Parameter& p : params_) read_checkpoint(r, "params", p, 0, p.value.numel(), p.value);
+  // A 16-bit run's fp32 masters are finer than its 16-bit weights: a wider run takes them.
+  const bool wide = model_dtype_ == DType::F32 || model_dtype_ == DType::F64;
+  for (Parameter& p : params_)
+    read_checkpoint(r, wide && r.has("master", p.name) ? "master" : "params", p, 0, p.value.numel(), p.value);
   // A params-only checkpoint (an imported model, `ckpt convert --params-only`)
   // has no optimizer state: AdamW keeps the zeroed state it was built with.
   bool has_optimizer_state = false;

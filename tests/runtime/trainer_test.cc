@@ -374,6 +374,40 @@ TEST(Trainer, MixedPrecisionResumeIsBitwise) {
   }
 }
 
+// Checkpoints cross precisions: an fp32 run resuming a bf16 run's checkpoint
+// takes the fp32 masters (not the rounded weights); a bf16 run resuming an
+// fp32 checkpoint rounds the weights and keeps them, widened, as masters.
+TEST(Trainer, CheckpointsCrossPrecisions) {
+  const std::string dir = testing_util::fresh_test_dir("ckpt");
+  const std::vector<std::string> base = {"train.steps=6", "checkpoint.async=false", "checkpoint.dir=" + dir,
+                                         "train.stop_after=3"};
+  std::vector<std::string> o = base;
+  o.push_back("precision.dtype=bf16");
+  Trainer b(debug_config(o), quiet());
+  b.run();
+  std::vector<double> masters;
+  for (const Tensor& m : b.optimizer().master())
+    for (int64_t i = 0; i < m.numel(); ++i) masters.push_back(m.data<float>()[i]);
+  Trainer f(debug_config({"train.steps=6", "checkpoint.dir=" + dir}), quiet());
+  EXPECT_EQ(f.start_step(), 3);
+  EXPECT_EQ(flat_params(f), masters) << "the fp32 run did not load the bf16 run's masters";
+
+  const std::string dir32 = testing_util::fresh_test_dir("ckpt32");
+  Trainer w(debug_config({"train.steps=6", "checkpoint.async=false", "checkpoint.dir=" + dir32, "train.stop_after=3"}),
+            quiet());
+  w.run();
+  Trainer h(debug_config({"train.steps=6", "checkpoint.dir=" + dir32, "precision.dtype=bf16"}), quiet());
+  const std::vector<double> wide = flat_params(w);
+  std::vector<double> hm;
+  for (const Tensor& m : h.optimizer().master())
+    for (int64_t i = 0; i < m.numel(); ++i) hm.push_back(m.data<float>()[i]);
+  EXPECT_EQ(hm, wide) << "the bf16 run's masters are not the fp32 checkpoint's weights";
+  const std::vector<double> rounded = flat_params(h);
+  for (size_t i = 0; i < wide.size(); i += 97)
+    ASSERT_EQ(rounded[i], double(bf16_to_float(float_to_bf16(float(wide[i]))))) << "element " << i;
+  EXPECT_LT(h.run().losses.back(), 5.5);
+}
+
 TEST(Trainer, CudaBackendWithoutADeviceIsRefused) {
   try {
     Trainer t(debug_config({"device.backend=cuda"}), quiet());
