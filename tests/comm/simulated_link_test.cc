@@ -93,6 +93,18 @@ TEST(SimulatedLink, LatencyDelaysWaitButNotSubmission) {
   EXPECT_LT(sw.ms(), 20.0 * kSlack);
 }
 
+// A host communicator has no device stream to hand the join to: join() is a
+// wait (the tensor-parallel layers call join() on every backend).
+TEST(SimulatedLink, JoinOnTheHostWaitsLikeWait) {
+  auto link = local_link({.latency_us = 20000});
+  auto x = random_values(1000, 2);
+  Stopwatch sw;
+  WorkPtr w = link.all_reduce_async(view(x), ReduceOp::Sum);
+  w->join(nullptr);
+  EXPECT_GE(sw.ms(), 20.0);
+  EXPECT_TRUE(w->test());
+}
+
 TEST(SimulatedLink, BandwidthLimitsAndOperationsSerialize) {
   auto link = local_link({.latency_us = 0, .bandwidth_gbps = 0.1});
   auto x = random_values(1'000'000, 2);  // 4 MB: 40 ms at 0.1 GB/s
