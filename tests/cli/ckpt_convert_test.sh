@@ -11,18 +11,8 @@ xirang=$1 src=$2 work=$3 case=$4
 mkdir -p "$work"
 cd "$work" || exit 1
 
-die() { echo "FAIL [$case]: $*"; exit 1; }
+. "$src/tests/cli/lib.sh"
 
-# expect_error EXIT_CODE PATTERN -- ARGS...: stderr must be one line matching PATTERN.
-expect_error() {
-  local want_rc=$1 pattern=$2; shift 3
-  "$xirang" "$@" >out.txt 2>err.txt
-  local rc=$?
-  [ "$rc" = "$want_rc" ] || die "exit code $rc, expected $want_rc for: $* (stderr: $(cat err.txt))"
-  [ "$(wc -l <err.txt)" = 1 ] || die "expected one error line, got: $(cat err.txt)"
-  grep -qE "^xirang: .*$pattern" err.txt || die "the error line does not match /$pattern/: $(cat err.txt)"
-  echo "ok [$case]: $(cat err.txt)"
-}
 
 cfg=$src/configs/gpt2_debug.yaml
 data=(--set data.train=data/debug/train --set data.val=data/debug/val --set metrics.peak_tflops=1)

