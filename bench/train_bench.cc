@@ -2,7 +2,7 @@
 // against the sgemm rate measured in the same run (the limit a step built
 // from matrix products can approach).
 //
-//   build/bin/train_bench [--steps N] [--shapes 4x64,8x256] [--threads K]
+//   build/bin/train_bench [--steps N] [--shapes 4x64,8x256] [--set section.key=value ...]
 //
 // The token stream is random (throughput does not depend on the text) and
 // lives in a temporary dataset directory that is removed afterwards.
@@ -51,12 +51,14 @@ std::vector<Shape2> parse_shapes(const std::string& s) {
 int main(int argc, char** argv) {
   int steps = 3;
   std::string shapes = "4x64,8x256";
+  std::vector<std::string> sets;  // extra config overrides, e.g. precision.dtype=bf16
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
+    else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: train_bench [--steps N] [--shapes BxT,...]\n");
+      std::fprintf(stderr, "usage: train_bench [--steps N] [--shapes BxT,...] [--set section.key=value ...]\n");
       return 2;
     }
   }
@@ -70,11 +72,13 @@ int main(int argc, char** argv) {
     std::printf("sgemm peak measured in this run: %.1f GFLOP/s\n", peak / 1e9);
     std::printf("| B x T | tokens/step | step ms (median) | tokens/s | MFU vs sgemm |\n|---|---|---|---|---|\n");
     for (const Shape2& s : parse_shapes(shapes)) {
-      Config c = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/gpt2_124m.yaml",
-                             {"train.micro_batch=" + std::to_string(s.batch), "train.global_batch=" + std::to_string(s.batch),
-                              "train.seq_len=" + std::to_string(s.seq), "train.steps=" + std::to_string(steps + 1),
-                              "train.eval_every=0", "data.train=" + (dir / "train").string(), "data.val=",
-                              "metrics.jsonl="});
+      std::vector<std::string> o = {"train.micro_batch=" + std::to_string(s.batch),
+                                    "train.global_batch=" + std::to_string(s.batch),
+                                    "train.seq_len=" + std::to_string(s.seq), "train.steps=" + std::to_string(steps + 1),
+                                    "train.eval_every=0", "data.train=" + (dir / "train").string(), "data.val=",
+                                    "metrics.jsonl="};
+      o.insert(o.end(), sets.begin(), sets.end());
+      Config c = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/gpt2_124m.yaml", o);
       validate(c, 1);
       TrainerOptions opts;
       opts.print = false;
