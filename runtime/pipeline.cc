@@ -36,10 +36,14 @@ void PipelineExecutor::layout(Arena& a) {
     const int slots = c.model->batch().activation_slots;
     c.tokens.clear();
     c.targets.clear();
+    c.staging.clear();
     c.free_slots.clear();
     for (int s = 0; s < slots; ++s) {
       if (c.first) c.tokens.push_back(a.alloc({B_, T_}, DType::I32, "pipeline tokens"));
       if (c.last) c.targets.push_back(a.alloc({B_, T_}, DType::I32, "pipeline targets"));
+      // Staging is host memory outside the arenas, made once the real (device) slots exist.
+      if (!a.is_measuring() && a.device() != Device::CPU && (c.first || c.last))
+        c.staging.emplace_back(size_t(2) * B_ * T_ * sizeof(int32_t), a.device());
       c.free_slots.push_back(slots - 1 - s);  // pop_back hands out slot 0 first
     }
     c.slot_send.assign(size_t(slots), nullptr);
@@ -143,16 +147,18 @@ double PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeIns
         Tensor targets = c.last ? c.targets[size_t(s)] : Tensor();
         if (c.first || c.last) {
           Stopwatch sw;
-          // Device slots are filled through host staging and copied in stream order.
+          // Device slots are filled through the slot's pinned staging buffer and copied asynchronously.
           const bool device = (c.first ? tokens : targets).device() != Device::CPU;
           const size_t n = size_t(B_) * size_t(T_);
-          if (device) staging_.resize(2 * n);
-          int32_t* tk = c.first ? (device ? staging_.data() : tokens.data<int32_t>()) : nullptr;
-          int32_t* tg = c.last ? (device ? staging_.data() + n : targets.data<int32_t>()) : nullptr;
+          HostStaging* st = device ? &c.staging[size_t(s)] : nullptr;
+          if (st) st->wait_reusable();  // the copy of the slot's previous microbatch has been read
+          int32_t* host = st ? static_cast<int32_t*>(st->data()) : nullptr;
+          int32_t* tk = c.first ? (st ? host : tokens.data<int32_t>()) : nullptr;
+          int32_t* tg = c.last ? (st ? host + n : targets.data<int32_t>()) : nullptr;
           feed(in.microbatch, tk, tg);
-          if (device) {  // the last copy waits, so the staging buffer is free again
-            if (tk) copy_bytes(tokens.raw(), tokens.device(), tk, Device::CPU, n * 4, ctx.cuda_stream, !tg);
-            if (tg) copy_bytes(targets.raw(), targets.device(), tg, Device::CPU, n * 4, ctx.cuda_stream, true);
+          if (st) {
+            if (tk) st->upload(tokens.raw(), 0, n * 4, ctx.cuda_stream);
+            if (tg) st->upload(targets.raw(), n * 4, n * 4, ctx.cuda_stream);
           }
           stats.data_ms += sw.ms();
         }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/device_memory.h"
 #include "core/arena.h"
 #include "models/gpt2.h"
 #include "runtime/schedule.h"
@@ -58,6 +59,7 @@ class PipelineExecutor {
     int g;  // model chunk index
     bool first, last;
     std::vector<Tensor> tokens, targets;  // per slot, (B, T) int32
+    std::vector<HostStaging> staging;     // per slot, when the slots are on a device: [tokens | targets] on the host
     std::vector<WorkPtr> slot_send;       // activation send in flight from each slot
     std::vector<int> free_slots;
     std::map<int, int> slot_of;           // microbatch -> slot
@@ -82,7 +84,7 @@ class PipelineExecutor {
   int B_ = 0, T_ = 0;
   std::map<std::tuple<int, int, int>, WorkPtr> posted_;  // (op, mb, chunk) -> receive in flight
   size_t post_cursor_ = 0;  // next list index to consider for posting
-  std::vector<int32_t> staging_;  // host tokens and targets of a microbatch bound for device slots
+
 };
 
 }  // namespace xirang
