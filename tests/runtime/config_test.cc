@@ -396,6 +396,11 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"faults.kind=explode", "faults.step=1"}, 1, {"faults.kind='explode'", "kill, hang, fail_transfer, kill_in_save"}},
       {{"faults.kind=kill", "faults.rank=3", "faults.step=1"}, 2, {"faults.rank=3", "0..1"}},
       {{"faults.kind=hang", "faults.step=0"}, 1, {"faults.step=0 must be >= 1"}},
+      {{"precision.dtype=fp8"}, 1, {"precision.dtype='fp8'", "fp32, bf16, fp16"}},
+      {{"precision.loss_scale=-2"}, 1, {"precision.loss_scale", "must be >= 0"}},
+      {{"precision.initial_scale=0"}, 1, {"precision.initial_scale=0 must be > 0"}},
+      {{"precision.growth_interval=0"}, 1, {"precision.growth_interval=0 must be >= 1"}},
+      {{"device.backend=tpu"}, 1, {"device.backend='tpu'", "cpu, cuda"}},
   };
   for (const Case& c : cases) expect_invalid(c.overrides, c.world, c.needles);
   // Messages start with the config's source so a multi-file run says which file.
