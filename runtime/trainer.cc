@@ -103,6 +103,37 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   opts_.print = opts_.print && is_logger();
   check_backend(cfg_);
   model_dtype_ = model_dtype_of(cfg_, opts_.dtype);
+  init_device();
+  if (cfg_.precision.loss_scale > 0)
+    loss_scale_ = LossScale(cfg_.precision.loss_scale, false, cfg_.precision.growth_interval);
+  else if (model_dtype_ == DType::F16)
+    loss_scale_ = LossScale(cfg_.precision.initial_scale, true, cfg_.precision.growth_interval);
+  const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, m = cfg_.microbatches();
+  if (p == 1 && v > 1)
+    fail(ErrorKind::Config, "parallel.virtual_stages=", v, " needs parallel.pp > 1 (virtual stages interleave ranks)");
+  schedule_kind_ = parse_schedule(cfg_.parallel.schedule, "parallel.schedule");
+  schedule_ = make_schedule(schedule_kind_, p, grid_->coords().pp, m, v);
+
+  // The data come first: a missing or corrupt dataset should fail before any large allocation.
+  train_data_.emplace(open_split(cfg_.data.train, "data.train", cfg_));
+  if (!cfg_.data.val.empty()) {
+    val_data_.emplace(open_split(cfg_.data.val, "data.val", cfg_));
+    val_sampler_ = std::make_unique<SequenceSampler>(*val_data_, cfg_.seq_len(), cfg_.train.seed, false);
+  }
+
+  build_chunks();
+
+  std::vector<GPT2*> raw;
+  for (auto& c : chunks_) raw.push_back(c.get());
+  exec_ = std::make_unique<PipelineExecutor>(raw, grid_->pp(), p, grid_->coords().pp, v, m);
+
+  build_arenas();
+  resume();
+  build_loader();
+  choose_peak();
+}
+
+void Trainer::init_device() {
   tp_comm_ = &grid_->tp();
   dp_grads_comm_ = &grid_->dp_grads();
   embedding_comm_ = &grid_->embedding();
@@ -134,31 +165,11 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
 #endif
   }
 #endif
-  if (cfg_.precision.loss_scale > 0)
-    loss_scale_ = LossScale(cfg_.precision.loss_scale, false, cfg_.precision.growth_interval);
-  else if (model_dtype_ == DType::F16)
-    loss_scale_ = LossScale(cfg_.precision.initial_scale, true, cfg_.precision.growth_interval);
-  const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, m = cfg_.microbatches();
-  if (p == 1 && v > 1)
-    fail(ErrorKind::Config, "parallel.virtual_stages=", v, " needs parallel.pp > 1 (virtual stages interleave ranks)");
-  schedule_kind_ = parse_schedule(cfg_.parallel.schedule, "parallel.schedule");
-  schedule_ = make_schedule(schedule_kind_, p, grid_->coords().pp, m, v);
+}
 
-  // The data come first: a missing or corrupt dataset should fail before any large allocation.
-  train_data_.emplace(open_split(cfg_.data.train, "data.train", cfg_));
-  if (!cfg_.data.val.empty()) {
-    val_data_.emplace(open_split(cfg_.data.val, "data.val", cfg_));
-    val_sampler_ = std::make_unique<SequenceSampler>(*val_data_, cfg_.seq_len(), cfg_.train.seed, false);
-  }
-
-  build_chunks();
-
-  std::vector<GPT2*> raw;
-  for (auto& c : chunks_) raw.push_back(c.get());
-  exec_ = std::make_unique<PipelineExecutor>(raw, grid_->pp(), p, grid_->coords().pp, v, m);
-
+void Trainer::build_arenas() {
   // Size every arena by running the carving code against measuring arenas.
-  const int dp = cfg_.parallel.dp;
+  const int dp = cfg_.parallel.dp, p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages;
   const bool zero = cfg_.parallel.zero == 1;
   Arena mp = Arena::measuring("parameters"), mg = Arena::measuring("gradients");
   Arena ms = Arena::measuring("optimizer state"), mz = Arena::measuring("gradient shard");
@@ -237,8 +248,9 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
     });
   }
   opt_->init_master(ctx_);
+}
 
-  resume();
+void Trainer::build_loader() {
   // Only the ranks that need input read it: the first stage the tokens, the last the targets.
   const bool need_tokens = chunks_.front()->stage().has_embedding, need_targets = chunks_.back()->stage().has_head;
   if (need_tokens || need_targets) {
@@ -249,7 +261,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
     spec.global_batch = cfg_.train.global_batch;
     spec.dp = cfg_.parallel.dp;
     spec.dp_rank = grid_->coords().dp;
-    spec.microbatches = m;
+    spec.microbatches = cfg_.microbatches();
     spec.need_tokens = need_tokens;
     spec.need_targets = need_targets;
     spec.first_step = start_step_;
@@ -261,7 +273,9 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
     lo.read_delay_ms = cfg_.data.read_delay_ms;
     loader_ = std::make_unique<PrefetchLoader>(*train_data_, spec, lo);
   }
+}
 
+void Trainer::choose_peak() {
   if (opts_.peak) peak_ = *opts_.peak;
   else if (cfg_.metrics.peak_tflops > 0) peak_ = {cfg_.metrics.peak_tflops * 1e12, "config metrics.peak_tflops"};
   else if (device_ != Device::CPU)

@@ -80,7 +80,15 @@ class Trainer {
   const AdamW& optimizer() const { return *opt_; }
 
  private:
+  // Construction, in order: the CUDA context and NCCL groups (device.backend=cuda);
+  // this rank's model chunks; every arena (measured, planned, checked
+  // against memory.limit_gb, allocated) with the parameters initialised;
+  // the loader (after resume(), which sets the first step); the MFU peak.
+  void init_device();
   void build_chunks();
+  void build_arenas();
+  void build_loader();
+  void choose_peak();
   // Runs the step's schedule; returns this rank's share of the step loss
   // (the mean over microbatches on the last stage, 0 elsewhere).
   double accumulate_gradients(int step, StepMetrics& m);
