@@ -16,6 +16,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/attention_checks.h"
 #include "kernels/cpu/common.h"
 
 namespace xirang {
@@ -25,22 +26,10 @@ using cpu::dispatch_storage;
 using cpu::is_16bit_v;
 using cpu::load;
 using cpu::store;
+using attention_checks::check_dims;
+using attention_checks::Dims;
 
 namespace {
-
-struct Dims {
-  int64_t B, T, C, H, D;
-};
-
-Dims check_dims(const char* op, const Tensor& qkv, int n_head) {
-  if (qkv.rank() != 3 || qkv.size(2) % 3 != 0)
-    fail(ErrorKind::Shape, op, ": qkv must be (B, T, 3C), got ", qkv.shape().str());
-  Dims d{qkv.size(0), qkv.size(1), qkv.size(2) / 3, n_head, 0};
-  if (n_head <= 0 || d.C % n_head != 0)
-    fail(ErrorKind::Shape, op, ": width ", d.C, " is not divisible by n_head ", n_head);
-  d.D = d.C / n_head;
-  return d;
-}
 
 template <class T>
 T dot(const T* a, const T* b, int64_t n) {
@@ -152,6 +141,22 @@ T* task_scratch(const Dims& d, bool backward) {
 // ---------------------------------------------------------------- probability-based pair
 
 // probs of type P: S, or F32 when S is 16-bit.
+// Query row t against keys 0..t (causal): e[j] = exp(scale q.k_j - max),
+// summed into `sum` (its type sets the accumulation precision); returns the max.
+template <class T, class Sum>
+T exp_scores(const T* q, const Head<T>& hd, int64_t t, int64_t D, T scale, T* e, Sum& sum) {
+  T mx = -INFINITY;
+  for (int64_t j = 0; j <= t; ++j) {
+    e[j] = scale * dot(q, hd.k + j * hd.ld, D);
+    mx = std::max(mx, e[j]);
+  }
+  for (int64_t j = 0; j <= t; ++j) {
+    e[j] = std::exp(e[j] - mx);
+    sum += e[j];
+  }
+  return mx;
+}
+
 template <class S, class P>
 void attention_forward_impl(const Dims& d, const S* pqkv, S* pout, P* pp) {
   using T = compute_t<S>;
@@ -169,16 +174,8 @@ void attention_forward_impl(const Dims& d, const S* pqkv, S* pout, P* pp) {
       T* p;
       if constexpr (std::is_same_v<P, T>) p = prow;
       else p = row_scratch;
-      T mx = -INFINITY;
-      for (int64_t j = 0; j <= t; ++j) {
-        p[j] = scale * dot(q, hd.k + j * hd.ld, d.D);
-        mx = std::max(mx, p[j]);
-      }
       Sum sum = 0;
-      for (int64_t j = 0; j <= t; ++j) {
-        p[j] = std::exp(p[j] - mx);
-        sum += p[j];
-      }
+      exp_scores(q, hd, t, d.D, scale, p, sum);
       T inv = T(Sum(1) / sum);
       for (int64_t j = 0; j <= t; ++j) p[j] *= inv;
       if constexpr (!std::is_same_v<P, T>) cpu::store_row(p, prow, t + 1);
@@ -313,16 +310,8 @@ void flash_forward_impl(const Dims& d, const S* pqkv, S* pout, compute_t<S>* pls
     T* s = scratch + 3 * d.T * d.D;  // the scores of one row (T), then an output row (D)
     for (int64_t t = 0; t < d.T; ++t) {
       const T* q = hd.q + t * hd.ld;
-      T mx = -INFINITY;
-      for (int64_t j = 0; j <= t; ++j) {
-        s[j] = scale * dot(q, hd.k + j * hd.ld, d.D);
-        mx = std::max(mx, s[j]);
-      }
       double sum = 0;
-      for (int64_t j = 0; j <= t; ++j) {
-        s[j] = std::exp(s[j] - mx);
-        sum += s[j];
-      }
+      const T mx = exp_scores(q, hd, t, d.D, scale, s, sum);
       plse[bh * d.T + t] = T(double(mx) + std::log(sum));
       const T inv = T(1.0 / sum);
       S* orow = pout + (b * d.T + t) * d.C + h * d.D;

@@ -35,6 +35,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/attention_checks.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -424,17 +425,11 @@ S* tensor_ptr(const Tensor& t) {  // callers have checked t's dtype against S
   return static_cast<S*>(t.raw());
 }
 
-struct Dims {
-  int64_t B, T, C, H, D;
-};
+using attention_checks::Dims;
 
+// The shared shape checks, plus the CUDA kernels' own limits.
 Dims check_dims(const char* op, const Tensor& qkv, int n_head) {
-  if (qkv.rank() != 3 || qkv.size(2) % 3 != 0)
-    fail(ErrorKind::Shape, op, ": qkv must be (B, T, 3C), got ", qkv.shape().str());
-  Dims d{qkv.size(0), qkv.size(1), qkv.size(2) / 3, n_head, 0};
-  if (n_head <= 0 || d.C % n_head != 0)
-    fail(ErrorKind::Shape, op, ": width ", d.C, " is not divisible by n_head ", n_head);
-  d.D = d.C / n_head;
+  const Dims d = attention_checks::check_dims(op, qkv, n_head);
   if (d.D > kMaxHeadDim) fail(ErrorKind::Shape, op, ": head dim ", d.D, " exceeds ", kMaxHeadDim, " on CUDA");
   if (d.B * d.H > 65535) fail(ErrorKind::Shape, op, ": B * n_head = ", d.B * d.H, " exceeds 65535 (grid y)");
   if (3 * d.C > 0x7fffffff) fail(ErrorKind::Shape, op, ": width ", d.C, " is too large");
