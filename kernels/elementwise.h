@@ -33,4 +33,12 @@ double sum_squares(const KernelContext& ctx, const Tensor& x);
 // True when every element is finite.
 bool all_finite(const KernelContext& ctx, const Tensor& x);
 
+// The device-side forms of the reductions above, for statistics summed over
+// many tensors and read back once per step: `acc` is one F64 element on the
+// context's device, and nothing waits for the result.
+// acc += sum of squares of x (the terms and their order as sum_squares).
+void sum_squares_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x);
+// acc += mean of x (F32 or F64), summed in double.
+void mean_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x);
+
 }  // namespace xirang

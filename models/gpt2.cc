@@ -155,6 +155,8 @@ void GPT2::layout_activations(Arena& acts) {
     ce_max_ = W({N}, "softmax row max");
     ce_sums_ = W({N, 2}, "softmax sums");
   }
+  if (stage_.has_head) loss_sum_ = acts.alloc({1}, DType::F64, "loss sum");
+  loss_pending_ = false;
 }
 
 void GPT2::init_parameters(uint64_t seed) {
@@ -298,7 +300,7 @@ void GPT2::block_forward(const KernelContext& ctx, int l, const Tensor& x, Block
   row_parallel(a.res3, a.fch_gelu, *p.proj_w, *p.proj_b, a.res2);
 }
 
-double GPT2::head_loss(const KernelContext& ctx, SlotActs& s, const Tensor& targets, double dloss) {
+void GPT2::head_loss(const KernelContext& ctx, SlotActs& s, const Tensor& targets, double dloss) {
   const Tensor tg = targets.view({rows_});
   Tensor dlogits = dloss > 0 ? s.logits : Tensor();
   if (tp_size_ == 1) {
@@ -312,25 +314,22 @@ double GPT2::head_loss(const KernelContext& ctx, SlotActs& s, const Tensor& targ
     tp_all_reduce(ce_sums_, ReduceOp::Sum);
     cross_entropy_shard_finish(ctx, s.losses, dlogits, s.logits, tg, ce_max_, ce_sums_, vb, shape_.vocab_size, dloss);
   }
-  Tensor losses = s.losses;
-  if (losses.device() != Device::CPU) {  // the one device-to-host copy of a forward (N values)
-    loss_host_.resize(losses.bytes());
-    Tensor host(loss_host_.data(), losses.shape(), losses.dtype());
-    copy_tensor(host, losses, ctx.cuda_stream, true);
-    losses = host;
-  }
-  double sum = 0;
-  if (wide_dtype_ == DType::F32) {
-    const float* pl = losses.data<float>();
-    for (int64_t i = 0; i < rows_; ++i) sum += pl[i];
-  } else {
-    const double* pl = losses.data<double>();
-    for (int64_t i = 0; i < rows_; ++i) sum += pl[i];
-  }
-  return sum / double(rows_);
+  // The microbatch's mean loss joins the step's sum on the device: the host
+  // reads it once, in take_loss().
+  if (!loss_pending_) zero(ctx, loss_sum_);
+  mean_accumulate(ctx, loss_sum_, s.losses);
+  loss_pending_ = true;
 }
 
-double GPT2::forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets, double dloss) {
+double GPT2::take_loss(const KernelContext& ctx) {
+  if (!stage_.has_head || !loss_pending_) return 0.0;
+  double sum = 0;
+  copy_bytes(&sum, Device::CPU, loss_sum_.raw(), loss_sum_.device(), sizeof(double), ctx.cuda_stream, true);
+  loss_pending_ = false;
+  return sum;
+}
+
+void GPT2::forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets, double dloss) {
   stream_ = ctx.cuda_stream;
   SlotActs& s = slots_.at(size_t(slot));
   const int64_t T = batch_.seq_len;
@@ -349,11 +348,11 @@ double GPT2::forward(const KernelContext& ctx, int slot, const Tensor& tokens, c
     block_forward(ctx, int(l), *x, s.blocks[l]);
     x = &s.blocks[l].res3;
   }
-  if (!stage_.has_head) return 0.0;
+  if (!stage_.has_head) return;
   check_shape("GPT2::forward", "targets", targets, {batch_.micro_batch, batch_.seq_len});
   norm_to_full(ctx, s.lnf, s.lnf_mean, s.lnf_rstd, *x, *lnf_w_, *lnf_b_);
   linear_forward(ctx, s.logits, s.lnf, wte_->value, Tensor());
-  return head_loss(ctx, s, targets, dloss);
+  head_loss(ctx, s, targets, dloss);
 }
 
 // ---- backward: the mirror of forward

@@ -29,7 +29,8 @@
 //   model.layout_parameters(param_arena, grad_arena);
 //   model.layout_activations(act_arena);
 //   model.init_parameters(seed);
-//   double loss = model.forward(ctx, slot, tokens, targets, dloss);  // dloss > 0: training
+//   model.forward(ctx, slot, tokens, targets, dloss);  // dloss > 0: training
+//   double loss = model.take_loss(ctx);                // the mean loss, read back once
 //   model.backward(ctx, slot, tokens, GradPhase::Final);
 #pragma once
 
@@ -118,9 +119,14 @@ class GPT2 {
   void init_parameters(uint64_t seed);
 
   // Forward of one microbatch (tokens, targets: (B, T) int32) into activation
-  // slot `slot`. Returns the mean loss over its tokens. With dloss > 0 the
-  // loss gradient (dloss per token) is prepared for backward().
-  double forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets, double dloss);
+  // slot `slot`. On the stage with the head, the mean loss over its tokens
+  // is added to the loss sum, which stays on the model's device (no wait).
+  // With dloss > 0 the loss gradient (dloss per token) is prepared for backward().
+  void forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets, double dloss);
+  // The sum of the mean losses of the forwards since the last call (0 on a
+  // stage without the head), read back to the host, and the sum reset. On a
+  // device this waits for the forwards queued so far: once per step.
+  double take_loss(const KernelContext& ctx);
   // Backward of the microbatch in `slot`; parameter gradients accumulate.
   // A stage without the head takes the gradient of its output, (R, C), from
   // the next stage; afterwards input_grad() holds the gradient of its input.
@@ -196,7 +202,7 @@ class GPT2 {
   void reduce_rows(Tensor partial, Tensor out);
   // The gradient of R local rows as the (N, C) gradient a row-parallel region needs.
   Tensor full_rows(Tensor local);
-  double head_loss(const KernelContext& ctx, SlotActs& s, const Tensor& targets, double dloss);
+  void head_loss(const KernelContext& ctx, SlotActs& s, const Tensor& targets, double dloss);
   void tp_all_reduce(Tensor t, ReduceOp op);
   void reduce_partial_norm_grads(const Parameter& w, const Parameter& b);
 
@@ -221,7 +227,8 @@ class GPT2 {
   Tensor d_big_;    // (N, 4C/P) MLP hidden gradient; also attention output and qkv gradients
   Tensor ce_max_, ce_sums_;  // (N), (N, 2) vocabulary-parallel softmax statistics
   std::function<void(int)> grad_ready_;
-  std::vector<char> loss_host_;  // host copy of the per-token losses when they live on a device
+  Tensor loss_sum_;  // (1) F64: the mean losses of the forwards since take_loss()
+  bool loss_pending_ = false;  // loss_sum_ holds a sum (else it is reset at the next forward)
   double tp_comm_ms_ = 0;  // host time in tensor-parallel calls (on a device: launch and join only)
   void* stream_ = nullptr;  // the compute stream of the pass in progress (tensor-parallel joins)
 };

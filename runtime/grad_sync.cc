@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/clock.h"
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "kernels/elementwise.h"
 
@@ -61,6 +62,7 @@ GradSync::GradSync(std::vector<Parameter>& params, Communicator& dp, Communicato
 
 void GradSync::layout(Arena& shard) {
   if (opts_.zero) shard_grads_ = shard.alloc({shard_elems_}, flat_grads_.dtype(), "ZeRO gradient shard");
+  norm_sum_ = shard.alloc({1}, DType::F64, "gradient norm sum");
 }
 
 std::vector<OptimizerSegment> GradSync::optimizer_segments() const {
@@ -95,6 +97,7 @@ void GradSync::begin_step() {
   }
   comm_ms_ = exposed_ms_ = 0;
   first_launch_ = 0;
+  settled_ = false;
 }
 
 void GradSync::launch(Bucket& b) {
@@ -118,11 +121,22 @@ void GradSync::layer_done(int layer) {
   }
 }
 
-void GradSync::finish() {
+void GradSync::finish(void* stream) {
+  stream_ = stream;
   Stopwatch sw;
   for (auto& b : buckets_) {
     if (!b.work) launch(b);
   }
+  // On the host each join waits; on a device the stream waits for every
+  // bucket and the host goes on (settle() waits once, with the timeout).
+  for (auto& b : buckets_) b.work->join(stream);
+  exposed_ms_ += sw.ms();
+  if (!stream) settle();
+}
+
+void GradSync::settle() {
+  if (settled_) return;
+  Stopwatch sw;
   // A bucket's completion is its launch plus its duration; the span to the
   // last one is the communication time (operations overlap one another).
   double last_done = first_launch_;
@@ -131,27 +145,45 @@ void GradSync::finish() {
     last_done = std::max(last_done, b.launched_at + b.work->duration_ms() / 1e3);
   }
   comm_ms_ += (last_done - first_launch_) * 1e3;
-  exposed_ms_ += sw.ms();
+  if (stream_) exposed_ms_ += sw.ms();  // on the host, finish() already counted the waits
+  // A device's ZeRO gather of the previous step completed before these buckets (same channel).
+  if (!gathers_.empty()) {
+    double end = gather_start_;
+    for (auto& w : gathers_) end = std::max(end, gather_start_ + w->duration_ms() / 1e3);
+    comm_ms_ += (end - gather_start_) * 1e3;
+    gathers_.clear();
+  }
+  settled_ = true;
 }
 
 void GradSync::gather_parameters() {
   if (!opts_.zero) return;
   Stopwatch sw;
-  const double start = now_seconds();
-  std::vector<WorkPtr> works;
+  gather_start_ = now_seconds();
+  gathers_.clear();
   for (auto& b : buckets_)
-    works.push_back(dp_.all_gather_async(flat_params_.flat_range(b.chunk_begin, b.chunk_end),
-                                         flat_params_.flat_range(b.begin, b.end)));
-  for (auto& w : works) w->wait();
-  comm_ms_ += (now_seconds() - start) * 1e3;
+    gathers_.push_back(dp_.all_gather_async(flat_params_.flat_range(b.chunk_begin, b.chunk_end),
+                                            flat_params_.flat_range(b.begin, b.end)));
+  // On a device the next step's kernels wait for the gathers on the stream,
+  // and their time is counted when the next step settles.
+  for (auto& w : gathers_) w->join(stream_);
+  if (stream_) return;
+  comm_ms_ += (now_seconds() - gather_start_) * 1e3;
   exposed_ms_ += sw.ms();
+  gathers_.clear();
 }
 
 double GradSync::grad_norm(const KernelContext& ctx, const AdamW& opt) {
   const bool tp_split = tp_ && tp_->size() > 1;
-  double s = 0;
+  // The squares of every segment add up on the device; the host reads the
+  // sum once, after the timed wait for the buckets (settle).
+  zero(ctx, norm_sum_);
   for (const auto& seg : opt.segments())
-    if (!(tp_split && seg.tp_replicated && tp_->rank() != 0) && !seg.tied_copy) s += sum_squares(ctx, seg.grad);
+    if (!(tp_split && seg.tp_replicated && tp_->rank() != 0) && !seg.tied_copy)
+      sum_squares_accumulate(ctx, norm_sum_, seg.grad);
+  settle();
+  double s = 0;
+  copy_bytes(&s, Device::CPU, norm_sum_.raw(), norm_sum_.device(), sizeof(double), ctx.cuda_stream, true);
   if (tp_split) s = tp_->all_reduce_sum(s);
   if (pp_ && pp_->size() > 1) s = pp_->all_reduce_sum(s);
   if (opts_.zero) s = dp_host_->all_reduce_sum(s);

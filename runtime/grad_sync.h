@@ -21,7 +21,7 @@
 //   opt.set_segments(sync.optimizer_segments());
 //   sync.begin_step();
 //   ... last microbatch: model backward calls sync.layer_done(l) ...
-//   sync.finish();                      // all reductions complete
+//   sync.finish(stream);                // every reduction joined (null stream: waited for)
 //   opt.step(...); sync.gather_parameters();
 #pragma once
 
@@ -59,18 +59,25 @@ class GradSync {
   void begin_step();
   // The gradients of `layer` (-1 embeddings, n_layer final norm) are final.
   void layer_done(int layer);
-  // Launches what is left, waits for every bucket.
-  void finish();
-  // ZeRO: all-gathers updated parameter chunks (no-op without ZeRO).
+  // Launches what is left and joins every bucket to `stream`: on the host
+  // (null) that is a wait for each; on a device the compute stream waits for
+  // them and the host goes on, so the norm's kernels queue at once.
+  void finish(void* stream = nullptr);
+  // ZeRO: all-gathers updated parameter chunks (no-op without ZeRO); on a
+  // device joined to finish()'s stream without a host wait.
   void gather_parameters();
   // Global gradient norm: the sum of squares of this rank's segments
   // (tensor-parallel replicas and the last stage's tied token table counted
-  // once), summed over tp and pp, and over dp when sharded.
+  // once), summed over tp and pp, and over dp when sharded. The squares are
+  // summed on the device; the host waits once per step, here: for the
+  // buckets, with the channel's timeout, then for the sum.
   double grad_norm(const KernelContext& ctx, const AdamW& opt);
 
   // Time dp communication was in flight this step (from the first launch to
   // the last completion, per phase: gradients, then ZeRO parameter gather)
-  // and the time the caller was blocked waiting for it.
+  // and the time the caller was blocked waiting for it. On a device the
+  // ZeRO gather completes behind the host and is counted in the next step,
+  // and the wait for the buckets includes the end of the backward pass.
   double comm_ms() const { return comm_ms_; }
   double exposed_ms() const { return exposed_ms_; }
   int num_buckets() const { return int(buckets_.size()); }
@@ -88,6 +95,9 @@ class GradSync {
 
  private:
   void launch(Bucket& b);
+  // Waits on the host for every bucket (the step's timed wait) and adds up
+  // the communication time; once per step.
+  void settle();
 
   std::vector<Parameter>& params_;
   Communicator& dp_;
@@ -103,6 +113,11 @@ class GradSync {
   int64_t shard_elems_ = 0;
   double comm_ms_ = 0, exposed_ms_ = 0;
   double first_launch_ = 0;  // seconds; 0 before the first launch of the step
+  void* stream_ = nullptr;   // finish()'s stream: null on the host
+  bool settled_ = false;
+  Tensor norm_sum_;          // (1) F64 sum of squares, on the gradients' device
+  std::vector<WorkPtr> gathers_;  // ZeRO gathers not yet counted (device)
+  double gather_start_ = 0;
 };
 
 }  // namespace xirang

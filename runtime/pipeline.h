@@ -13,7 +13,7 @@
 //
 //   PipelineExecutor exec(chunks, grid.pp(), p, rank, v, m);
 //   exec.layout(arena);                         // measuring, then real
-//   double loss_sum = exec.run(ctx, list, feed, dloss, stats);
+//   exec.run(ctx, list, feed, dloss, stats);
 #pragma once
 
 #include <functional>
@@ -47,11 +47,11 @@ class PipelineExecutor {
   PipelineExecutor(std::vector<GPT2*> chunks, Communicator& pp, int p, int rank, int v, int m);
   // Carves the token/target buffers of every activation slot and the gradient buffers.
   void layout(Arena& a);
-  // Runs `list` up to ReduceGradients; returns the sum of the microbatch losses
-  // (non-zero only on the rank holding the head). Final backward passes fire
-  // the chunks' gradient-ready hooks.
-  double run(const KernelContext& ctx, const std::vector<PipeInstr>& list, const Feed& feed, double dloss,
-             PipelineStats& stats);
+  // Runs `list` up to ReduceGradients. The microbatch losses collect in the
+  // head chunk's loss sum (GPT2::take_loss). Final backward passes fire the
+  // chunks' gradient-ready hooks.
+  void run(const KernelContext& ctx, const std::vector<PipeInstr>& list, const Feed& feed, double dloss,
+           PipelineStats& stats);
 
  private:
   struct Chunk {

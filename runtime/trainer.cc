@@ -302,18 +302,18 @@ void Trainer::build_chunks() {
 
 void Trainer::reduce_tied_embedding() {
   Parameter* w = tied_first_ ? tied_first_ : tied_last_;
-  embedding_comm_->all_reduce(w->grad, ReduceOp::Sum);
+  // On a device the compute stream waits for the sum; the host goes on.
+  embedding_comm_->all_reduce_async(w->grad, ReduceOp::Sum)->join(ctx_.cuda_stream);
 }
 
-double Trainer::accumulate_gradients(int step, StepMetrics& m) {
+void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   const int micro = cfg_.microbatches();
   const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
   // d(mean loss of the global batch) / d(per-token loss): every microbatch has B*T tokens.
   // Under fp16 it is scaled up so that small gradients survive 16-bit storage.
   const double dloss = loss_scale_.scale() / (double(B) * T * micro * cfg_.parallel.dp);
   PipelineStats st;
-  const double loss_sum = exec_->run(
-      ctx_, schedule_, [&](int mb, int32_t* tk, int32_t* tg) { loader_->next(step, mb, tk, tg); }, dloss, st);
+  exec_->run(ctx_, schedule_, [&](int mb, int32_t* tk, int32_t* tg) { loader_->next(step, mb, tk, tg); }, dloss, st);
   // The last stage's copy of the token table is final once its head passes
   // are done. Its reduction waits for the first stage to finish, and so does
   // the barrier after it on every stage: a stage that finished its list early
@@ -323,7 +323,8 @@ double Trainer::accumulate_gradients(int step, StepMetrics& m) {
     reduce_tied_embedding();
     sync_->layer_done(-1);
   }
-  if (cfg_.parallel.pp > 1) grid_->pp().barrier();
+  // (On a device the host has only queued the work: no barrier, the streams order it.)
+  if (cfg_.parallel.pp > 1 && device_ == Device::CPU) grid_->pp().barrier();
   st.bubble_ms += drain.ms();
   m.forward_ms = st.forward_ms;
   m.backward_ms = st.backward_ms;
@@ -332,7 +333,6 @@ double Trainer::accumulate_gradients(int step, StepMetrics& m) {
   m.data_prefetch_depth = loader_ ? loader_->depth() : 0;
   m.pp_bubble_ms = st.bubble_ms;
   m.pp_comm_exposed_ms = st.comm_exposed_ms;
-  return loss_sum / micro;
 }
 
 double Trainer::evaluate() {
@@ -356,10 +356,11 @@ double Trainer::evaluate() {
     for (size_t c = 0; c < chunks_.size(); ++c) {
       GPT2& g = *chunks_[c];
       if (!g.stage().has_embedding) grid_->pp().recv(g.stage_input(0), (rank + p - 1) % p, kEvalTag);
-      sum += g.forward(ctx_, 0, tokens, targets, 0.0);
+      g.forward(ctx_, 0, tokens, targets, 0.0);
       if (!g.stage().has_head) grid_->pp().send(g.stage_output(0), (rank + 1) % p, kEvalTag);
     }
   }
+  for (auto& c : chunks_) sum += c->take_loss(ctx_);
   sum = grid_->pp().all_reduce_sum(sum);  // only the last stage has losses
   return grid_->dp().all_reduce_sum(sum) / double(n);
 }
@@ -592,12 +593,17 @@ TrainResult Trainer::run() {
       else zero(ctx_, p.grad);
     }
     sync_->begin_step();
-    const double local_loss = accumulate_gradients(step, m);
-    sync_->finish();
+    accumulate_gradients(step, m);
+    sync_->finish(ctx_.cuda_stream);
     Stopwatch ow;
     const double scale = loss_scale_.scale();
     m.loss_scale = scale;
+    // The step's one host wait (on a device): the norm decides clipping and skipping.
     m.grad_norm = sync_->grad_norm(ctx_, *opt_) / scale;
+    // The forwards are done by now, so reading the loss costs no further wait.
+    double local_loss = 0;
+    for (auto& c : chunks_) local_loss += c->take_loss(ctx_);
+    local_loss /= cfg_.microbatches();
     m.lr = lr_at(cfg_.train, step);
     if (loss_scale_.enabled()) {
       // The norm is reduced over tp and pp (and dp under ZeRO); the vote over

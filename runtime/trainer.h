@@ -89,9 +89,9 @@ class Trainer {
   void build_arenas();
   void build_loader();
   void choose_peak();
-  // Runs the step's schedule; returns this rank's share of the step loss
-  // (the mean over microbatches on the last stage, 0 elsewhere).
-  double accumulate_gradients(int step, StepMetrics& m);
+  // Runs the step's schedule (its losses collect in the head chunk's loss
+  // sum) and fills the step's pipeline timings.
+  void accumulate_gradients(int step, StepMetrics& m);
   // Sums the tied token table's gradient over the first and last stage.
   void reduce_tied_embedding();
   void inject_fault(int step);

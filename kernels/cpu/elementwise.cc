@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/cpu/common.h"
+#include "kernels/reduce_checks.h"
 
 namespace xirang {
 
@@ -188,6 +189,32 @@ bool all_finite(const KernelContext& ctx, const Tensor& x) {
     for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(load_double(p, i));
   });
   return !bad;
+}
+
+void sum_squares_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x) {
+  XR_ON_CUDA(ctx, sum_squares_accumulate(ctx, acc, x));
+  cpu::require_cpu(ctx, "sum_squares_accumulate");
+  reduce_checks::check_accumulate("sum_squares_accumulate", acc, x, false);
+  acc.data<double>()[0] += sum_squares(ctx, x);
+}
+
+void mean_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x) {
+  XR_ON_CUDA(ctx, mean_accumulate(ctx, acc, x));
+  cpu::require_cpu(ctx, "mean_accumulate");
+  reduce_checks::check_accumulate("mean_accumulate", acc, x, true);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  // In element order: the per-token losses of a microbatch are few, and one
+  // fixed order keeps the step's loss identical on every layout.
+  double sum = 0;
+  if (x.dtype() == DType::F32) {
+    const float* p = x.data<float>();
+    for (int64_t i = 0; i < n; ++i) sum += p[i];
+  } else {
+    const double* p = x.data<double>();
+    for (int64_t i = 0; i < n; ++i) sum += p[i];
+  }
+  acc.data<double>()[0] += sum / double(n);
 }
 
 }  // namespace xirang

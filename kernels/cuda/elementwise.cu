@@ -1,14 +1,17 @@
-// CUDA elementwise ops, casts and the two reductions that return a host value.
+// CUDA elementwise ops, casts and reductions.
 //
 // Elementwise kernels are grid-stride loops over the flat elements, in
-// float, rounding once on store. sum_squares is a two-pass reduction whose
-// grid depends on the element count only, so its result repeats bit for
-// bit on any GPU; it and all_finite copy their one value back and wait on an
-// event recorded after that copy, not on the device.
+// float, rounding once on store. The sums are two-pass reductions whose grid
+// depends on the element count only, so their results repeat bit for bit on
+// any GPU. sum_squares and all_finite copy their one value back and wait on
+// an event recorded after that copy, not on the device; the accumulating
+// forms (sum_squares_accumulate, mean_accumulate) leave their result on the
+// device and never wait.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/reduce_checks.h"
 
 namespace xirang::cuda {
 
@@ -89,24 +92,27 @@ __device__ void block_tree_sum(double* sh) {
   __syncthreads();
 }
 
-template <class S>
-__global__ void sum_squares_partial_kernel(const S* __restrict__ x, int64_t n, double* __restrict__ partial) {
+// First pass of a sum (kSquare: of squares): one partial per block.
+template <class S, bool kSquare>
+__global__ void sum_partial_kernel(const S* __restrict__ x, int64_t n, double* __restrict__ partial) {
   __shared__ double sh[kReduceThreads];
   double acc = 0;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const double v = load(x[i]);
-    acc += v * v;
+    acc += kSquare ? v * v : v;
   }
   sh[threadIdx.x] = acc;
   block_tree_sum<kReduceThreads>(sh);
   if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
 }
 
-__global__ void sum_partials_kernel(const double* __restrict__ partial, int64_t count, double* __restrict__ out) {
+// Second pass: out = (or, accumulating, out +=) the sum of the partials / divisor.
+__global__ void sum_partials_kernel(const double* __restrict__ partial, int64_t count, double* __restrict__ out,
+                                    bool accumulate, double divisor) {
   __shared__ double sh[kReduceBlocks];
   sh[threadIdx.x] = int64_t(threadIdx.x) < count ? partial[threadIdx.x] : 0.0;
   block_tree_sum<int(kReduceBlocks)>(sh);
-  if (threadIdx.x == 0) *out = sh[0];
+  if (threadIdx.x == 0) *out = (accumulate ? *out : 0.0) + sh[0] / divisor;
 }
 
 template <class S>
@@ -246,27 +252,56 @@ void cast(const KernelContext& ctx, Tensor out, const Tensor& in) {
   XR_CUDA_LAUNCH_CHECK();
 }
 
+// Queues the two-pass sum of x (kSquare: of squares) into *out, which it
+// overwrites or (accumulate) adds to, after dividing by `divisor`. The grid
+// depends on n only, so the result repeats bit for bit.
+template <bool kSquare>
+void queue_sum(const KernelContext& ctx, const Tensor& x, double* out, bool accumulate, double divisor,
+               const char* op) {
+  const int64_t n = x.numel();
+  const int64_t blocks = reduce_blocks(n);
+  auto* partial = static_cast<double*>(scratch(ctx, align256(blocks * sizeof(double)), op));
+  dispatch_storage(x.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    sum_partial_kernel<S, kSquare><<<unsigned(blocks), kReduceThreads, 0, stream(ctx)>>>(
+        static_cast<const S*>(x.raw()), n, partial);
+  });
+  XR_CUDA_LAUNCH_CHECK();
+  sum_partials_kernel<<<1, unsigned(kReduceBlocks), 0, stream(ctx)>>>(partial, blocks, out, accumulate, divisor);
+  XR_CUDA_LAUNCH_CHECK();
+}
+
 double sum_squares(const KernelContext& ctx, const Tensor& x) {
   const char* op = "sum_squares";
   require_cuda(ctx, op);
   check_on_device(op, {{"x", &x}});
-  const int64_t n = x.numel();
-  if (n == 0) return 0.0;
-  const int64_t blocks = reduce_blocks(n);
-  // Scratch: the partials, then the result.
-  auto* partial = static_cast<double*>(scratch(ctx, align256(blocks * sizeof(double)) + sizeof(double), op));
-  double* result = partial + align256(blocks * sizeof(double)) / sizeof(double);
-  dispatch_storage(x.dtype(), op, [&](auto tag) {
-    using S = decltype(tag);
-    sum_squares_partial_kernel<S><<<unsigned(blocks), kReduceThreads, 0, stream(ctx)>>>(
-        static_cast<const S*>(x.raw()), n, partial);
-  });
-  XR_CUDA_LAUNCH_CHECK();
-  sum_partials_kernel<<<1, unsigned(kReduceBlocks), 0, stream(ctx)>>>(partial, blocks, result);
-  XR_CUDA_LAUNCH_CHECK();
+  if (x.numel() == 0) return 0.0;
+  // Scratch: the partials, then the result (queue_sum's partials come first).
+  const size_t partial_bytes = align256(reduce_blocks(x.numel()) * sizeof(double));
+  auto* base = static_cast<char*>(scratch(ctx, partial_bytes + sizeof(double), op));
+  auto* result = reinterpret_cast<double*>(base + partial_bytes);
+  queue_sum<true>(ctx, x, result, false, 1.0, op);
   double host = 0;
   copy_back(ctx, &host, result, sizeof(double), op);
   return host;
+}
+
+void sum_squares_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x) {
+  const char* op = "sum_squares_accumulate";
+  require_cuda(ctx, op);
+  check_on_device(op, {{"acc", &acc}, {"x", &x}});
+  reduce_checks::check_accumulate(op, acc, x, false);
+  if (x.numel() == 0) return;
+  queue_sum<true>(ctx, x, acc.data<double>(), true, 1.0, op);
+}
+
+void mean_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x) {
+  const char* op = "mean_accumulate";
+  require_cuda(ctx, op);
+  check_on_device(op, {{"acc", &acc}, {"x", &x}});
+  reduce_checks::check_accumulate(op, acc, x, true);
+  if (x.numel() == 0) return;
+  queue_sum<false>(ctx, x, acc.data<double>(), true, double(x.numel()), op);
 }
 
 bool all_finite(const KernelContext& ctx, const Tensor& x) {

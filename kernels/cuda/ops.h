@@ -36,6 +36,8 @@ void zero(const KernelContext& ctx, Tensor x);
 void cast(const KernelContext& ctx, Tensor out, const Tensor& in);
 double sum_squares(const KernelContext& ctx, const Tensor& x);
 bool all_finite(const KernelContext& ctx, const Tensor& x);
+void sum_squares_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x);
+void mean_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x);
 
 // kernels/adamw.h (fused: master update and the 16-bit model copy in one pass)
 void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v,
