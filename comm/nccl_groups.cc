@@ -8,17 +8,34 @@
 
 namespace xirang {
 
-NcclGroups::NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams, const CommOptions& opts) {
-  if (!streams.compute || !streams.dp || !streams.pp)
-    fail(ErrorKind::Internal, "NcclGroups: the compute, dp and pp streams must all be given (not the legacy stream 0)");
+NcclGroups::NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams, int pp_colors,
+                       const CommOptions& opts) {
+  if (!streams.compute || !streams.dp)
+    fail(ErrorKind::Internal, "NcclGroups: the compute and dp streams must be given (not the legacy stream 0)");
   // The same order on every rank: each set-up waits for the group's other ranks.
   tp_ = make_nccl_group(grid.tp(), device, streams.compute, opts);
   dp_grads_ = make_nccl_group(grid.dp_grads(), device, streams.dp, opts);
   dp_grads_->set_input_ready_stream(streams.compute);
   embedding_ = make_nccl_group(grid.embedding(), device, streams.dp, opts);
   embedding_->set_input_ready_stream(streams.compute);
-  pp_ = make_nccl_group(grid.pp(), device, streams.pp, opts);
-  pp_->set_input_ready_stream(streams.compute);
+  for (int i = 0; i < 2 * pp_colors; ++i) pp_streams_.emplace_back(device, StreamPriority::High);
+  for (int i = 0; i < 2 * pp_colors; ++i) {
+    auto& list = i < pp_colors ? pp_act_ : pp_grads_;
+    list.push_back(make_nccl_group(grid.pp(), device, pp_streams_[size_t(i)].get(), opts));
+    list.back()->set_input_ready_stream(streams.compute);
+  }
+}
+
+std::vector<Communicator*> NcclGroups::pp_act() const {
+  std::vector<Communicator*> out;
+  for (auto& c : pp_act_) out.push_back(c.get());
+  return out;
+}
+
+std::vector<Communicator*> NcclGroups::pp_grads() const {
+  std::vector<Communicator*> out;
+  for (auto& c : pp_grads_) out.push_back(c.get());
+  return out;
 }
 
 int node_local_device() {

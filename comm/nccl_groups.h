@@ -10,7 +10,13 @@
 //   tp         compute   compute (itself)      activations, the loss phases
 //   dp_grads   dp        compute               gradient buckets, ZeRO gathers
 //   embedding  dp        compute               the tied token table's gradient
-//   pp         pp        compute               activations and their gradients
+//   pp_act[c]  own (c)   compute               activations, edge colour c
+//   pp_grads[c] own (c)  compute               input gradients, edge colour c
+//
+// The pipeline channels are order-matched queues, one per edge colour and
+// direction (runtime/pipeline.h, pipe_edge_color), each on a high-priority
+// stream the groups own, so that a rank's four pipeline queues never wait on
+// one another.
 //
 // Every rank must create it at the same point, since each channel's set-up
 // is collective over its group (and bootstraps over the grid's channel of the
@@ -18,8 +24,8 @@
 // copies on the device where LocalCommunicator would memcpy on the host.
 //
 //   int dev = node_local_device();
-//   CudaStream compute(dev), dp(dev, StreamPriority::High), pp(dev, StreamPriority::High);
-//   NcclGroups nccl(*grid, dev, {.compute = compute.get(), .dp = dp.get(), .pp = pp.get()}, opts);
+//   CudaStream compute(dev), dp(dev, StreamPriority::High);
+//   NcclGroups nccl(*grid, dev, {.compute = compute.get(), .dp = dp.get()}, pipe_colors(pp), opts);
 //   nccl.tp().all_reduce_async(partial, ReduceOp::Sum);
 #pragma once
 
@@ -35,23 +41,27 @@ namespace xirang {
 struct NcclStreams {
   cudaStream_t compute = nullptr;  // the layers' kernels; also the tp channel's stream
   cudaStream_t dp = nullptr;       // data-parallel gradient traffic
-  cudaStream_t pp = nullptr;       // pipeline transfers
 };
 
 class NcclGroups {
  public:
   // Collective over the world (see the file comment); `device` is this
-  // rank's CUDA device.
-  NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams, const CommOptions& opts);
+  // rank's CUDA device, `pp_colors` the pipeline channels per direction
+  // (pipe_colors(pp); none when pp = 1).
+  NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams, int pp_colors, const CommOptions& opts);
 
   NcclCommunicator& tp() { return *tp_; }
   NcclCommunicator& dp_grads() { return *dp_grads_; }
   NcclCommunicator& embedding() { return *embedding_; }
-  NcclCommunicator& pp() { return *pp_; }
+  // The pipeline channels of each edge colour (`colors` of each, see the constructor).
+  std::vector<Communicator*> pp_act() const;
+  std::vector<Communicator*> pp_grads() const;
 
  private:
   // In creation order, so they are released in reverse.
-  std::unique_ptr<NcclCommunicator> tp_, dp_grads_, embedding_, pp_;
+  std::vector<CudaStream> pp_streams_;  // declared first: released after the channels that use them
+  std::unique_ptr<NcclCommunicator> tp_, dp_grads_, embedding_;
+  std::vector<std::unique_ptr<NcclCommunicator>> pp_act_, pp_grads_;
 };
 
 // This process's CUDA device: its index among the ranks of MPI_COMM_WORLD on

@@ -75,7 +75,7 @@ std::vector<Section> schema(Config& c) {
         {"resume", &c.checkpoint.resume}, {"async", &c.checkpoint.async}}},
       {"comm",
        {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
-        {"bandwidth_gbps", &c.comm.bandwidth_gbps}}},
+        {"bandwidth_gbps", &c.comm.bandwidth_gbps}, {"ordered_p2p", &c.comm.ordered_p2p}}},
       {"faults", {{"kind", &c.faults.kind}, {"rank", &c.faults.rank}, {"step", &c.faults.step}}},
   };
 }

@@ -43,6 +43,9 @@ struct CommConfig {
   double timeout_s = 300;     // an operation outstanding longer than this ends the job
   double latency_us = 0;      // added to every operation
   double bandwidth_gbps = 0;  // gigabytes per second per link; 0 is no limit
+  // Pipeline transfers matched by order, as NCCL matches them (OrderedLink
+  // over MPI): the CPU check that the executor's order works on NCCL.
+  bool ordered_p2p = false;
 };
 
 // Fault injection for tests: at the start of `step` (1-based), rank `rank`

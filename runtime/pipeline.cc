@@ -14,8 +14,18 @@ constexpr int kSendBuffers = 2;  // outgoing input gradients in flight
 constexpr int kLookahead = 2;    // receives posted ahead of the instruction that needs them
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(std::vector<GPT2*> chunks, Communicator& pp, int p, int rank, int v, int m)
-    : pp_(pp), p_(p), rank_(rank), v_(v), m_(m) {
+PipeChannels colored_pipe_channels(int rank, int p, const std::vector<Communicator*>& act,
+                                   const std::vector<Communicator*>& grad) {
+  XR_CHECK(int(act.size()) == pipe_colors(p) && int(grad.size()) == pipe_colors(p), "pipeline: ", pipe_colors(p),
+           " channels per direction expected for ", p, " stages");
+  const int out = pipe_edge_color(rank, p), in = pipe_edge_color((rank + p - 1) % p, p);
+  return {act[size_t(out)], act[size_t(in)], grad[size_t(in)], grad[size_t(out)]};
+}
+
+PipelineExecutor::PipelineExecutor(std::vector<GPT2*> chunks, const PipeChannels& channels, int p, int rank, int v,
+                                   int m)
+    : ch_(channels), p_(p), rank_(rank), v_(v), m_(m) {
+  XR_CHECK(ch_.act_send && ch_.act_recv && ch_.grad_send && ch_.grad_recv, "pipeline: a channel is missing");
   XR_CHECK(int(chunks.size()) == v, "executor needs ", v, " chunks, got ", chunks.size());
   for (int c = 0; c < v; ++c) {
     Chunk ch;
@@ -69,7 +79,7 @@ int PipelineExecutor::take_slot(Chunk& c, PipelineStats& stats) {
   // The slot's previous activation may still be on its way to the next stage.
   if (c.slot_send[size_t(s)]) {
     Stopwatch sw;
-    c.slot_send[size_t(s)]->wait();
+    c.slot_send[size_t(s)]->join(stream_);
     stats.comm_exposed_ms += sw.ms();
     c.slot_send[size_t(s)].reset();
   }
@@ -89,7 +99,7 @@ void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t 
       const int s = take_slot(c, stats);
       c.slot_of[in.microbatch] = s;
       posted_[{0, in.microbatch, in.chunk}] =
-          pp_.recv_async(c.model->stage_input(s), (rank_ + p_ - 1) % p_, tag(0, in.microbatch, c.g));
+          ch_.act_recv->recv_async(c.model->stage_input(s), (rank_ + p_ - 1) % p_, tag(0, in.microbatch, c.g));
       ++ahead;
     } else if (in.op == PipeOp::RecvGradient) {
       Chunk& c = chunks_[size_t(in.chunk)];
@@ -98,7 +108,7 @@ void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t 
       c.free_grad.pop_back();
       c.grad_of[in.microbatch] = b;
       posted_[{1, in.microbatch, in.chunk}] =
-          pp_.recv_async(c.grad_bufs[size_t(b)], (rank_ + 1) % p_, tag(1, in.microbatch, c.g));
+          ch_.grad_recv->recv_async(c.grad_bufs[size_t(b)], (rank_ + 1) % p_, tag(1, in.microbatch, c.g));
       ++ahead;
     }
     ++post_cursor_;
@@ -109,7 +119,7 @@ void PipelineExecutor::wait_recv(PipeOp op, int mb, int chunk, PipelineStats& st
   auto it = posted_.find({op == PipeOp::RecvActivation ? 0 : 1, mb, chunk});
   XR_CHECK(it != posted_.end(), "pipeline: ", pipe_op_name(op), " of microbatch ", mb, " was not posted");
   Stopwatch sw;
-  it->second->wait();
+  it->second->join(stream_);
   stats.bubble_ms += sw.ms();
   posted_.erase(it);
 }
@@ -118,6 +128,7 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
                            double dloss, PipelineStats& stats) {
   posted_.clear();
   post_cursor_ = 0;
+  stream_ = ctx.cuda_stream;
   for (size_t i = 0; i < list.size(); ++i) {
     post_receives(list, i, stats);
     const PipeInstr& in = list[i];
@@ -168,7 +179,8 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
       }
       case PipeOp::SendActivation: {
         const int s = c.slot_of.at(in.microbatch);
-        c.slot_send[size_t(s)] = pp_.send_async(c.model->stage_output(s), (rank_ + 1) % p_, tag(0, in.microbatch, c.g + 1));
+        c.slot_send[size_t(s)] =
+            ch_.act_send->send_async(c.model->stage_output(s), (rank_ + 1) % p_, tag(0, in.microbatch, c.g + 1));
         break;
       }
       case PipeOp::Backward: {
@@ -197,28 +209,29 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
         c.next_send = (c.next_send + 1) % int(c.send_bufs.size());
         if (c.send_work[b]) {
           Stopwatch sw;
-          c.send_work[b]->wait();
+          c.send_work[b]->join(stream_);
           stats.comm_exposed_ms += sw.ms();
         }
-        Tensor g = c.model->input_grad();
-        copy_tensor(c.send_bufs[b], g, ctx.cuda_stream, true);
-        c.send_work[b] = pp_.send_async(c.send_bufs[b], (rank_ + p_ - 1) % p_, tag(1, in.microbatch, c.g - 1));
+        // Copied on the compute stream; the send's input-ready wait orders it after the copy.
+        copy_tensor(c.send_bufs[b], c.model->input_grad(), ctx.cuda_stream, false);
+        c.send_work[b] = ch_.grad_send->send_async(c.send_bufs[b], (rank_ + p_ - 1) % p_, tag(1, in.microbatch, c.g - 1));
         break;
       }
       default: break;
     }
   }
-  // Every send must be delivered before the step ends (its buffers get reused).
+  // Every send must be delivered before its buffer is written again: on the
+  // host the step waits for them; on a device the compute stream does.
   Stopwatch sw;
   for (Chunk& c : chunks_) {
     for (auto& w : c.slot_send)
       if (w) {
-        w->wait();
+        w->join(stream_);
         w.reset();
       }
     for (auto& w : c.send_work)
       if (w) {
-        w->wait();
+        w->join(stream_);
         w.reset();
       }
   }

@@ -1,17 +1,35 @@
 // runtime/pipeline.h: runs one rank's pipeline instruction list.
 //
 // The executor owns this rank's model chunks (one GPT2 per virtual stage)
-// and the pipeline channel. Receives are posted ahead of the instruction
-// that needs them (activations straight into the activation slot the
-// forward will use), sends never block compute (an activation is sent from
-// its slot, which stays untouched until that microbatch's backward; an
-// input gradient from a small pool of send buffers), and time spent waiting
-// is measured: waiting for a neighbour's activation or gradient is pipeline
-// bubble, waiting for one of our own sends to finish is exposed pipeline
-// communication. The pipeline channel is its own communicator with its own
-// thread, so its transfers never queue behind data-parallel buckets.
+// and two pipeline channels: activations travel forward on one, input
+// gradients backward on the other. Receives are posted ahead of the
+// instruction that needs them (activations straight into the activation
+// slot the forward will use), sends never block compute (an activation is
+// sent from its slot, which stays untouched until that microbatch's
+// backward; an input gradient from a small pool of send buffers), and time
+// spent waiting is measured: waiting for a neighbour's activation or
+// gradient is pipeline bubble, waiting for one of our own sends to finish is
+// exposed pipeline communication. The channels are communicators of their
+// own, so their transfers never queue behind data-parallel buckets.
 //
-//   PipelineExecutor exec(chunks, grid.pp(), p, rank, v, m);
+// Every wait is a Work::join on the compute stream: a host wait on the CPU
+// backend; on a device the compute stream waits for the transfer and the
+// host goes on queuing (no host synchronization in the step).
+//
+// Channels that match sends and receives by order (NCCL; OrderedLink, its
+// emulation over MPI) run each channel's operations one at a time, and a
+// send waits until the peer's matching receive is at the head of its queue.
+// One queue shared by a rank's sends and receives deadlocks as soon as two
+// ranks each wait to send to the other (the interleaved schedule's ring does
+// that), so a rank has four queues (PipeChannels): activations out to r+1,
+// activations in from r-1, and the same for gradients, each in schedule
+// order. The edge from rank e to e+1 is one order-matched channel shared by
+// its two ends (e's send queue, e+1's receive queue); edges are coloured so
+// that a rank's send and receive queues are different channels
+// (pipe_edge_color). The layout-equivalence tests run every schedule over
+// OrderedLink to show that this never deadlocks.
+//
+//   PipelineExecutor exec(chunks, PipeChannels::shared(grid.pp()), p, rank, v, m);  // MPI: tags keep them apart
 //   exec.layout(arena);                         // measuring, then real
 //   exec.run(ctx, list, feed, dloss, stats);
 #pragma once
@@ -27,6 +45,26 @@
 #include "runtime/schedule.h"
 
 namespace xirang {
+
+// One pipeline rank's transfer queues (they may all be one communicator
+// that matches by tag, as MPI does).
+struct PipeChannels {
+  Communicator* act_send = nullptr;   // activations to rank r+1
+  Communicator* act_recv = nullptr;   // activations from rank r-1
+  Communicator* grad_send = nullptr;  // input gradients to rank r-1
+  Communicator* grad_recv = nullptr;  // output gradients from rank r+1
+  static PipeChannels shared(Communicator& c) { return {&c, &c, &c, &c}; }
+};
+
+// Order-matched channels per direction: the edge from pipeline rank e to
+// e+1 (mod p) is channel pipe_edge_color(e, p) of pipe_colors(p): e mod 2,
+// and a third colour for the wrap-around edge when p is odd, so that every
+// rank sends and receives on different channels.
+inline int pipe_colors(int p) { return p % 2 == 0 ? 2 : 3; }
+inline int pipe_edge_color(int e, int p) { return p % 2 == 1 && e == p - 1 ? 2 : e % 2; }
+// Rank r's queues from channels act[color] and grad[color] (pipe_colors(p) each).
+PipeChannels colored_pipe_channels(int rank, int p, const std::vector<Communicator*>& act,
+                                   const std::vector<Communicator*>& grad);
 
 struct PipelineStats {
   double forward_ms = 0;
@@ -44,7 +82,7 @@ class PipelineExecutor {
   using Feed = std::function<void(int mb, int32_t* tokens, int32_t* targets)>;
 
   // `chunks[c]` is local chunk c (model chunk c * p + rank); m microbatches per step.
-  PipelineExecutor(std::vector<GPT2*> chunks, Communicator& pp, int p, int rank, int v, int m);
+  PipelineExecutor(std::vector<GPT2*> chunks, const PipeChannels& channels, int p, int rank, int v, int m);
   // Carves the token/target buffers of every activation slot and the gradient buffers.
   void layout(Arena& a);
   // Runs `list` up to ReduceGradients. The microbatch losses collect in the
@@ -79,7 +117,8 @@ class PipelineExecutor {
   int tag(int dir, int mb, int dest_model_chunk) const { return (mb * p_ * v_ + dest_model_chunk) * 2 + dir; }
 
   std::vector<Chunk> chunks_;
-  Communicator& pp_;
+  PipeChannels ch_;
+  void* stream_ = nullptr;  // the compute stream of the step in progress (null on the host)
   int p_, rank_, v_, m_;
   int B_ = 0, T_ = 0;
   std::map<std::tuple<int, int, int>, WorkPtr> posted_;  // (op, mb, chunk) -> receive in flight

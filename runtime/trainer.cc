@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "comm/ordered_link.h"
 #include "comm/simulated_link.h"
 #include "core/clock.h"
 #include "core/device_memory.h"
@@ -61,14 +62,14 @@ void check_backend(const Config& c) {
   if (!cuda_available())
     fail(ErrorKind::Config, "device.backend=cuda: no CUDA device is visible (cudaGetDeviceCount found none; "
                             "check CUDA_VISIBLE_DEVICES and the driver), use device.backend=cpu");
-  if (c.parallel.pp > 1)
-    fail(ErrorKind::Config, "device.backend=cuda runs parallel.pp=1 for now (pipeline transfers over NCCL are not "
-                            "wired into the executor), got parallel.pp=", c.parallel.pp);
 #ifndef XIRANG_HAVE_NCCL
-  if (c.parallel.dp * c.parallel.tp > 1)
-    fail(ErrorKind::Config, "device.backend=cuda with dp ", c.parallel.dp, " x tp ", c.parallel.tp,
-         " needs NCCL, which this build did not find (set NCCL_ROOT and reconfigure)");
+  if (c.parallel.dp * c.parallel.tp * c.parallel.pp > 1)
+    fail(ErrorKind::Config, "device.backend=cuda with dp ", c.parallel.dp, " x tp ", c.parallel.tp, " x pp ",
+         c.parallel.pp, " needs NCCL, which this build did not find (set NCCL_ROOT and reconfigure)");
 #endif
+  if (c.comm.ordered_p2p)
+    fail(ErrorKind::Config, "comm.ordered_p2p emulates NCCL's matching over MPI for the CPU backend; "
+                            "device.backend=cuda uses NCCL itself");
 #endif
 }
 
@@ -85,7 +86,7 @@ struct Trainer::DeviceState {
 #ifdef XIRANG_HAVE_CUDA
   std::unique_ptr<CudaContext> cuda;
 #ifdef XIRANG_HAVE_NCCL
-  std::unique_ptr<CudaStream> dp_stream, pp_stream;
+  std::unique_ptr<CudaStream> dp_stream;
   std::unique_ptr<NcclGroups> nccl;
 #endif
 #endif
@@ -125,7 +126,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
 
   std::vector<GPT2*> raw;
   for (auto& c : chunks_) raw.push_back(c.get());
-  exec_ = std::make_unique<PipelineExecutor>(raw, grid_->pp(), p, grid_->coords().pp, v, m);
+  exec_ = std::make_unique<PipelineExecutor>(raw, pipe_, p, grid_->coords().pp, v, m);
 
   build_arenas();
   resume();
@@ -137,6 +138,20 @@ void Trainer::init_device() {
   tp_comm_ = &grid_->tp();
   dp_grads_comm_ = &grid_->dp_grads();
   embedding_comm_ = &grid_->embedding();
+  const int p = grid_->shape().pp;
+  pipe_ = PipeChannels::shared(grid_->pp());
+  if (cfg_.comm.ordered_p2p && p > 1) {
+    // One link per edge colour and direction over the pp group; their tags
+    // lie above the executor's and the evaluation's, below MPI's guaranteed 32767.
+    std::vector<Communicator*> act, grad;
+    for (int i = 0; i < 2 * pipe_colors(p); ++i) {
+      const bool is_act = i < pipe_colors(p);
+      const std::string name = str_cat(is_act ? "pp_act" : "pp_grads", i % pipe_colors(p));
+      ordered_links_.push_back(std::make_unique<OrderedLink>(grid_->pp(), name, 32000 + 3 * i, cfg_.comm.timeout_s));
+      (is_act ? act : grad).push_back(ordered_links_.back().get());
+    }
+    pipe_ = colored_pipe_channels(grid_->coords().pp, p, act, grad);
+  }
   dev_ = std::make_unique<DeviceState>();
 #ifdef XIRANG_HAVE_CUDA
   if (cfg_.device.backend == "cuda") {
@@ -154,13 +169,12 @@ void Trainer::init_device() {
     if (!alone) {
       // Gradient buckets on their own high-priority stream; tp on the compute stream.
       dev_->dp_stream = std::make_unique<CudaStream>(dev, StreamPriority::High);
-      dev_->pp_stream = std::make_unique<CudaStream>(dev, StreamPriority::High);
-      dev_->nccl = std::make_unique<NcclGroups>(
-          *grid_, dev, NcclStreams{dev_->cuda->stream(), dev_->dp_stream->get(), dev_->pp_stream->get()},
-          CommOptions{cfg_.comm.timeout_s});
+      dev_->nccl = std::make_unique<NcclGroups>(*grid_, dev, NcclStreams{dev_->cuda->stream(), dev_->dp_stream->get()},
+                                                p > 1 ? pipe_colors(p) : 0, CommOptions{cfg_.comm.timeout_s});
       tp_comm_ = &dev_->nccl->tp();
       dp_grads_comm_ = &dev_->nccl->dp_grads();
       embedding_comm_ = &dev_->nccl->embedding();
+      if (p > 1) pipe_ = colored_pipe_channels(grid_->coords().pp, p, dev_->nccl->pp_act(), dev_->nccl->pp_grads());
     }
 #endif
   }
@@ -355,9 +369,10 @@ double Trainer::evaluate() {
     // Forward only, through the chunks in model order; each stage waits for its input.
     for (size_t c = 0; c < chunks_.size(); ++c) {
       GPT2& g = *chunks_[c];
-      if (!g.stage().has_embedding) grid_->pp().recv(g.stage_input(0), (rank + p - 1) % p, kEvalTag);
+      // On the activation channel: the order (and, on NCCL, the device tensors) of training's transfers.
+      if (!g.stage().has_embedding) pipe_.act_recv->recv(g.stage_input(0), (rank + p - 1) % p, kEvalTag);
       g.forward(ctx_, 0, tokens, targets, 0.0);
-      if (!g.stage().has_head) grid_->pp().send(g.stage_output(0), (rank + 1) % p, kEvalTag);
+      if (!g.stage().has_head) pipe_.act_send->send(g.stage_output(0), (rank + 1) % p, kEvalTag);
     }
   }
   for (auto& c : chunks_) sum += c->take_loss(ctx_);

@@ -125,8 +125,13 @@ class Trainer {
   Communicator* tp_comm_ = nullptr;
   Communicator* dp_grads_comm_ = nullptr;
   Communicator* embedding_comm_ = nullptr;
+  // The pipeline's transfer queues (runtime/pipeline.h): the grid's pp
+  // group for all four on the CPU, order-matched NCCL channels on CUDA,
+  // OrderedLinks (owned by ordered_links_) with comm.ordered_p2p.
+  PipeChannels pipe_;
   std::unique_ptr<ProcessGrid> own_grid_;
   ProcessGrid* grid_;
+  std::vector<std::unique_ptr<Communicator>> ordered_links_;  // after the grid: released before it
   KernelContext ctx_;
   DType model_dtype_ = DType::F32;
   LossScale loss_scale_;

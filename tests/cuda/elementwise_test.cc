@@ -135,6 +135,35 @@ TEST_P(ElementwiseTest, SumSquares) {
   EXPECT_EQ(cuda::sum_squares(ctx(), empty), 0.0);
 }
 
+// The accumulating forms leave the sum on the device: two tensors added to
+// a running sum give the f64 reference within the same bound, and the
+// squares' sum repeats bit for bit.
+TEST_P(ElementwiseTest, AccumulatingSums) {
+  const DType S = GetParam();
+  HostTensor a = random_host({1000}, S, 21), b = random_host({3000017}, S, 22);
+  const double ref = 0.75 + sum_squares(cpu(), host_cast(a, DType::F64)) + sum_squares(cpu(), host_cast(b, DType::F64));
+  DeviceTensor a_dev = to_device(a), b_dev = to_device(b);
+  double got[2] = {0, 0};
+  for (double& g : got) {
+    DeviceTensor acc = to_device(host_from({0.75}, {1}, DType::F64));
+    cuda::sum_squares_accumulate(ctx(), acc, a_dev);
+    cuda::sum_squares_accumulate(ctx(), acc, b_dev);
+    g = values(to_host(acc))[0];
+  }
+  EXPECT_NEAR(got[0], ref, 1e-12 * ref);
+  EXPECT_EQ(got[1], got[0]) << "not reproducible";
+  if (S == DType::F32) {  // the losses the model keeps
+    std::vector<double> va = values(a), vb = values(b);
+    double ma = 0, mb = 0;
+    for (double x : va) ma += x;
+    for (double x : vb) mb += x;
+    DeviceTensor acc = to_device(host_from({-2.0}, {1}, DType::F64));
+    cuda::mean_accumulate(ctx(), acc, a_dev);
+    cuda::mean_accumulate(ctx(), acc, b_dev);
+    EXPECT_NEAR(values(to_host(acc))[0], -2.0 + ma / 1000 + mb / 3000017, 1e-12);
+  }
+}
+
 TEST_P(ElementwiseTest, AllFinite) {
   const DType S = GetParam();
   std::vector<double> v = values(random_host({5003}, DType::F64, 11));

@@ -164,6 +164,47 @@ TEST(SumSquares, SixteenBitStorage) {
   EXPECT_NEAR(sum_squares(ctx, Tensor(h.data(), {n}, DType::F16)), rh, 1e-12 * rh);
 }
 
+// The accumulating forms add to a one-element f64 sum: several tensors in
+// a row give the same double as adding sum_squares() results in that order
+// (the trainer's global norm relies on it, so bitwise), and mean_accumulate
+// adds the element-order mean of f32 or f64 losses.
+TEST(AccumulatingReductions, AddToTheSumInCallOrder) {
+  KernelContext ctx;
+  Vec a = randn(777, 301, 2.0), b = randn(1500, 302, 0.5);
+  std::vector<float> af(a.begin(), a.end());
+  double acc = 1.25;  // a running sum that is not zero
+  Tensor sum(&acc, {1}, DType::F64);
+  sum_squares_accumulate(ctx, sum, Tensor(af.data(), {777}, DType::F32));
+  sum_squares_accumulate(ctx, sum, Tensor(b.data(), {1500}, DType::F64));
+  double expect = 1.25;
+  expect += sum_squares(ctx, Tensor(af.data(), {777}, DType::F32));
+  expect += sum_squares(ctx, Tensor(b.data(), {1500}, DType::F64));
+  EXPECT_EQ(acc, expect);
+  EXPECT_NEAR(acc, 1.25 + ref_sum_squares(to_f64(af)) + ref_sum_squares(b), 1e-12 * acc);
+
+  double m = -0.5;
+  Tensor msum(&m, {1}, DType::F64);
+  mean_accumulate(ctx, msum, Tensor(af.data(), {777}, DType::F32));
+  mean_accumulate(ctx, msum, Tensor(b.data(), {1500}, DType::F64));
+  double ma = 0, mb = 0;
+  for (float x : af) ma += x;
+  for (double x : b) mb += x;
+  EXPECT_NEAR(m, -0.5 + ma / 777 + mb / 1500, 1e-14);
+}
+
+TEST(AccumulatingReductions, RefuseAWrongAccumulator) {
+  KernelContext ctx;
+  std::vector<float> x(8, 1.5f);
+  float f = 0;
+  double two[2] = {0, 0};
+  std::vector<bf16> h(8);
+  double acc = 0;
+  EXPECT_THROW(sum_squares_accumulate(ctx, Tensor(&f, {1}, DType::F32), Tensor(x.data(), {8}, DType::F32)), Error);
+  EXPECT_THROW(sum_squares_accumulate(ctx, Tensor(two, {2}, DType::F64), Tensor(x.data(), {8}, DType::F32)), Error);
+  EXPECT_THROW(mean_accumulate(ctx, Tensor(&acc, {1}, DType::F64), Tensor(h.data(), {8}, DType::BF16)), Error);
+  EXPECT_EQ(acc, 0.0);
+}
+
 // ---------------------------------------------------------------- casts
 
 // Stores v in a buffer of dtype `t` (rounding through the reference) and

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
     quiet.peak = PeakFlops{1e11, "test"};
 
     std::vector<double> ref_losses;
+    std::optional<double> ref_val;  // with data.val and train.eval_every: the last evaluation
     std::vector<float> ref_params;
     size_t ref_opt_bytes = 0;
     if (rank == 0) {
@@ -125,7 +127,9 @@ int main(int argc, char** argv) {
       one.insert(one.end(), {"train.stop_after=0", "checkpoint.dir=", "checkpoint.resume=none"});
       Trainer ref(make_config(args, one, 1), quiet);
       ref_opt_bytes = ref.memory_plan().bytes_of("optimizer state");
-      ref_losses = ref.run().losses;
+      TrainResult rr = ref.run();
+      ref_losses = rr.losses;
+      ref_val = rr.final_val_loss;
       ref_params = flat_params(ref);
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -220,6 +224,13 @@ int main(int argc, char** argv) {
       if (cfg.parallel.pp > 1)
         check(all_tied_same == 1, "the tied token table is bitwise the same on the first and the last stage");
       check(r.losses.size() < 2 || r.losses.back() < r.losses.front(), "the loss went down");
+      if (ref_val && finished) {
+        // Evaluation sends stage outputs forward on the pipeline's activation queues.
+        const double rel = r.final_val_loss ? std::abs(*r.final_val_loss - *ref_val) / *ref_val : 1.0;
+        check(rel < args.tol, "final validation loss within " + sci(args.tol) + " relative of one rank's (" +
+                                  (r.final_val_loss ? std::to_string(*r.final_val_loss) : "none") + " vs " +
+                                  std::to_string(*ref_val) + ")");
+      }
       // ZeRO-1 keeps 1/dp of the AdamW state per rank (plus alignment padding of its pieces).
       const double opt = double(t.memory_plan().bytes_of("optimizer state"));
       // Tensor parallelism shrinks the state only for split parameters, so this check is for tp=1.
