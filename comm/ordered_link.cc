@@ -207,6 +207,9 @@ struct OrderedLink::Impl {
   int data_tag() const { return tag_base + 2; }
 
   WorkPtr submit(std::string what, std::function<void(Op&)> body);
+  // Queues an operation of the inner communicator that `start` begins: it
+  // starts when it reaches the head of the queue and is awaited there.
+  WorkPtr submit_inner(std::string what, std::function<WorkPtr()> start);
   void run();
   void run_op(Op& op);
   WorkPtr post(Op& op, std::vector<WorkPtr>& in_flight, const std::shared_ptr<void>& keep,
@@ -215,6 +218,14 @@ struct OrderedLink::Impl {
   void send_body(Op& op, const Tensor& t, int peer, int tag);
   void recv_body(Op& op, const Tensor& t, int peer, int tag);
 };
+
+WorkPtr OrderedLink::Impl::submit_inner(std::string what, std::function<WorkPtr()> start) {
+  return submit(std::move(what), [this, start = std::move(start)](Op& o) {
+    std::vector<WorkPtr> step;
+    post(o, step, nullptr, start);
+    await(o, std::move(step), nullptr);
+  });
+}
 
 WorkPtr OrderedLink::Impl::submit(std::string what, std::function<void(Op&)> body) {
   auto op = std::make_unique<Op>();
@@ -426,11 +437,7 @@ WorkPtr OrderedLink::all_reduce_async(Tensor t, ReduceOp op) {
   Impl& m = *impl_;
   std::string what = str_cat(name(), " all_reduce of ", t.bytes(), " bytes");
   check_host(what, t, "tensor");
-  return m.submit(what, [&m, t, op](Impl::Op& o) {
-    std::vector<WorkPtr> step;
-    m.post(o, step, nullptr, [&] { return m.inner.all_reduce_async(t, op); });
-    m.await(o, std::move(step), nullptr);
-  });
+  return m.submit_inner(what, [&m, t, op] { return m.inner.all_reduce_async(t, op); });
 }
 
 WorkPtr OrderedLink::reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) {
@@ -438,11 +445,7 @@ WorkPtr OrderedLink::reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp
   std::string what = str_cat(name(), " reduce_scatter of ", in.bytes(), " bytes");
   check_host(what, in, "input");
   check_host(what, out, "output");
-  return m.submit(what, [&m, in, out, op](Impl::Op& o) {
-    std::vector<WorkPtr> step;
-    m.post(o, step, nullptr, [&] { return m.inner.reduce_scatter_async(in, out, op); });
-    m.await(o, std::move(step), nullptr);
-  });
+  return m.submit_inner(what, [&m, in, out, op] { return m.inner.reduce_scatter_async(in, out, op); });
 }
 
 WorkPtr OrderedLink::all_gather_async(const Tensor& in, Tensor out) {
@@ -450,11 +453,7 @@ WorkPtr OrderedLink::all_gather_async(const Tensor& in, Tensor out) {
   std::string what = str_cat(name(), " all_gather of ", out.bytes(), " bytes");
   check_host(what, in, "input");
   check_host(what, out, "output");
-  return m.submit(what, [&m, in, out](Impl::Op& o) {
-    std::vector<WorkPtr> step;
-    m.post(o, step, nullptr, [&] { return m.inner.all_gather_async(in, out); });
-    m.await(o, std::move(step), nullptr);
-  });
+  return m.submit_inner(what, [&m, in, out] { return m.inner.all_gather_async(in, out); });
 }
 
 WorkPtr OrderedLink::broadcast_async(Tensor t, int root) {
@@ -462,11 +461,7 @@ WorkPtr OrderedLink::broadcast_async(Tensor t, int root) {
   std::string what = str_cat(name(), " broadcast of ", t.bytes(), " bytes from rank ", root);
   check_host(what, t, "tensor");
   if (root < 0 || root >= size()) fail(ErrorKind::Comm, what, ": root must be in [0, ", size(), ")");
-  return m.submit(what, [&m, t, root](Impl::Op& o) {
-    std::vector<WorkPtr> step;
-    m.post(o, step, nullptr, [&] { return m.inner.broadcast_async(t, root); });
-    m.await(o, std::move(step), nullptr);
-  });
+  return m.submit_inner(what, [&m, t, root] { return m.inner.broadcast_async(t, root); });
 }
 
 WorkPtr OrderedLink::send_async(const Tensor& t, int peer, int tag) {

@@ -603,10 +603,9 @@ TrainResult Trainer::run() {
     StepMetrics m;
     m.step = step + 1;
     Stopwatch sw;
-    for (auto& p : params_) {
-      if (device_ == Device::CPU) std::memset(p.grad.raw(), 0, p.grad.bytes());
-      else zero(ctx_, p.grad);
-    }
+    // The gradient arena holds only gradients (padding included): one fill for all of them.
+    const DType gd = chunks_.front()->grad_dtype();
+    zero(ctx_, Tensor(grads_.base(), {int64_t(grads_.used() / dtype_size(gd))}, gd, device_));
     sync_->begin_step();
     accumulate_gradients(step, m);
     sync_->finish(ctx_.cuda_stream);
