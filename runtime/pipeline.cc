@@ -1,12 +1,77 @@
 #include "runtime/pipeline.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/clock.h"
 #include "core/device_memory.h"
 #include "core/error.h"
+#ifdef XIRANG_HAVE_CUDA
+#include "core/cuda_stream.h"
+#endif
 
 namespace xirang {
+
+#ifdef XIRANG_HAVE_CUDA
+struct ComputeSpans::Events {
+  std::vector<CudaEvent> pool;  // start and end of span i at 2i, 2i + 1
+  std::vector<Kind> kinds;
+  size_t used = 0;              // spans recorded since the last take
+};
+#else
+struct ComputeSpans::Events {};
+#endif
+
+ComputeSpans::ComputeSpans() : ev_(std::make_unique<Events>()) {}
+ComputeSpans::~ComputeSpans() = default;
+
+void ComputeSpans::begin(void* stream) {
+#ifdef XIRANG_HAVE_CUDA
+  if (stream) {
+    Events& e = *ev_;
+    if (e.pool.size() < 2 * (e.used + 1)) {  // grows during the first step only
+      e.pool.emplace_back(EventTiming::Enabled);
+      e.pool.emplace_back(EventTiming::Enabled);
+      e.kinds.push_back(Forward);
+    }
+    e.pool[2 * e.used].record(static_cast<cudaStream_t>(stream));
+    return;
+  }
+#endif
+  (void)stream;
+  host_start_ = now_seconds();
+}
+
+void ComputeSpans::end(void* stream, Kind kind) {
+#ifdef XIRANG_HAVE_CUDA
+  if (stream) {
+    Events& e = *ev_;
+    e.pool[2 * e.used + 1].record(static_cast<cudaStream_t>(stream));
+    e.kinds[e.used++] = kind;
+    return;
+  }
+#endif
+  (void)stream;
+  host_ms_[kind] += (now_seconds() - host_start_) * 1e3;
+}
+
+void ComputeSpans::take(PipelineStats& stats) {
+  stats.forward_ms += host_ms_[Forward];
+  stats.backward_ms += host_ms_[Backward];
+  host_ms_[Forward] = host_ms_[Backward] = 0;
+#ifdef XIRANG_HAVE_CUDA
+  Events& e = *ev_;
+  if (e.used == 0) return;
+  double busy = 0;
+  for (size_t i = 0; i < e.used; ++i) {
+    const double ms = elapsed_ms(e.pool[2 * i], e.pool[2 * i + 1]);
+    (e.kinds[i] == Forward ? stats.forward_ms : stats.backward_ms) += ms;
+    busy += ms;
+  }
+  stats.bubble_ms += std::max(0.0, elapsed_ms(e.pool[0], e.pool[2 * e.used - 1]) - busy);
+  e.used = 0;
+#endif
+}
 
 namespace {
 constexpr int kGradBuffers = 2;  // received output gradients: the one in use and one posted ahead
@@ -172,9 +237,9 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
           }
           stats.data_ms += sw.ms();
         }
-        Stopwatch sw;
+        spans_.begin(stream_);
         c.model->forward(ctx, s, tokens, targets, dloss);
-        stats.forward_ms += sw.ms();
+        spans_.end(stream_, ComputeSpans::Forward);
         break;
       }
       case PipeOp::SendActivation: {
@@ -193,9 +258,9 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
         }
         // Backwards run in microbatch order per chunk, so the last one makes the gradients final.
         const GradPhase phase = in.microbatch == m_ - 1 ? GradPhase::Final : GradPhase::Accumulate;
-        Stopwatch sw;
+        spans_.begin(stream_);
         c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad);
-        stats.backward_ms += sw.ms();
+        spans_.end(stream_, ComputeSpans::Backward);
         if (gb >= 0) {
           c.grad_of.erase(in.microbatch);
           c.free_grad.push_back(gb);
@@ -237,6 +302,7 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
   }
   stats.comm_exposed_ms += sw.ms();
   XR_CHECK(posted_.empty(), "pipeline: ", posted_.size(), " receive(s) left posted at the end of the step");
+  if (!stream_) spans_.take(stats);
 }
 
 }  // namespace xirang

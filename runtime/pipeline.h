@@ -36,6 +36,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -74,6 +75,31 @@ struct PipelineStats {
   double comm_exposed_ms = 0; // waiting for our own sends to complete
 };
 
+// The time of each forward and backward pass. On the CPU a pass runs during
+// the call, so its span is the call's wall time. On a device the call only
+// queues it: a span is a pair of timing events on the compute stream, read
+// once the step's work has completed, and the stream's idle time between the
+// step's first and last span (waiting for a neighbour's transfer or an
+// upload) is the device's pipeline bubble.
+class ComputeSpans {
+ public:
+  enum Kind { Forward, Backward };
+  ComputeSpans();
+  ~ComputeSpans();
+  void begin(void* stream);
+  void end(void* stream, Kind kind);
+  // Adds the spans since the last call to stats (forward_ms, backward_ms;
+  // on a device also the idle time to bubble_ms) and starts over. On a
+  // device, only after the spans' work has completed.
+  void take(PipelineStats& stats);
+
+ private:
+  struct Events;  // the device's timing events (a pool reused every step)
+  std::unique_ptr<Events> ev_;
+  double host_start_ = 0;
+  double host_ms_[2] = {0, 0};
+};
+
 class PipelineExecutor {
  public:
   // Fills the (B, T) tokens and targets of microbatch `mb`; either may be
@@ -90,6 +116,10 @@ class PipelineExecutor {
   // chunks' gradient-ready hooks.
   void run(const KernelContext& ctx, const std::vector<PipeInstr>& list, const Feed& feed, double dloss,
            PipelineStats& stats);
+  // On a device run() leaves the forward and backward times out of `stats`
+  // (the passes are only queued): this adds them once the step's work has
+  // completed (after the step's host wait).
+  void take_device_times(PipelineStats& stats) { spans_.take(stats); }
 
  private:
   struct Chunk {
@@ -119,6 +149,7 @@ class PipelineExecutor {
   std::vector<Chunk> chunks_;
   PipeChannels ch_;
   void* stream_ = nullptr;  // the compute stream of the step in progress (null on the host)
+  ComputeSpans spans_;
   int p_, rank_, v_, m_;
   int B_ = 0, T_ = 0;
   std::map<std::tuple<int, int, int>, WorkPtr> posted_;  // (op, mb, chunk) -> receive in flight

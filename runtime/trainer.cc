@@ -618,6 +618,14 @@ TrainResult Trainer::run() {
     double local_loss = 0;
     for (auto& c : chunks_) local_loss += c->take_loss(ctx_);
     local_loss /= cfg_.microbatches();
+    if (device_ != Device::CPU) {
+      // The passes have run by now: their device times replace the launch times.
+      PipelineStats dev;
+      exec_->take_device_times(dev);
+      m.forward_ms = dev.forward_ms;
+      m.backward_ms = dev.backward_ms;
+      m.pp_bubble_ms += dev.bubble_ms;
+    }
     m.lr = lr_at(cfg_.train, step);
     if (loss_scale_.enabled()) {
       // The norm is reduced over tp and pp (and dp under ZeRO); the vote over
