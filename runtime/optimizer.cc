@@ -58,7 +58,8 @@ void LossScale::update(bool overflow) {
   }
 }
 
-void AdamW::step(const KernelContext& ctx, int64_t step_number, double lr, double grad_scale) {
+void AdamW::step(const KernelContext& ctx, double lr, double grad_scale) {
+  const int64_t step_number = ++updates_;
   for (size_t i = 0; i < segments_.size(); ++i) {
     AdamWStep s;
     s.lr = lr;

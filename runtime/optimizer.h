@@ -12,7 +12,7 @@
 //   AdamW opt(cfg.train);
 //   opt.set_segments(sync.optimizer_segments());
 //   opt.layout_state(state_arena);                 // m and v per segment
-//   opt.step(ctx, step, lr_at(cfg.train, step), clip_scale(cfg.train.grad_clip, norm));
+//   opt.step(ctx, lr_at(cfg.train, step), clip_scale(cfg.train.grad_clip, norm));
 #pragma once
 
 #include <vector>
@@ -52,8 +52,12 @@ class AdamW {
   // Master weights = the current (16-bit) parameters, widened: call after the
   // parameters are initialised, when no checkpoint supplies the masters.
   void init_master(const KernelContext& ctx);
-  // One update with learning rate lr; gradients are multiplied by grad_scale first.
-  void step(const KernelContext& ctx, int64_t step_number, double lr, double grad_scale);
+  // One update with learning rate lr; gradients are multiplied by grad_scale
+  // first. The moments' bias correction counts the updates made since they
+  // started (a skipped fp16 step makes none; a params-only resume starts at 0).
+  void step(const KernelContext& ctx, double lr, double grad_scale);
+  int64_t updates() const { return updates_; }
+  void set_updates(int64_t n) { updates_ = n; }
   // AdamW's first and second moments, one tensor per segment (checkpoints).
   const std::vector<Tensor>& m() const { return m_; }
   const std::vector<Tensor>& v() const { return v_; }
@@ -64,6 +68,7 @@ class AdamW {
   TrainConfig cfg_;
   std::vector<OptimizerSegment> segments_;
   std::vector<Tensor> m_, v_, master_;  // per segment
+  int64_t updates_ = 0;
 };
 
 // Loss scaling for fp16: the loss gradient is multiplied by scale() so that

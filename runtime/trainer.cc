@@ -418,7 +418,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   // The dynamic loss scale's state (nothing when there is none to continue).
   const double scale = loss_scale_.dynamic() ? loss_scale_.scale() : 0.0;
   const int good_steps = loss_scale_.good_steps();
-  auto write = [this, tmp, steps_done, kill, scale, good_steps, todo = std::move(todo)]() {
+  const int64_t updates = opt_->updates();
+  auto write = [this, tmp, steps_done, kill, scale, good_steps, updates, todo = std::move(todo)]() {
     try {
       RankCheckpointWriter w(tmp, grid_->world_rank(), steps_done);
       for (size_t i = 0; i < todo.size(); ++i) {
@@ -436,6 +437,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
       }
       // The data order is a pure function of (seed, step): the step is the loader's whole state.
       w.set_int("train.step", steps_done);
+      w.set_int("optimizer.updates", updates);
       if (scale > 0) {
         w.set_double("precision.loss_scale", scale);
         w.set_int("precision.good_steps", good_steps);
@@ -527,6 +529,10 @@ void Trainer::resume() {
   if (!has_optimizer_state && opts_.print)
     std::fprintf(stderr, "checkpoint %s has no optimizer state (parameters only): AdamW starts fresh at step %lld\n",
                  path.c_str(), (long long)r.step());
+  // The moments' bias correction continues from the saved update count
+  // (older checkpoints: one update per step); fresh moments start from 0.
+  if (has_optimizer_state)
+    opt_->set_updates(r.has_scalar(0, "optimizer.updates") ? r.get_int(0, "optimizer.updates") : r.step());
   const auto& segs = opt_->segments();
   for (size_t i = 0; has_optimizer_state && i < segs.size(); ++i) {
     const Parameter& p = params_[size_t(segs[i].param_index)];
@@ -635,7 +641,7 @@ TrainResult Trainer::run() {
       loss_scale_.update(overflow);
     }
     if (!m.skipped) {
-      opt_->step(ctx_, step + 1, m.lr, clip_scale(cfg_.train.grad_clip, m.grad_norm) / scale);
+      opt_->step(ctx_, m.lr, clip_scale(cfg_.train.grad_clip, m.grad_norm) / scale);
       sync_->gather_parameters();
     }
     m.optimizer_ms = ow.ms();

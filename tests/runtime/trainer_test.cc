@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/checkpoint_convert.h"
 #include "runtime/checkpoint_io.h"
 #include "runtime/config.h"
 #include "runtime/dataset.h"
@@ -346,6 +347,68 @@ TEST(Trainer, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   EXPECT_GE(skipped, 1);
   EXPECT_LT(skipped, int(r.steps.size())) << "no step went through";
   EXPECT_FALSE(r.steps.back().skipped);
+  EXPECT_EQ(first.optimizer().updates(), 0);
+  EXPECT_EQ(t.optimizer().updates(), int64_t(r.steps.size()) - skipped) << "a skipped step counted as an update";
+
+  // The first update after the skipped steps is AdamW's first: bias
+  // correction makes m/sqrt(v) = g/|g|, so every parameter without weight
+  // decay moves by the learning rate exactly (counting the skipped steps
+  // would move it by about 0.55 lr after 4 of them).
+  std::vector<std::string> upto = o;
+  upto.push_back("train.stop_after=" + std::to_string(skipped + 1));
+  Trainer u(debug_config(upto), quiet());
+  TrainResult ru = u.run();
+  ASSERT_FALSE(ru.steps.back().skipped);
+  const double lr = ru.steps.back().lr;
+  const AdamW& before = untouched.optimizer();
+  const AdamW& after = u.optimizer();
+  double largest = 0;
+  int moved = 0;
+  for (size_t i = 0; i < after.segments().size(); ++i) {
+    if (after.segments()[i].decay) continue;
+    const float* w0 = before.master()[i].data<float>();
+    const float* w1 = after.master()[i].data<float>();
+    for (int64_t k = 0; k < after.master()[i].numel(); ++k) {
+      const double d = std::abs(double(w1[k]) - double(w0[k]));
+      largest = std::max(largest, d);
+      moved += d > 0.5 * lr;
+    }
+  }
+  EXPECT_NEAR(largest, lr, 1e-3 * lr) << "the first update's size is not the learning rate";
+  EXPECT_GT(moved, 100);
+}
+
+// Resuming a checkpoint without optimizer state at step 3 starts AdamW
+// afresh: the update count (the moments' bias correction) restarts at 0
+// while the learning rate follows the global step; a full checkpoint
+// continues the count it saved.
+TEST(Trainer, ParamsOnlyResumeRestartsTheAdamUpdateCount) {
+  const std::string dir = testing_util::fresh_test_dir("ckpt_params_only");
+  const std::vector<std::string> base = {"train.steps=5", "checkpoint.async=false"};
+  std::vector<std::string> first = base;
+  first.insert(first.end(), {"checkpoint.dir=" + dir + "/full", "train.stop_after=3"});
+  Trainer a(debug_config(first), quiet());
+  a.run();
+  EXPECT_EQ(a.optimizer().updates(), 3);
+  EXPECT_EQ(CheckpointReader::open_latest(dir + "/full").get_int(0, "optimizer.updates"), 3);
+  ConvertOptions co;
+  co.params_only = true;
+  const ConvertResult c = reshard_checkpoint(dir + "/full", dir + "/weights", co);
+  ASSERT_FALSE(c.optimizer_state);
+
+  std::vector<std::string> fresh = base;
+  fresh.push_back("checkpoint.resume=" + c.path);
+  Trainer b(debug_config(fresh), quiet());
+  const TrainResult rb = b.run();
+  ASSERT_EQ(rb.steps.size(), 2u);
+  EXPECT_EQ(rb.steps.front().lr, lr_at(debug_config(base).train, 3)) << "the schedule follows the global step";
+  EXPECT_EQ(b.optimizer().updates(), 2);
+
+  std::vector<std::string> full = base;
+  full.push_back("checkpoint.resume=" + *CheckpointDir(dir + "/full").latest());
+  Trainer f(debug_config(full), quiet());
+  f.run();
+  EXPECT_EQ(f.optimizer().updates(), 5);
 }
 
 // A bf16 or fp16 run stopped and resumed from its checkpoint (fp32 masters,
