@@ -121,14 +121,14 @@ void GPT2::layout_activations(Arena& acts) {
     s.input = A({R, C}, "stage input");
     s.blocks.resize(blocks_.size());
     for (auto& a : s.blocks) {
-      a.ln1 = A({N, C}, "ln_1 output");
+      a.ln1 = A({R, C}, "ln_1 output");
       a.ln1_mean = W({R}, "ln_1 mean");
       a.ln1_rstd = W({R}, "ln_1 rstd");
       a.qkv = A({B, T, 3 * Cp}, "qkv");
       a.lse = W({B, Hp, T}, "attention log-sum-exp");
       a.atty = A({B, T, Cp}, "attention output");
       a.res2 = A({R, C}, "residual 2");
-      a.ln2 = A({N, C}, "ln_2 output");
+      a.ln2 = A({R, C}, "ln_2 output");
       a.ln2_mean = W({R}, "ln_2 mean");
       a.ln2_rstd = W({R}, "ln_2 rstd");
       a.fch = A({N, 4 * Cp}, "mlp hidden");
@@ -136,7 +136,7 @@ void GPT2::layout_activations(Arena& acts) {
       a.res3 = A({R, C}, "block output");
     }
     if (stage_.has_head) {
-      s.lnf = A({N, C}, "ln_f output");
+      s.lnf = A({R, C}, "ln_f output");
       s.lnf_mean = W({R}, "ln_f mean");
       s.lnf_rstd = W({R}, "ln_f rstd");
       s.logits = A({N, shape_.padded_vocab / P}, "logits");
@@ -145,7 +145,7 @@ void GPT2::layout_activations(Arena& acts) {
   }
   partial_ = A({N, C}, "row-parallel partial sums");
   if (par_.sequence_parallel) {
-    ln_local_ = A({R, C}, "local LayerNorm output");
+    ln_full_ = A({N, C}, "gathered LayerNorm output");
     d_full_ = A({N, C}, "gathered residual gradient");
   }
   d_res_ = A({R, C}, "residual gradient");
@@ -227,16 +227,18 @@ void GPT2::tp_all_reduce(Tensor t, ReduceOp op) {
   tp_comm_ms_ += sw.ms();
 }
 
-void GPT2::norm_to_full(const KernelContext& ctx, Tensor full, Tensor mean, Tensor rstd, const Tensor& x,
-                        const Parameter& w, const Parameter& b) {
-  if (!par_.sequence_parallel) {
-    layernorm_forward(ctx, full, mean, rstd, x, w.value, b.value);
-    return;
-  }
-  layernorm_forward(ctx, ln_local_, mean, rstd, x, w.value, b.value);
+Tensor GPT2::norm_to_full(const KernelContext& ctx, Tensor out, Tensor mean, Tensor rstd, const Tensor& x,
+                          const Parameter& w, const Parameter& b) {
+  layernorm_forward(ctx, out, mean, rstd, x, w.value, b.value);
+  return gathered(out);  // all-gather forward, reduce-scatter backward
+}
+
+Tensor GPT2::gathered(const Tensor& local) {
+  if (!par_.sequence_parallel) return local;
   Stopwatch sw;
-  par_.tp->all_gather_async(ln_local_, full)->join(stream_);  // all-gather forward, reduce-scatter backward
+  par_.tp->all_gather_async(local, ln_full_)->join(stream_);
   tp_comm_ms_ += sw.ms();
+  return ln_full_;
 }
 
 void GPT2::reduce_rows(Tensor partial, Tensor out) {
@@ -285,18 +287,19 @@ void GPT2::block_forward(const KernelContext& ctx, int l, const Tensor& x, Block
     add_bias(ctx, out, bias.value);  // once, after the reduction
     add(ctx, out, out, skip);
   };
-  norm_to_full(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, *p.ln1_w, *p.ln1_b);
-  linear_forward(ctx, a.qkv.flat2d(), a.ln1, p.qkv_w->value, p.qkv_b->value);
+  const Tensor ln1 = norm_to_full(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, *p.ln1_w, *p.ln1_b);
+  linear_forward(ctx, a.qkv.flat2d(), ln1, p.qkv_w->value, p.qkv_b->value);
   flash_attention_forward(ctx, a.atty, a.lse, a.qkv, shape_.n_head / tp_size_);
+  Tensor ln2 = a.ln2;
   if (split) {
     row_parallel(a.res2, a.atty.flat2d(), *p.attn_w, *p.attn_b, x);
-    norm_to_full(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, *p.ln2_w, *p.ln2_b);
+    ln2 = norm_to_full(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, *p.ln2_w, *p.ln2_b);
   } else {
     // One rank: the bias rides on the product, the residual add on the LayerNorm.
     linear_forward(ctx, a.res2, a.atty.flat2d(), p.attn_w->value, p.attn_b->value);
     residual_layernorm_forward(ctx, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, x, p.ln2_w->value, p.ln2_b->value);
   }
-  linear_gelu_forward(ctx, a.fch_gelu, a.fch, a.ln2, p.fc_w->value, p.fc_b->value);
+  linear_gelu_forward(ctx, a.fch_gelu, a.fch, ln2, p.fc_w->value, p.fc_b->value);
   row_parallel(a.res3, a.fch_gelu, *p.proj_w, *p.proj_b, a.res2);
 }
 
@@ -350,8 +353,8 @@ void GPT2::forward(const KernelContext& ctx, int slot, const Tensor& tokens, con
   }
   if (!stage_.has_head) return;
   check_shape("GPT2::forward", "targets", targets, {batch_.micro_batch, batch_.seq_len});
-  norm_to_full(ctx, s.lnf, s.lnf_mean, s.lnf_rstd, *x, *lnf_w_, *lnf_b_);
-  linear_forward(ctx, s.logits, s.lnf, wte_->value, Tensor());
+  const Tensor lnf = norm_to_full(ctx, s.lnf, s.lnf_mean, s.lnf_rstd, *x, *lnf_w_, *lnf_b_);
+  linear_forward(ctx, s.logits, lnf, wte_->value, Tensor());
   head_loss(ctx, s, targets, dloss);
 }
 
@@ -377,7 +380,7 @@ void GPT2::block_backward(const KernelContext& ctx, int l, const Tensor& x, Bloc
 
   Tensor dy = full_rows(d_res_);
   linear_backward(ctx, d4, p.proj_w->grad, p.proj_b->grad, dy, a.fch_gelu, p.proj_w->value, GradMode::Overwrite);
-  linear_gelu_backward(ctx, partial_, p.fc_w->grad, p.fc_b->grad, d4, d4, a.fch, a.ln2, p.fc_w->value,
+  linear_gelu_backward(ctx, partial_, p.fc_w->grad, p.fc_b->grad, d4, d4, a.fch, gathered(a.ln2), p.fc_w->value,
                        GradMode::Overwrite);
   layernorm_backward(ctx, d_res_, p.ln2_w->grad, p.ln2_b->grad, column_input_grad(), a.res2, p.ln2_w->value,
                      a.ln2_mean, a.ln2_rstd, GradMode::Accumulate);
@@ -386,7 +389,7 @@ void GPT2::block_backward(const KernelContext& ctx, int l, const Tensor& x, Bloc
   linear_backward(ctx, datty, p.attn_w->grad, p.attn_b->grad, dy, a.atty.flat2d(), p.attn_w->value,
                   GradMode::Overwrite);
   flash_attention_backward(ctx, dqkv, datty.view(a.atty.shape()), a.qkv, a.atty, a.lse, shape_.n_head / tp_size_);
-  linear_backward(ctx, partial_, p.qkv_w->grad, p.qkv_b->grad, dqkv.flat2d(), a.ln1, p.qkv_w->value,
+  linear_backward(ctx, partial_, p.qkv_w->grad, p.qkv_b->grad, dqkv.flat2d(), gathered(a.ln1), p.qkv_w->value,
                   GradMode::Overwrite);
   layernorm_backward(ctx, d_res_, p.ln1_w->grad, p.ln1_b->grad, column_input_grad(), x, p.ln1_w->value, a.ln1_mean,
                      a.ln1_rstd, GradMode::Accumulate);
@@ -412,7 +415,7 @@ void GPT2::backward(const KernelContext& ctx, int slot, const Tensor& tokens, Gr
   if (stage_.has_head) {
     // The training forward left dlogits in s.logits.
     const Tensor& last = blocks_.empty() ? s.input : s.blocks.back().res3;
-    linear_backward(ctx, partial_, wte_->grad, Tensor(), s.logits, s.lnf, wte_->value, GradMode::Overwrite);
+    linear_backward(ctx, partial_, wte_->grad, Tensor(), s.logits, gathered(s.lnf), wte_->value, GradMode::Overwrite);
     Tensor dlnf = partial_;
     if (tp_size_ > 1) {
       reduce_rows(partial_, par_.sequence_parallel ? d_c_ : partial_);

@@ -175,19 +175,19 @@ class GPT2 {
   };
   // R = N / P token rows with sequence parallelism, else R = N = B * T.
   struct BlockActs {
-    Tensor ln1, ln1_mean, ln1_rstd;  // (N, C) gathered, (R), (R)
+    Tensor ln1, ln1_mean, ln1_rstd;  // (R, C) local rows (gathered when needed), (R), (R)
     Tensor qkv;                      // (B, T, 3C/P)
     Tensor lse;                      // (B, H/P, T) attention log-sum-exp (flash attention)
     Tensor atty;                     // (B, T, C/P) attention output before projection
     Tensor res2;                     // (R, C) residual after attention
-    Tensor ln2, ln2_mean, ln2_rstd;  // (N, C) gathered, (R), (R)
+    Tensor ln2, ln2_mean, ln2_rstd;  // (R, C), (R), (R)
     Tensor fch, fch_gelu;            // (N, 4C/P) before and after GELU
     Tensor res3;                     // (R, C) block output
   };
   struct SlotActs {
     Tensor input;                    // (R, C) embedding output or the previous stage's activation
     std::vector<BlockActs> blocks;   // one per local layer
-    Tensor lnf, lnf_mean, lnf_rstd;  // (N, C) gathered, (R), (R)
+    Tensor lnf, lnf_mean, lnf_rstd;  // (R, C), (R), (R)
     Tensor logits;                   // (N, Vp/P); holds dlogits after a training forward
     Tensor losses;                   // (N)
   };
@@ -195,9 +195,16 @@ class GPT2 {
   Parameter* add_param(const std::string& name, Shape local, ShardSpec shard, bool decay, int layer);
   void block_forward(const KernelContext& ctx, int l, const Tensor& x, BlockActs& a);
   void block_backward(const KernelContext& ctx, int l, const Tensor& x, BlockActs& a, GradPhase phase);
-  // LayerNorm of the R local rows into the (N, C) input of a column-parallel region.
-  void norm_to_full(const KernelContext& ctx, Tensor full, Tensor mean, Tensor rstd, const Tensor& x,
-                    const Parameter& w, const Parameter& b);
+  // LayerNorm of the R local rows into `out` (R, C); returns the (N, C)
+  // input of the column-parallel region that follows (gathered(out)).
+  Tensor norm_to_full(const KernelContext& ctx, Tensor out, Tensor mean, Tensor rstd, const Tensor& x,
+                      const Parameter& w, const Parameter& b);
+  // Local rows (R, C) as all N rows: under sequence parallelism all-gathered
+  // into ln_full_ (valid until the next call), else `local` itself. Slots
+  // keep only their local LayerNorm outputs; the backward gathers again for
+  // the weight gradient, as Megatron does, trading one all-gather for
+  // (N - R) C values per LayerNorm per slot.
+  Tensor gathered(const Tensor& local);
   // A row-parallel product's partial sums (N, C) reduced into the R local rows of `out`.
   void reduce_rows(Tensor partial, Tensor out);
   // The gradient of R local rows as the (N, C) gradient a row-parallel region needs.
@@ -220,7 +227,7 @@ class GPT2 {
   std::vector<BlockParams> blocks_;
   std::vector<SlotActs> slots_;
   Tensor partial_;  // (N, C) row-parallel outputs and column-parallel input gradients before reduction
-  Tensor ln_local_; // (R, C) LayerNorm output before the all-gather (sequence parallel)
+  Tensor ln_full_;  // (N, C) a LayerNorm output gathered over tp (sequence parallel), for one product
   Tensor d_res_;    // (R, C) gradient of the residual stream
   Tensor d_full_;   // (N, C) gathered residual gradient (sequence parallel)
   Tensor d_c_;      // (R, C) reduced gradient of a LayerNorm output

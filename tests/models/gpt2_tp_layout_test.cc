@@ -57,24 +57,27 @@ TEST(GPT2TensorParallel, MemoryPlanDividesTheSplitPartsByTp) {
   const double repl_params = kShape.max_seq_len * C + L * (4 * C + C + C) + 2 * C;
   // Activations per token row. Split by tp: qkv 3C, probabilities H*T,
   // attention output C, MLP hidden 8C per layer, the logits V, and the 4C
-  // backward scratch. Always whole: the gathered LayerNorm outputs (2C per
-  // layer + C), the row-parallel partial sums C and the losses. Split by tp
-  // only under sequence parallelism: the residual rows (stage input C and
-  // 2C per layer), LayerNorm statistics (4 per layer + 2) and residual
-  // gradients (2C). Sequence parallelism adds a local LayerNorm output (C,
-  // split) and a gathered gradient (C, whole); tp > 1 adds softmax statistics (3).
+  // backward scratch. Always whole: the row-parallel partial sums C and the
+  // losses. Split by tp only under sequence parallelism: the residual rows
+  // (stage input C and 2C per layer), LayerNorm statistics (4 per layer + 2),
+  // residual gradients (2C) and the LayerNorm outputs (2C per layer + C; the
+  // slots keep local rows, gathered again for backward). Sequence
+  // parallelism adds one gathered LayerNorm output and one gathered gradient
+  // (C each, whole); tp > 1 adds softmax statistics (3).
   const double split_acts = L * (3 * C + H * T + C + 8 * C) + V + 4 * C;
-  const double whole_acts = L * 2 * C + C + C + 1;
+  const double whole_acts = C + 1;
+  const double ln_acts = L * 2 * C + C;
   const double row_acts = C + L * (2 * C + 4) + 2 + 2 * C;
   const Sizes one = measure(1, 0, false);
-  EXPECT_NEAR(double(one.acts), S * N * (split_acts + whole_acts + row_acts), 0.01 * double(one.acts) + 64 * 1024);
+  EXPECT_NEAR(double(one.acts), S * N * (split_acts + whole_acts + ln_acts + row_acts),
+              0.01 * double(one.acts) + 64 * 1024);
   for (int tp : {2, 4}) {
     for (bool sp : {false, true}) {
       const Sizes s = measure(tp, tp - 1, sp);
       const double want_params = S * (repl_params + split_params / tp);
       EXPECT_NEAR(double(s.params), want_params, 0.01 * want_params + 64 * 1024) << "tp " << tp;
       const double want_acts =
-          S * N * (split_acts / tp + whole_acts + (sp ? row_acts / tp + C / tp + C : row_acts) + 3);
+          S * N * (split_acts / tp + whole_acts + (sp ? (row_acts + ln_acts) / tp + 2 * C : row_acts + ln_acts) + 3);
       EXPECT_NEAR(double(s.acts), want_acts, 0.01 * want_acts + 64 * 1024) << "tp " << tp << " sp " << sp;
       EXPECT_LT(double(s.acts), double(one.acts)) << "tp " << tp;
       EXPECT_LT(double(s.params), double(one.params) / tp * 1.3 + S * repl_params) << "tp " << tp;
