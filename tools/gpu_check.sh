@@ -5,8 +5,10 @@
 #
 # 1. builds Xirang with the CUDA backend (sm_90 unless XIRANG_CUDA_ARCHS is
 #    set) into build-gpu/,
-# 2. runs the GPU tests: every CUDA kernel against the CPU op (cuda_tests)
-#    and the NCCL communicator in a group of one (mpi_nccl_tests),
+# 2. runs the GPU tests: every CUDA kernel against the CPU op (cuda_tests),
+#    compute-sanitizer memcheck and racecheck on the hand-written kernels'
+#    tests (at most 90 s each), and the NCCL communicator in a group of one
+#    (mpi_nccl_tests),
 # 3. trains gpt2_124m in bf16 on one GPU for a few steps and prints tokens/s
 #    and MFU (metrics JSONL in OUT).
 # Budget: under 8 minutes on an H200 (the build is most of it).
@@ -72,6 +74,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 status=0
 log "GPU kernel tests (each CUDA op against the CPU op)"
 "$root/build-gpu/bin/cuda_tests" --gtest_brief=1 2>&1 | tee "$out/cuda_tests.log" | tail -25 || status=1
+# Out-of-bounds and shared-memory races in the hand-written kernels (attention,
+# cross entropy, LayerNorm, embedding): memcheck and racecheck on their tests,
+# each bounded so that a slow sanitizer cannot eat the budget.
+if command -v compute-sanitizer >/dev/null || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
+  for tool in memcheck racecheck; do
+    log "compute-sanitizer $tool on the attention, cross-entropy, LayerNorm and embedding tests"
+    timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 3 "$root/build-gpu/bin/cuda_tests" --gtest_brief=1 \
+      --gtest_filter='*Attention*:*CrossEntropy*:*LayerNorm*:*Embedding*' >"$out/sanitizer_$tool.log" 2>&1 &&
+      log "$tool: clean" || { log "$tool: exit $? (see $out/sanitizer_$tool.log)"; tail -15 "$out/sanitizer_$tool.log"; status=1; }
+  done
+fi
 log "NCCL communicator, one rank"
 mpirun --oversubscribe -np 1 "$root/build-gpu/bin/mpi_nccl_tests" --gtest_brief=1 2>&1 | tee "$out/nccl_tests.log" | tail -15 || status=1
 
