@@ -68,7 +68,8 @@ std::vector<Section> schema(Config& c) {
       {"memory", {{"limit_gb", &c.memory.limit_gb}}},
       {"precision",
        {{"dtype", &c.precision.dtype}, {"loss_scale", &c.precision.loss_scale},
-        {"initial_scale", &c.precision.initial_scale}, {"growth_interval", &c.precision.growth_interval}}},
+        {"initial_scale", &c.precision.initial_scale}, {"growth_interval", &c.precision.growth_interval},
+        {"min_scale", &c.precision.min_scale}, {"hysteresis", &c.precision.hysteresis}}},
       {"device", {{"backend", &c.device.backend}}},
       {"checkpoint",
        {{"dir", &c.checkpoint.dir}, {"every", &c.checkpoint.every}, {"keep", &c.checkpoint.keep},
@@ -481,6 +482,11 @@ void validate(Config& c, int world_size) {
   v.non_negative("precision.loss_scale", c.precision.loss_scale, " (0 is dynamic under fp16, off otherwise)");
   v.positive("precision.initial_scale", c.precision.initial_scale);
   v.at_least("precision.growth_interval", c.precision.growth_interval, 1);
+  v.positive("precision.min_scale", c.precision.min_scale);
+  v.at_least("precision.hysteresis", c.precision.hysteresis, 1);
+  if (c.precision.min_scale > c.precision.initial_scale)
+    v.fail_rule(str_cat("precision.min_scale=", c.precision.min_scale, " is above precision.initial_scale=",
+                        c.precision.initial_scale));
   const std::string& be = c.device.backend;
   if (be != "cpu" && be != "cuda") v.fail_rule(str_cat("device.backend='", be, "' is not one of cpu, cuda"));
   v.at_least("checkpoint.every", c.checkpoint.every, 0, " (0 saves only at the end)");

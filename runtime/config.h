@@ -107,13 +107,17 @@ struct CheckpointConfig {
 // Mixed precision: parameters and activations in `dtype` (fp32, bf16, fp16),
 // with fp32 gradients, fp32 master weights and fp32 optimizer state under
 // bf16/fp16. loss_scale: 0 is dynamic under fp16 (start at initial_scale,
-// halve and skip the step on an overflow, double after growth_interval
-// clean steps) and off otherwise; a positive value is a fixed scale.
+// skip the step on an overflow and halve the scale, never below min_scale,
+// once `hysteresis` overflows have come since it last grew; double it after
+// growth_interval clean steps in a row) and off otherwise; a positive value
+// is a fixed scale.
 struct PrecisionConfig {
   std::string dtype = "fp32";
   double loss_scale = 0;
   double initial_scale = 65536;
   int growth_interval = 1000;
+  double min_scale = 1;
+  int hysteresis = 1;  // Megatron-LM's default is 2
 };
 
 // Where the kernels run: cpu, or cuda (needs a CUDA build and a visible GPU).

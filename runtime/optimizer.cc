@@ -50,11 +50,15 @@ void AdamW::init_master(const KernelContext& ctx) {
 void LossScale::update(bool overflow) {
   if (!dynamic_) return;
   if (overflow) {
-    scale_ = std::max(1.0, scale_ * 0.5);
     good_steps_ = 0;
+    if (--hysteresis_left_ <= 0) {
+      scale_ = std::max(min_scale_, scale_ * 0.5);
+      hysteresis_left_ = 0;  // every further overflow halves until the scale grows again
+    }
   } else if (++good_steps_ >= growth_interval_) {
     scale_ *= 2.0;
     good_steps_ = 0;
+    hysteresis_left_ = hysteresis_;
   }
 }
 

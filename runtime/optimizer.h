@@ -73,30 +73,42 @@ class AdamW {
 
 // Loss scaling for fp16: the loss gradient is multiplied by scale() so that
 // small activation gradients survive 16-bit storage; the optimizer divides
-// it out. Dynamic: a step whose gradients overflow (a non-finite global
-// norm, the same value on every rank) is skipped and the scale halved;
-// after growth_interval clean steps in a row it doubles. Fixed or off
-// (scale 1), update() changes nothing.
+// it out. Dynamic (Megatron-LM's scaler): a step whose gradients overflow
+// (a non-finite global norm, the same value on every rank) is skipped; the
+// scale halves, never below min_scale, on the hysteresis-th overflow since
+// it last grew (and on each one after that); after growth_interval clean
+// steps in a row it doubles and the hysteresis count starts over. Fixed or
+// off (scale 1), update() changes nothing.
 class LossScale {
  public:
   LossScale() = default;
-  LossScale(double scale, bool dynamic, int growth_interval)
-      : scale_(scale), dynamic_(dynamic), growth_interval_(growth_interval) {}
+  LossScale(double scale, bool dynamic, int growth_interval, double min_scale = 1.0, int hysteresis = 1)
+      : scale_(scale),
+        dynamic_(dynamic),
+        growth_interval_(growth_interval),
+        min_scale_(min_scale),
+        hysteresis_(hysteresis),
+        hysteresis_left_(hysteresis) {}
   double scale() const { return scale_; }
   bool dynamic() const { return dynamic_; }
   bool enabled() const { return dynamic_ || scale_ != 1.0; }
   int good_steps() const { return good_steps_; }
+  int hysteresis_left() const { return hysteresis_left_; }
   void update(bool overflow);
   // Checkpoint state.
-  void restore(double scale, int good_steps) {
+  void restore(double scale, int good_steps, int hysteresis_left) {
     scale_ = scale;
     good_steps_ = good_steps;
+    hysteresis_left_ = hysteresis_left;
   }
 
  private:
   double scale_ = 1.0;
   bool dynamic_ = false;
   int growth_interval_ = 1000;
+  double min_scale_ = 1.0;
+  int hysteresis_ = 1;
+  int hysteresis_left_ = 1;  // overflows still tolerated before the scale halves
   int good_steps_ = 0;
 };
 

@@ -108,7 +108,8 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   if (cfg_.precision.loss_scale > 0)
     loss_scale_ = LossScale(cfg_.precision.loss_scale, false, cfg_.precision.growth_interval);
   else if (model_dtype_ == DType::F16)
-    loss_scale_ = LossScale(cfg_.precision.initial_scale, true, cfg_.precision.growth_interval);
+    loss_scale_ = LossScale(cfg_.precision.initial_scale, true, cfg_.precision.growth_interval,
+                            cfg_.precision.min_scale, cfg_.precision.hysteresis);
   const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, m = cfg_.microbatches();
   if (p == 1 && v > 1)
     fail(ErrorKind::Config, "parallel.virtual_stages=", v, " needs parallel.pp > 1 (virtual stages interleave ranks)");
@@ -417,9 +418,10 @@ void Trainer::save_checkpoint(int64_t steps_done) {
                     cfg_.faults.rank == grid_->world_rank();
   // The dynamic loss scale's state (nothing when there is none to continue).
   const double scale = loss_scale_.dynamic() ? loss_scale_.scale() : 0.0;
-  const int good_steps = loss_scale_.good_steps();
+  const int good_steps = loss_scale_.good_steps(), hysteresis_left = loss_scale_.hysteresis_left();
   const int64_t updates = opt_->updates();
-  auto write = [this, tmp, steps_done, kill, scale, good_steps, updates, todo = std::move(todo)]() {
+  auto write = [this, tmp, steps_done, kill, scale, good_steps, hysteresis_left, updates,
+                todo = std::move(todo)]() {
     try {
       RankCheckpointWriter w(tmp, grid_->world_rank(), steps_done);
       for (size_t i = 0; i < todo.size(); ++i) {
@@ -441,6 +443,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
       if (scale > 0) {
         w.set_double("precision.loss_scale", scale);
         w.set_int("precision.good_steps", good_steps);
+        w.set_int("precision.hysteresis_left", hysteresis_left);
       }
       w.close();
     } catch (...) {
@@ -549,7 +552,10 @@ void Trainer::resume() {
   }
   // The loss scale continues where it was (every rank saved the same value).
   if (loss_scale_.dynamic() && r.has_scalar(0, "precision.loss_scale"))
-    loss_scale_.restore(r.get_double(0, "precision.loss_scale"), int(r.get_int(0, "precision.good_steps")));
+    loss_scale_.restore(r.get_double(0, "precision.loss_scale"), int(r.get_int(0, "precision.good_steps")),
+                        r.has_scalar(0, "precision.hysteresis_left")
+                            ? int(r.get_int(0, "precision.hysteresis_left"))
+                            : cfg_.precision.hysteresis);
   start_step_ = r.step();
   if (start_step_ > cfg_.train.steps)
     fail(ErrorKind::Checkpoint, "checkpoint '", path, "' is at step ", start_step_, ", past train.steps=",

@@ -400,6 +400,9 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"precision.loss_scale=-2"}, 1, {"precision.loss_scale", "must be >= 0"}},
       {{"precision.initial_scale=0"}, 1, {"precision.initial_scale=0 must be > 0"}},
       {{"precision.growth_interval=0"}, 1, {"precision.growth_interval=0 must be >= 1"}},
+      {{"precision.min_scale=0"}, 1, {"precision.min_scale=0 must be > 0"}},
+      {{"precision.hysteresis=0"}, 1, {"precision.hysteresis=0 must be >= 1"}},
+      {{"precision.min_scale=131072"}, 1, {"precision.min_scale=131072 is above precision.initial_scale=65536"}},
       {{"device.backend=tpu"}, 1, {"device.backend='tpu'", "cpu, cuda"}},
   };
   for (const Case& c : cases) expect_invalid(c.overrides, c.world, c.needles);

@@ -273,6 +273,34 @@ TEST(LossScale, DynamicHalvesOnOverflowAndDoublesAfterCleanSteps) {
   EXPECT_FALSE(LossScale().enabled());
 }
 
+// Hysteresis 2 (Megatron-LM's default): the first overflow since the scale
+// last grew only skips the step; the second and every one after halve it,
+// never below min_scale; growth restores the tolerance.
+TEST(LossScale, HysteresisAndMinimumScale) {
+  LossScale s(64, true, 2, /*min_scale=*/16, /*hysteresis=*/2);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 64) << "the first overflow is tolerated";
+  s.update(false);  // a clean step does not restore the tolerance
+  s.update(true);
+  EXPECT_EQ(s.scale(), 32);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 16);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 16) << "min_scale is the floor";
+  s.update(false);
+  s.update(false);  // growth_interval clean steps: doubles and restores the tolerance
+  EXPECT_EQ(s.scale(), 32);
+  EXPECT_EQ(s.hysteresis_left(), 2);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 32);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 16);
+  LossScale restored(1, true, 2, 1, 2);
+  restored.restore(s.scale(), s.good_steps(), s.hysteresis_left());
+  restored.update(true);
+  EXPECT_EQ(restored.scale(), 8) << "the checkpointed state continues (no tolerance left)";
+}
+
 // bf16 keeps 8 significant bits, so every stored weight and activation is
 // within 2^-9 (0.2%) relative of its fp32 value. The loss averages those
 // rounding errors over thousands of terms, so it moves much less than one
