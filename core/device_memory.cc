@@ -23,8 +23,11 @@ void* device_alloc(Device device, size_t bytes, std::string_view what) {
   cudaError_t rc = cudaMalloc(&p, bytes);
   if (rc != cudaSuccess)
     fail(ErrorKind::Memory, "cannot allocate ", bytes, " bytes of GPU memory for ", what, ": ", cudaGetErrorString(rc));
-  // Zeroed like host memory: alignment padding inside flat buffers must read as zero.
+  // Zeroed like host memory: alignment padding inside flat buffers must read
+  // as zero. cudaMemset may return before the fill and is not ordered with
+  // the non-blocking streams the kernels use, so the fill is waited for.
   XR_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  XR_CUDA_CHECK(cudaDeviceSynchronize());
   return p;
 #else
   fail(ErrorKind::Config, "this build has no CUDA backend (configure with -DXIRANG_CUDA=ON where nvcc exists)");

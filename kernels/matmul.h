@@ -31,10 +31,12 @@ void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const T
 void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& w, GradMode dx_mode);
 
-// The MLP up-projection with its activation (one cuBLASLt GELU epilogue on
-// CUDA): pre (N, out) = x w^T + bias, y (N, out) = gelu(pre), with GELU taken
-// of pre as stored (rounded, for 16-bit), so the result equals
-// linear_forward + gelu_forward.
+// The MLP up-projection with its activation: pre (N, out) = x w^T + bias,
+// y (N, out) = gelu(pre). On the CPU, and on CUDA for f32, GELU is taken of
+// pre as stored, so the result equals linear_forward + gelu_forward. On
+// CUDA with 16-bit storage one cuBLASLt GELU epilogue computes both, taking
+// GELU of the unrounded float pre: y may differ from gelu(stored pre) by one
+// 16-bit rounding of pre (times |gelu'| <= 1.13).
 void linear_gelu_forward(const KernelContext& ctx, Tensor y, Tensor pre, const Tensor& x, const Tensor& w,
                          const Tensor& bias);
 // Backward of linear_gelu_forward given dy = dL/dy: dpre (N, out) = dy *

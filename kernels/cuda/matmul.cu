@@ -205,6 +205,16 @@ cublasStatus_t try_gemm(const KernelContext& ctx, const Gemm& g, const char* op)
     const uint64_t ws = ctx.blas_workspace_bytes;
     XR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                          sizeof(ws)));
+    // The operands' real alignments (views into arenas may start anywhere):
+    // without them the heuristic assumes 256 bytes and may pick an algorithm
+    // that refuses these pointers. cuBLASLt's A is our b (row-major mapping).
+    const uint32_t aligned[4] = {uint32_t(alignment(g.b)), uint32_t(alignment(g.a)), uint32_t(alignment(g.out)),
+                                 uint32_t(alignment(g.out))};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i)
+      XR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.p, which[i], &aligned[i], sizeof(aligned[i])));
     if (g.out_dtype != DType::F32) {
       // A 16-bit output is summed in float over all of K and rounded once:
       // split-K may keep its partial sums only in the compute type, not in
@@ -365,17 +375,20 @@ void linear_product(const KernelContext& ctx, const char* op, Tensor y, const Te
   g.ab_dtype = g.out_dtype = x.dtype();
   g.trans_b = true;
   g.M = N, g.N = out, g.K = in;
-  if (bias.defined()) {
+  if (!bias.defined()) {
+    gemm(ctx, g, op);
+    return;
+  }
+  // The bias epilogue reads the bias with vector loads: 16-byte aligned only.
+  if (alignment(bias.raw()) >= 16) {
     g.epilogue = Epilogue::Bias;
     g.bias = bias.raw();
     if (try_gemm(ctx, g, op) == CUBLAS_STATUS_SUCCESS) return;
     g.epilogue = Epilogue::None;
     g.bias = nullptr;
-    gemm(ctx, g, op);
-    add_bias(ctx, y, bias);
-    return;
   }
   gemm(ctx, g, op);
+  add_bias(ctx, y, bias);
 }
 
 }  // namespace
@@ -476,7 +489,11 @@ void linear_gelu_forward(const KernelContext& ctx, Tensor y, Tensor pre, const T
   // The fused epilogue needs an aux leading dimension divisible by 8 and (for
   // vectorized stores) a 16-byte aligned aux matrix; anything else, or no
   // algorithm, takes the unfused path with the same results up to rounding.
-  if (in > 0 && out % 8 == 0 && alignment(pre.raw()) >= 16) {
+  // f32 storage keeps the unfused GELU: the epilogue's tanh may be a fast
+  // approximation (about 2^-11 relative), far below a 16-bit rounding but
+  // not below f32's.
+  if (in > 0 && out % 8 == 0 && alignment(pre.raw()) >= 16 && x.dtype() != DType::F32 &&
+      (!bias.defined() || alignment(bias.raw()) >= 16)) {
     Gemm g;
     g.a = x.raw(), g.b = w.raw(), g.out = y.raw();
     g.ab_dtype = g.out_dtype = x.dtype();

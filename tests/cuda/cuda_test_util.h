@@ -171,6 +171,8 @@ class DeviceTensor {
     XR_CUDA_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
     mem_.reset(p);
     XR_CUDA_CHECK(cudaMemset(p, 0xff, bytes));
+    // Not ordered with the context's non-blocking stream: wait for the fill.
+    XR_CUDA_CHECK(cudaDeviceSynchronize());
     t_ = Tensor(p, shape, dtype, Device::CUDA);
   }
   const Tensor& tensor() const { return t_; }
