@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "core/omp_wait.h"
 #include "runtime/config.h"
 #include "runtime/dataset.h"
 #include "runtime/trainer.h"
@@ -49,6 +50,7 @@ std::vector<Shape2> parse_shapes(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  restart_with_passive_omp_wait(argv);
   int steps = 3;
   std::string shapes = "4x64,8x256";
   std::vector<std::string> sets;  // extra config overrides, e.g. precision.dtype=bf16

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/omp_wait.h"
 #include "tools/commands.h"
 
 namespace {
@@ -34,6 +35,7 @@ const char* kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
+  xirang::restart_with_passive_omp_wait(argv);
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
