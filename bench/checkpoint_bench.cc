@@ -16,12 +16,14 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "core/omp_wait.h"
 #include "runtime/config.h"
 #include "runtime/trainer.h"
 
 using namespace xirang;
 
 int main(int argc, char** argv) {
+  xirang::restart_with_passive_omp_wait(argv);
   int steps = 7, every = 3, B = 4, T = 64;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

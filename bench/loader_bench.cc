@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "core/omp_wait.h"
 #include "core/clock.h"
 #include "models/gpt2.h"
 #include "runtime/loader.h"
@@ -29,6 +30,7 @@
 using namespace xirang;
 
 int main(int argc, char** argv) {
+  xirang::restart_with_passive_omp_wait(argv);
   double seconds = 3;
   int threads = 2;
   for (int i = 1; i < argc; ++i) {

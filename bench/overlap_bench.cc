@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "core/omp_wait.h"
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
@@ -38,6 +39,7 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
+  xirang::restart_with_passive_omp_wait(argv);
   MpiRuntime mpi(&argc, &argv);
   const int rank = mpi.world_rank(), world = mpi.world_size();
   int steps = 6;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "core/omp_wait.h"
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
@@ -30,6 +31,7 @@
 using namespace xirang;
 
 int main(int argc, char** argv) {
+  xirang::restart_with_passive_omp_wait(argv);
   MpiRuntime mpi(&argc, &argv);
   const int rank = mpi.world_rank(), p = mpi.world_size();
   std::string schedule = "1f1b", micro = "1,2,4,8,16";

@@ -50,7 +50,7 @@ std::vector<Shape2> parse_shapes(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  restart_with_passive_omp_wait(argv);
+  xirang::restart_with_passive_omp_wait(argv);
   int steps = 3;
   std::string shapes = "4x64,8x256";
   std::vector<std::string> sets;  // extra config overrides, e.g. precision.dtype=bf16
