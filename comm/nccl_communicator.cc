@@ -300,9 +300,9 @@ NcclCommunicator::NcclCommunicator(Communicator& group, int device, cudaStream_t
   CudaDeviceGuard guard(device);
   // Allocated before the NCCL communicator exists: cudaMalloc may synchronize
   // the device, which must not happen while NCCL kernels wait for peers.
-  XR_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+  XR_CUDA_CHECK(cudaMalloc(&scratch_, 3 * sizeof(float)));  // barrier(); connect_neighbours()
   try {
-    XR_CUDA_CHECK(cudaMemset(scratch_, 0, sizeof(float)));
+    XR_CUDA_CHECK(cudaMemset(scratch_, 0, 3 * sizeof(float)));  // its values never matter
     // Rank 0 makes the id and sends it with a success flag, so that when it
     // cannot, the others fail at once instead of waiting for a timeout.
     std::array<uint32_t, 1 + sizeof(ncclUniqueId) / 4> msg{};
@@ -560,6 +560,17 @@ WorkPtr NcclCommunicator::sendrecv_async(const Tensor& send, int send_peer, Tens
 
 void NcclCommunicator::barrier() {
   all_reduce_async(Tensor(scratch_, {1}, DType::F32, Device::CUDA), ReduceOp::Sum)->wait();
+}
+
+void NcclCommunicator::connect_neighbours() {
+  const int n = size(), r = rank();
+  if (n == 1) return;
+  float* f = static_cast<float*>(scratch_);
+  const Tensor send(f + 1, {1}, DType::F32, Device::CUDA), recv(f + 2, {1}, DType::F32, Device::CUDA);
+  // Every rank sends forward and receives from behind, then the reverse: each
+  // exchange is one group call on every rank, so all pairs connect together.
+  sendrecv_async(send, (r + 1) % n, recv, (r + n - 1) % n)->wait();
+  sendrecv_async(send, (r + n - 1) % n, recv, (r + 1) % n)->wait();
 }
 
 void NcclCommunicator::synchronize() {

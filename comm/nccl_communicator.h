@@ -158,6 +158,13 @@ class NcclCommunicator final : public Communicator {
   // A one-element all-reduce waited for on the host: returns once every rank
   // of the group has reached it and this rank's earlier operations are done.
   void barrier() override;
+  // Opens the point-to-point connections to the neighbours r+1 and r-1 now,
+  // collectively over the group (two ring exchanges of one float, waited
+  // for). NCCL connects a pair lazily at its first send or recv, and that
+  // first call waits for the peer's host to make its own first call on the
+  // pair: a pipeline that posts receives ahead of its sends would wait on
+  // each other forever. Channels carrying pipeline traffic call this once.
+  void connect_neighbours();
   // The host waits (with the timeout and error checks of wait()) for
   // everything queued on the channel's stream so far.
   void synchronize();

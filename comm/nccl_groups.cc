@@ -24,6 +24,11 @@ NcclGroups::NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams
     list.push_back(make_nccl_group(grid.pp(), device, pp_streams_[size_t(i)].get(), opts));
     list.back()->set_input_ready_stream(streams.compute);
   }
+  // NCCL connects a pair at its first send or recv and makes that call wait
+  // for the peer's; the executor posts receives ahead of sends, so every
+  // pipeline channel connects its neighbours now, in the same order on all ranks.
+  for (auto* list : {&pp_act_, &pp_grads_})
+    for (auto& c : *list) c->connect_neighbours();
 }
 
 std::vector<Communicator*> NcclGroups::pp_act() const {

@@ -194,6 +194,7 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
   posted_.clear();
   post_cursor_ = 0;
   stream_ = ctx.cuda_stream;
+  in_flight_.clear();
   for (size_t i = 0; i < list.size(); ++i) {
     post_receives(list, i, stats);
     const PipeInstr& in = list[i];
@@ -288,17 +289,15 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
   // Every send must be delivered before its buffer is written again: on the
   // host the step waits for them; on a device the compute stream does.
   Stopwatch sw;
+  in_flight_.clear();
   for (Chunk& c : chunks_) {
-    for (auto& w : c.slot_send)
-      if (w) {
-        w->join(stream_);
-        w.reset();
-      }
-    for (auto& w : c.send_work)
-      if (w) {
-        w->join(stream_);
-        w.reset();
-      }
+    for (auto* list : {&c.slot_send, &c.send_work})
+      for (auto& w : *list)
+        if (w) {
+          w->join(stream_);
+          if (stream_) in_flight_.push_back(w);
+          w.reset();
+        }
   }
   stats.comm_exposed_ms += sw.ms();
   XR_CHECK(posted_.empty(), "pipeline: ", posted_.size(), " receive(s) left posted at the end of the step");

@@ -120,6 +120,14 @@ class PipelineExecutor {
   // (the passes are only queued): this adds them once the step's work has
   // completed (after the step's host wait).
   void take_device_times(PipelineStats& stats) { spans_.take(stats); }
+  // On a device: waits on the host, with each channel's timeout, for the
+  // step's last sends (the compute stream only joined them), so that a
+  // neighbour that died ends the step with an error rather than a stalled
+  // stream. Call before the step's host synchronization.
+  void wait_sends() {
+    for (auto& w : in_flight_) w->wait();
+    in_flight_.clear();
+  }
 
  private:
   struct Chunk {
@@ -150,6 +158,7 @@ class PipelineExecutor {
   PipeChannels ch_;
   void* stream_ = nullptr;  // the compute stream of the step in progress (null on the host)
   ComputeSpans spans_;
+  std::vector<WorkPtr> in_flight_;  // the step's last sends, joined on a device (wait_sends)
   int p_, rank_, v_, m_;
   int B_ = 0, T_ = 0;
   std::map<std::tuple<int, int, int>, WorkPtr> posted_;  // (op, mb, chunk) -> receive in flight

@@ -317,8 +317,10 @@ void Trainer::build_chunks() {
 
 void Trainer::reduce_tied_embedding() {
   Parameter* w = tied_first_ ? tied_first_ : tied_last_;
-  // On a device the compute stream waits for the sum; the host goes on.
-  embedding_comm_->all_reduce_async(w->grad, ReduceOp::Sum)->join(ctx_.cuda_stream);
+  // On a device the compute stream waits for the sum; the host goes on (and
+  // waits with the timeout at the end of the step).
+  tied_work_ = embedding_comm_->all_reduce_async(w->grad, ReduceOp::Sum);
+  tied_work_->join(ctx_.cuda_stream);
 }
 
 void Trainer::accumulate_gradients(int step, StepMetrics& m) {
@@ -583,6 +585,9 @@ void Trainer::inject_fault(int step) {
   if (f.kind == "hang")
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // a peer that stops answering
   if (f.kind == "fail_transfer") {
+    if (device_ != Device::CPU)
+      fail(ErrorKind::Config, "faults.kind=fail_transfer fails the simulated MPI link of the dp channel; "
+                              "device.backend=cuda moves gradients over NCCL");
     auto* link = dynamic_cast<SimulatedLink*>(&grid_->dp_grads());
     if (!link) fail(ErrorKind::Config, "faults.kind=fail_transfer needs the simulated link on the dp channel");
     link->fail_next(1);
@@ -621,6 +626,13 @@ TrainResult Trainer::run() {
     sync_->begin_step();
     accumulate_gradients(step, m);
     sync_->finish(ctx_.cuda_stream);
+    if (device_ != Device::CPU) {
+      // Timed host waits for the transfers the compute stream joined, before
+      // the step's untimed stream synchronization (a dead peer fails here).
+      exec_->wait_sends();
+      if (tied_work_) tied_work_->wait();
+    }
+    tied_work_.reset();
     Stopwatch ow;
     const double scale = loss_scale_.scale();
     m.loss_scale = scale;

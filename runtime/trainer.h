@@ -116,10 +116,7 @@ class Trainer {
 
   Config cfg_;
   TrainerOptions opts_;
-  // The CUDA stream, cuBLASLt handle and NCCL channels of device.backend=cuda
-  // (defined in trainer.cc; null on the CPU).
-  struct DeviceState;
-  std::unique_ptr<DeviceState> dev_;
+  struct DeviceState;  // defined in trainer.cc; dev_ is the last member
   Device device_ = Device::CPU;
   // The groups that move device tensors: the grid's own on the CPU, NCCL's on CUDA.
   Communicator* tp_comm_ = nullptr;
@@ -143,6 +140,7 @@ class Trainer {
   std::vector<Parameter> params_;  // every chunk's parameters (views), in arena order
   Parameter* tied_first_ = nullptr;  // the token table on the first stage (pp > 1)
   Parameter* tied_last_ = nullptr;   // its copy on the last stage (pp > 1)
+  WorkPtr tied_work_;                // the step's reduction of the tied table's gradient
   std::unique_ptr<PipelineExecutor> exec_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;
@@ -162,6 +160,11 @@ class Trainer {
   std::unique_ptr<PrefetchLoader> loader_;  // null on middle pipeline stages: they read no input
   int64_t start_step_ = 0;                  // completed steps at start (a resumed run's checkpoint step)
   std::unique_ptr<SequenceSampler> val_sampler_;
+  // The CUDA stream, cuBLASLt handle and NCCL channels of device.backend=cuda
+  // (null on the CPU). Declared last so that it is released first: the NCCL
+  // channels drain or abort before the arenas' cudaFree, which waits for the
+  // whole device and would hang behind a channel still waiting on a dead peer.
+  std::unique_ptr<DeviceState> dev_;
 };
 
 }  // namespace xirang
