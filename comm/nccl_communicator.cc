@@ -562,6 +562,19 @@ void NcclCommunicator::barrier() {
   all_reduce_async(Tensor(scratch_, {1}, DType::F32, Device::CUDA), ReduceOp::Sum)->wait();
 }
 
+bool NcclCommunicator::broken() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->broken;
+}
+
+void NcclCommunicator::abort(const std::string& reason) {
+  NcclState& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (!s.comm) return;
+  CudaDeviceGuard guard(s.device);
+  s.abort_locked(reason);
+}
+
 void NcclCommunicator::connect_neighbours() {
   const int n = size(), r = rank();
   if (n == 1) return;

@@ -165,6 +165,12 @@ class NcclCommunicator final : public Communicator {
   // pair: a pipeline that posts receives ahead of its sends would wait on
   // each other forever. Channels carrying pipeline traffic call this once.
   void connect_neighbours();
+  // Whether an operation failed or timed out (the channel is then aborted).
+  bool broken() const;
+  // Aborts the channel now: its kernels stop and later work is refused. For
+  // shutting down after another channel failed, when draining this one
+  // could wait its whole timeout on a dead peer.
+  void abort(const std::string& reason);
   // The host waits (with the timeout and error checks of wait()) for
   // everything queued on the channel's stream so far.
   void synchronize();

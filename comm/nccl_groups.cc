@@ -31,6 +31,23 @@ NcclGroups::NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams
     for (auto& c : *list) c->connect_neighbours();
 }
 
+NcclGroups::~NcclGroups() {
+  std::vector<NcclCommunicator*> all = {tp_.get(), dp_grads_.get(), embedding_.get()};
+  for (auto* list : {&pp_act_, &pp_grads_})
+    for (auto& c : *list) all.push_back(c.get());
+  bool failed = false;
+  for (NcclCommunicator* c : all) failed = failed || (c && c->broken());
+  if (!failed) return;
+  for (NcclCommunicator* c : all)
+    if (c) {
+      try {
+        c->abort("another NCCL channel of this rank failed; shutting down");
+      } catch (...) {
+        // A destructor has no caller to report to; the channel is released next.
+      }
+    }
+}
+
 std::vector<Communicator*> NcclGroups::pp_act() const {
   std::vector<Communicator*> out;
   for (auto& c : pp_act_) out.push_back(c.get());

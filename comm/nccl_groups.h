@@ -49,6 +49,11 @@ class NcclGroups {
   // rank's CUDA device, `pp_colors` the pipeline channels per direction
   // (pipe_colors(pp); none when pp = 1).
   NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams, int pp_colors, const CommOptions& opts);
+  // When any channel has failed, aborts them all before they are released:
+  // draining one could otherwise wait its whole timeout on a dead peer.
+  ~NcclGroups();
+  NcclGroups(const NcclGroups&) = delete;
+  NcclGroups& operator=(const NcclGroups&) = delete;
 
   NcclCommunicator& tp() { return *tp_; }
   NcclCommunicator& dp_grads() { return *dp_grads_; }
