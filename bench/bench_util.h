@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "runtime/dataset.h"
+#include "runtime/data/dataset.h"
 
 namespace xirang::bench {
 

@@ -17,7 +17,7 @@
 
 #include "bench/bench_util.h"
 #include "core/omp_wait.h"
-#include "runtime/config.h"
+#include "runtime/config/config.h"
 #include "runtime/trainer.h"
 
 using namespace xirang;

@@ -23,8 +23,8 @@
 #include "bench/bench_util.h"
 #include "core/omp_wait.h"
 #include "core/clock.h"
-#include "models/gpt2.h"
-#include "runtime/loader.h"
+#include "models/gpt2/gpt2.h"
+#include "runtime/data/loader.h"
 #include "runtime/metrics.h"
 
 using namespace xirang;
@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
       loader_tps = double(step) * B * T / sw.seconds();
     }
     const double peak = measure_sgemm_flops(1024, 1.0);
-    GPT2Shape s124{12, 12, 768, 1024, 50257, 50304};
-    GPT2 model(s124, GPT2Stage::whole(s124), DType::F32, GPT2Batch{B, T, 1});
+    const ModelDims s124{.n_layer = 12, .n_head = 12, .d_model = 768, .max_seq_len = 1024, .vocab_size = 50257};
+    GPT2 model(s124, ChunkPlacement::whole(s124.n_layer), DType::F32, ChunkBatch{B, T, 1});
     const double consume = peak / model.flops_per_token();
     std::printf("loader (%d threads, seq_len %d, micro_batch %d): %.0f tokens/s\n", threads, T, B, loader_tps);
     std::printf("gpt2_124m at 100%% MFU of the measured sgemm rate (%.1f GFLOP/s): %.0f tokens/s\n", peak / 1e9,

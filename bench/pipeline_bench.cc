@@ -23,8 +23,8 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
-#include "runtime/config.h"
-#include "runtime/dataset.h"
+#include "runtime/config/config.h"
+#include "runtime/data/dataset.h"
 #include "runtime/schedule.h"
 #include "runtime/trainer.h"
 

@@ -17,8 +17,8 @@
 
 #include "bench/bench_util.h"
 #include "core/omp_wait.h"
-#include "runtime/config.h"
-#include "runtime/dataset.h"
+#include "runtime/config/config.h"
+#include "runtime/data/dataset.h"
 #include "runtime/trainer.h"
 
 using namespace xirang;

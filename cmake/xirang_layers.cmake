@@ -1,11 +1,20 @@
 # xirang_library(NAME FOLDER SOURCES... [LAYERS allowed folders...] [LINK libs...])
 #
-# Declares one folder's library target. LAYERS lists the project folders whose
-# headers the folder may include; every other project folder is forbidden, and
-# a build step (cmake/check_layers.cmake) fails the target when a source or
-# header of the folder includes one. The target links the allowed layers'
-# targets, so the include rules and the link graph are the same list.
-set(XIRANG_ALL_LAYERS core kernels comm models runtime tools)
+# Declares one layer's library target. A layer is a folder (core, kernels,
+# comm, models, runtime) or a wing of one (runtime/data, runtime/config,
+# runtime/checkpoint): a wing's files belong to the wing, not to the folder
+# above it. LAYERS lists the layers whose headers the layer may include;
+# every other project layer is forbidden, and a build step
+# (cmake/check_layers.cmake) fails the target when one of its sources or
+# headers includes one. The target links the allowed layers' targets, so the
+# include rules and the link graph are the same list.
+set(XIRANG_ALL_LAYERS core kernels comm models runtime/data runtime/config runtime/checkpoint runtime tools)
+
+# The library target of a layer: xirang_<last path component> ("runtime/data" -> xirang_data).
+function(xirang_layer_target layer out)
+  get_filename_component(leaf ${layer} NAME)
+  set(${out} xirang_${leaf} PARENT_SCOPE)
+endfunction()
 
 function(xirang_check_layers target folder)
   set(allowed ${folder} ${ARGN})
@@ -16,15 +25,17 @@ function(xirang_check_layers target folder)
        ${PROJECT_SOURCE_DIR}/${folder}/*.cu ${PROJECT_SOURCE_DIR}/${folder}/*.cuh)
   set(stamp ${CMAKE_CURRENT_BINARY_DIR}/${target}.layers.stamp)
   string(REPLACE ";" "," forbidden_csv "${forbidden}")
+  string(REPLACE ";" "," all_csv "${XIRANG_ALL_LAYERS}")
   add_custom_command(
     OUTPUT ${stamp}
-    COMMAND ${CMAKE_COMMAND} -DFOLDER=${folder} -DFORBIDDEN=${forbidden_csv}
+    COMMAND ${CMAKE_COMMAND} -DFOLDER=${folder} -DFORBIDDEN=${forbidden_csv} -DLAYERS=${all_csv}
             -DROOT=${PROJECT_SOURCE_DIR} -DSTAMP=${stamp}
             -P ${PROJECT_SOURCE_DIR}/cmake/check_layers.cmake
     DEPENDS ${files} ${PROJECT_SOURCE_DIR}/cmake/check_layers.cmake
     COMMENT "Checking the include layers of ${folder}/")
-  add_custom_target(${target}_layers DEPENDS ${stamp})
-  add_dependencies(${target} ${target}_layers)
+  string(REPLACE "/" "_" stamp_target ${target})
+  add_custom_target(${stamp_target}_layers DEPENDS ${stamp})
+  add_dependencies(${target} ${stamp_target}_layers)
 endfunction()
 
 function(xirang_library name folder)
@@ -33,7 +44,8 @@ function(xirang_library name folder)
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${XIRANG_WARNINGS} ${XIRANG_ARCH_FLAGS}>)
   foreach(layer ${X_LAYERS})
-    target_link_libraries(${name} PUBLIC xirang_${layer})
+    xirang_layer_target(${layer} dep)
+    target_link_libraries(${name} PUBLIC ${dep})
   endforeach()
   if(X_LINK)
     target_link_libraries(${name} PUBLIC ${X_LINK})

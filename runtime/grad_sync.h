@@ -30,7 +30,7 @@
 
 #include "comm/communicator.h"
 #include "core/arena.h"
-#include "models/gpt2.h"
+#include "models/parameter.h"
 #include "runtime/optimizer.h"
 
 namespace xirang {
@@ -44,7 +44,7 @@ struct GradSyncOptions {
 class GradSync {
  public:
   // `params` must be carved contiguously and in order from one parameter
-  // arena and one gradient arena with the same layout (GPT2::layout_parameters).
+  // arena and one gradient arena with the same layout (ModelChunk::layout_parameters).
   // `tp` and `pp` (may be null) are the tensor- and pipeline-parallel groups, for the gradient norm;
   // `dp_host` (null: dp itself) carries the norm's host scalar over dp when
   // `dp` moves device tensors (NCCL).

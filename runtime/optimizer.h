@@ -19,7 +19,7 @@
 
 #include "core/arena.h"
 #include "kernels/context.h"
-#include "runtime/config.h"
+#include "runtime/config/config.h"
 
 namespace xirang {
 

@@ -87,7 +87,7 @@ PipeChannels colored_pipe_channels(int rank, int p, const std::vector<Communicat
   return {act[size_t(out)], act[size_t(in)], grad[size_t(in)], grad[size_t(out)]};
 }
 
-PipelineExecutor::PipelineExecutor(std::vector<GPT2*> chunks, const PipeChannels& channels, int p, int rank, int v,
+PipelineExecutor::PipelineExecutor(std::vector<ModelChunk*> chunks, const PipeChannels& channels, int p, int rank, int v,
                                    int m)
     : ch_(channels), p_(p), rank_(rank), v_(v), m_(m) {
   XR_CHECK(ch_.act_send && ch_.act_recv && ch_.grad_send && ch_.grad_recv, "pipeline: a channel is missing");
@@ -98,7 +98,7 @@ PipelineExecutor::PipelineExecutor(std::vector<GPT2*> chunks, const PipeChannels
     ch.g = model_chunk(p, rank, c);
     ch.first = ch.g == 0;
     ch.last = ch.g == p * v - 1;
-    XR_CHECK(ch.model->stage().has_embedding == ch.first && ch.model->stage().has_head == ch.last,
+    XR_CHECK(ch.model->placement().has_embedding == ch.first && ch.model->placement().has_head == ch.last,
              "chunk ", c, " of rank ", rank, " does not match its place in the pipeline");
     chunks_.push_back(std::move(ch));
   }

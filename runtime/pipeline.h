@@ -1,6 +1,6 @@
 // runtime/pipeline.h: runs one rank's pipeline instruction list.
 //
-// The executor owns this rank's model chunks (one GPT2 per virtual stage)
+// The executor owns this rank's model chunks (one ModelChunk per virtual stage)
 // and two pipeline channels: activations travel forward on one, input
 // gradients backward on the other. Receives are posted ahead of the
 // instruction that needs them (activations straight into the activation
@@ -42,7 +42,7 @@
 #include "comm/communicator.h"
 #include "core/device_memory.h"
 #include "core/arena.h"
-#include "models/gpt2.h"
+#include "models/model.h"
 #include "runtime/schedule.h"
 
 namespace xirang {
@@ -108,11 +108,11 @@ class PipelineExecutor {
   using Feed = std::function<void(int mb, int32_t* tokens, int32_t* targets)>;
 
   // `chunks[c]` is local chunk c (model chunk c * p + rank); m microbatches per step.
-  PipelineExecutor(std::vector<GPT2*> chunks, const PipeChannels& channels, int p, int rank, int v, int m);
+  PipelineExecutor(std::vector<ModelChunk*> chunks, const PipeChannels& channels, int p, int rank, int v, int m);
   // Carves the token/target buffers of every activation slot and the gradient buffers.
   void layout(Arena& a);
   // Runs `list` up to ReduceGradients. The microbatch losses collect in the
-  // head chunk's loss sum (GPT2::take_loss). Final backward passes fire the
+  // head chunk's loss sum (ModelChunk::take_loss). Final backward passes fire the
   // chunks' gradient-ready hooks.
   void run(const KernelContext& ctx, const std::vector<PipeInstr>& list, const Feed& feed, double dloss,
            PipelineStats& stats);
@@ -131,7 +131,7 @@ class PipelineExecutor {
 
  private:
   struct Chunk {
-    GPT2* model;
+    ModelChunk* model;
     int g;  // model chunk index
     bool first, last;
     std::vector<Tensor> tokens, targets;  // per slot, (B, T) int32

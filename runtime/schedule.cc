@@ -9,22 +9,6 @@
 
 namespace xirang {
 
-ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
-  if (name == "gpipe") return ScheduleKind::GPipe;
-  if (name == "1f1b") return ScheduleKind::OneFOneB;
-  if (name == "interleaved") return ScheduleKind::Interleaved;
-  fail(ErrorKind::Config, where, "='", name, "' is not a schedule (expected gpipe, 1f1b or interleaved)");
-}
-
-const char* schedule_name(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::GPipe: return "gpipe";
-    case ScheduleKind::OneFOneB: return "1f1b";
-    case ScheduleKind::Interleaved: return "interleaved";
-  }
-  return "?";
-}
-
 const char* pipe_op_name(PipeOp op) {
   switch (op) {
     case PipeOp::RecvActivation: return "recv_act";

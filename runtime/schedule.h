@@ -25,11 +25,12 @@
 #include <string_view>
 #include <vector>
 
+#include "models/placement.h"
+#include "runtime/config/config.h"
+
 namespace xirang {
 
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
-ScheduleKind parse_schedule(std::string_view name, std::string_view where);  // "gpipe", "1f1b", "interleaved"
-const char* schedule_name(ScheduleKind k);
+// ScheduleKind, parse_schedule and schedule_name: runtime/config/config.h.
 
 enum class PipeOp {
   RecvActivation,  // wait for the previous model chunk's output for (microbatch, chunk)
@@ -55,7 +56,6 @@ struct PipeInstr {
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v);
 
 // The model chunk (0 .. p*v-1) of local chunk `chunk` on `rank`.
-inline int model_chunk(int p, int rank, int chunk) { return chunk * p + rank; }
 
 // Most microbatches whose activations a local chunk holds at once under this list.
 int max_in_flight(const std::vector<PipeInstr>& list, int v);

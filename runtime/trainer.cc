@@ -13,7 +13,7 @@
 #include "core/clock.h"
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
-#include "runtime/checkpoint_io.h"
+#include "runtime/checkpoint/checkpoint_io.h"
 #ifdef XIRANG_HAVE_CUDA
 #include "core/cuda_stream.h"
 #include "kernels/cuda/context.h"
@@ -21,7 +21,7 @@
 #ifdef XIRANG_HAVE_NCCL
 #include "comm/nccl_groups.h"
 #endif
-#include "runtime/model_layout.h"
+#include "runtime/config/model_layout.h"
 
 namespace xirang {
 
@@ -125,7 +125,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
 
   build_chunks();
 
-  std::vector<GPT2*> raw;
+  std::vector<ModelChunk*> raw;
   for (auto& c : chunks_) raw.push_back(c.get());
   exec_ = std::make_unique<PipelineExecutor>(raw, pipe_, p, grid_->coords().pp, v, m);
 
@@ -207,11 +207,10 @@ void Trainer::build_arenas() {
   params_.clear();
   for (auto& c : chunks_)
     for (auto& prm : c->parameters()) params_.push_back(prm);
-  if (p > 1) {
-    for (auto& c : chunks_)
-      for (auto& prm : c->parameters())
-        if (prm.name == "wte.weight") (prm.tied_copy ? tied_last_ : tied_first_) = &prm;
-  }
+  tied_.clear();
+  tied_copies_.clear();
+  for (auto& c : chunks_)
+    for (Parameter* prm : c->tied_parameters()) (prm->tied_copy ? tied_copies_ : tied_).push_back(prm);
   sync_ = std::make_unique<GradSync>(params_, *dp_grads_comm_, &grid_->tp(), &grid_->pp(),
                                      GradSyncOptions{cfg_.parallel.bucket_mb, cfg_.parallel.overlap_grad_reduce, zero},
                                      &grid_->dp());
@@ -223,7 +222,7 @@ void Trainer::build_arenas() {
   plan_.add("optimizer state", ms.used(),
             zero ? str_cat(state_what, " of a 1/", dp, " shard (ZeRO-1)") : str_cat(state_what, ", ", per_wide, " each"));
   if (zero) plan_.add("gradient shard", mz.used(), str_cat("reduce-scattered gradients, 1/", dp));
-  const GPT2Batch& batch = chunks_.front()->batch();
+  const ChunkBatch& batch = chunks_.front()->batch();
   plan_.add("activations", ma.used(),
             str_cat("micro_batch ", batch.micro_batch, " x seq_len ", batch.seq_len, " x ", batch.activation_slots,
                     " slot(s) x ", v, " chunk(s) of ", cfg_.model.n_layer / (p * v), " layer(s)",
@@ -257,8 +256,9 @@ void Trainer::build_arenas() {
   for (auto& c : chunks_) {
     c->init_parameters(cfg_.train.seed);
     c->set_grad_ready_hook([this](int l) {
-      // The embedding's gradient is final: add the last stage's head contribution first.
-      if (l == -1 && tied_first_) reduce_tied_embedding();
+      // A tied original's gradient is final here: add its copies' contributions first.
+      for (Parameter* t : tied_)
+        if (t->layer == l) reduce_tied(*t);
       sync_->layer_done(l);
     });
   }
@@ -267,7 +267,8 @@ void Trainer::build_arenas() {
 
 void Trainer::build_loader() {
   // Only the ranks that need input read it: the first stage the tokens, the last the targets.
-  const bool need_tokens = chunks_.front()->stage().has_embedding, need_targets = chunks_.back()->stage().has_head;
+  const bool need_tokens = chunks_.front()->placement().has_embedding;
+  const bool need_targets = chunks_.back()->placement().has_head;
   if (need_tokens || need_targets) {
     LoaderSpec spec;
     spec.seq_len = cfg_.seq_len();
@@ -300,7 +301,8 @@ void Trainer::choose_peak() {
 }
 
 void Trainer::build_chunks() {
-  const GPT2Shape shape = gpt2_shape(cfg_.model);
+  const ModelDims dims = model_dims(cfg_.model);
+  const ModelArch& arch = model_arch(dims.arch);
   const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, rank = grid_->coords().pp;
   // Slots: the most microbatches the schedule keeps alive per chunk, plus
   // the receives the executor posts ahead.
@@ -308,19 +310,17 @@ void Trainer::build_chunks() {
   chunks_.clear();
   for (int c = 0; c < v; ++c) {
     const int g = model_chunk(p, rank, c);
-    const GPT2Stage stage = pipeline_chunk_stage(cfg_.model.n_layer, p * v, g);
-    chunks_.push_back(std::make_unique<GPT2>(shape, stage, model_dtype_,
-                                             GPT2Batch{cfg_.train.micro_batch, cfg_.seq_len(), slots},
-                                             GPT2Parallel{tp_comm_, cfg_.parallel.sequence_parallel}));
+    chunks_.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype_,
+                                      ChunkBatch{cfg_.train.micro_batch, cfg_.seq_len(), slots},
+                                      TensorParallel{tp_comm_, cfg_.parallel.sequence_parallel}));
   }
 }
 
-void Trainer::reduce_tied_embedding() {
-  Parameter* w = tied_first_ ? tied_first_ : tied_last_;
+void Trainer::reduce_tied(Parameter& p) {
   // On a device the compute stream waits for the sum; the host goes on (and
   // waits with the timeout at the end of the step).
-  tied_work_ = embedding_comm_->all_reduce_async(w->grad, ReduceOp::Sum);
-  tied_work_->join(ctx_.cuda_stream);
+  tied_work_.push_back(embedding_comm_->all_reduce_async(p.grad, ReduceOp::Sum));
+  tied_work_.back()->join(ctx_.cuda_stream);
 }
 
 void Trainer::accumulate_gradients(int step, StepMetrics& m) {
@@ -331,14 +331,15 @@ void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   const double dloss = loss_scale_.scale() / (double(B) * T * micro * cfg_.parallel.dp);
   PipelineStats st;
   exec_->run(ctx_, schedule_, [&](int mb, int32_t* tk, int32_t* tg) { loader_->next(step, mb, tk, tg); }, dloss, st);
-  // The last stage's copy of the token table is final once its head passes
-  // are done. Its reduction waits for the first stage to finish, and so does
-  // the barrier after it on every stage: a stage that finished its list early
-  // idles here until the pipeline has drained, which is bubble too.
+  // A tied copy (the last stage's token table) is final once its head
+  // passes are done. Its reduction waits for the original's chunk to
+  // finish, and so does the barrier after it on every stage: a stage that
+  // finished its list early idles here until the pipeline has drained,
+  // which is bubble too.
   Stopwatch drain;
-  if (tied_last_) {
-    reduce_tied_embedding();
-    sync_->layer_done(-1);
+  for (Parameter* t : tied_copies_) {
+    reduce_tied(*t);
+    sync_->layer_done(t->layer);
   }
   // (On a device the host has only queued the work: no barrier, the streams order it.)
   if (cfg_.parallel.pp > 1 && device_ == Device::CPU) grid_->pp().barrier();
@@ -363,7 +364,7 @@ double Trainer::evaluate() {
   std::vector<int32_t> host_tokens(size_t(B) * T), host_targets(size_t(B) * T);
   double sum = 0;
   for (int64_t mb = dp_rank; mb < n; mb += dp) {
-    if (chunks_.front()->stage().has_embedding || chunks_.back()->stage().has_head) {
+    if (chunks_.front()->placement().has_embedding || chunks_.back()->placement().has_head) {
       for (int b = 0; b < B; ++b)
         val_sampler_->fill(mb * B + b, host_tokens.data() + int64_t(b) * T, host_targets.data() + int64_t(b) * T);
       upload(tokens, host_tokens.data());
@@ -371,11 +372,11 @@ double Trainer::evaluate() {
     }
     // Forward only, through the chunks in model order; each stage waits for its input.
     for (size_t c = 0; c < chunks_.size(); ++c) {
-      GPT2& g = *chunks_[c];
+      ModelChunk& g = *chunks_[c];
       // On the activation channel: the order (and, on NCCL, the device tensors) of training's transfers.
-      if (!g.stage().has_embedding) pipe_.act_recv->recv(g.stage_input(0), (rank + p - 1) % p, kEvalTag);
+      if (!g.placement().has_embedding) pipe_.act_recv->recv(g.stage_input(0), (rank + p - 1) % p, kEvalTag);
       g.forward(ctx_, 0, tokens, targets, 0.0);
-      if (!g.stage().has_head) pipe_.act_send->send(g.stage_output(0), (rank + 1) % p, kEvalTag);
+      if (!g.placement().has_head) pipe_.act_send->send(g.stage_output(0), (rank + 1) % p, kEvalTag);
     }
   }
   for (auto& c : chunks_) sum += c->take_loss(ctx_);
@@ -630,9 +631,9 @@ TrainResult Trainer::run() {
       // Timed host waits for the transfers the compute stream joined, before
       // the step's untimed stream synchronization (a dead peer fails here).
       exec_->wait_sends();
-      if (tied_work_) tied_work_->wait();
+      for (auto& w : tied_work_) w->wait();
     }
-    tied_work_.reset();
+    tied_work_.clear();
     Stopwatch ow;
     const double scale = loss_scale_.scale();
     m.loss_scale = scale;

@@ -29,15 +29,15 @@
 
 #include "comm/process_grid.h"
 #include "core/arena.h"
-#include "models/gpt2.h"
-#include "runtime/config.h"
-#include "runtime/dataset.h"
+#include "models/model.h"
+#include "runtime/config/config.h"
+#include "runtime/data/dataset.h"
 #include "runtime/grad_sync.h"
-#include "runtime/loader.h"
+#include "runtime/data/loader.h"
 #include "runtime/metrics.h"
 #include "runtime/optimizer.h"
 #include "runtime/pipeline.h"
-#include "runtime/sampler.h"
+#include "runtime/data/sampler.h"
 #include "runtime/schedule.h"
 
 namespace xirang {
@@ -67,8 +67,8 @@ class Trainer {
   // (split over dp ranks, the same number on every rank).
   double evaluate();
   // This rank's model chunks (one per virtual stage) and all their parameters, in arena order.
-  const std::vector<std::unique_ptr<GPT2>>& chunks() const { return chunks_; }
-  GPT2& model() { return *chunks_.front(); }
+  const std::vector<std::unique_ptr<ModelChunk>>& chunks() const { return chunks_; }
+  ModelChunk& model() { return *chunks_.front(); }
   std::vector<Parameter>& parameters() { return params_; }
   const MemoryPlan& memory_plan() const { return plan_; }
   const PeakFlops& peak() const { return peak_; }
@@ -92,8 +92,9 @@ class Trainer {
   // Runs the step's schedule (its losses collect in the head chunk's loss
   // sum) and fills the step's pipeline timings.
   void accumulate_gradients(int step, StepMetrics& m);
-  // Sums the tied token table's gradient over the first and last stage.
-  void reduce_tied_embedding();
+  // Sums a tied parameter's gradient over the chunks that hold it (the
+  // pipeline's embedding group: first and last stage).
+  void reduce_tied(Parameter& p);
   void inject_fault(int step);
   // Writes the checkpoint of `steps_done` completed steps (every rank takes
   // part). Asynchronous: the tensors are copied to the snapshot arena and a
@@ -136,11 +137,11 @@ class Trainer {
   PeakFlops peak_;
   ScheduleKind schedule_kind_;
   std::vector<PipeInstr> schedule_;
-  std::vector<std::unique_ptr<GPT2>> chunks_;
+  std::vector<std::unique_ptr<ModelChunk>> chunks_;
   std::vector<Parameter> params_;  // every chunk's parameters (views), in arena order
-  Parameter* tied_first_ = nullptr;  // the token table on the first stage (pp > 1)
-  Parameter* tied_last_ = nullptr;   // its copy on the last stage (pp > 1)
-  WorkPtr tied_work_;                // the step's reduction of the tied table's gradient
+  std::vector<Parameter*> tied_;         // parameters another pipeline chunk also holds (originals)
+  std::vector<Parameter*> tied_copies_;  // their copies on this rank (tied_copy)
+  std::vector<WorkPtr> tied_work_;       // the step's reductions of tied gradients
   std::unique_ptr<PipelineExecutor> exec_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;

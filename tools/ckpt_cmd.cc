@@ -9,7 +9,7 @@
 // slice it holds, the rank file), and verifies every checksum; exits 1 when
 // an entry is damaged.
 //
-// convert: SRC's format comes from its content (runtime/checkpoint_convert.h).
+// convert: SRC's format comes from its content (runtime/checkpoint/checkpoint_convert.h).
 // A checkpoint becomes a new checkpoint root DST in another layout, dtype or
 // without optimizer state, or with --to hf (implied by DST ending in
 // .safetensors) a Hugging Face safetensors file plus config.json. A
@@ -21,8 +21,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "runtime/checkpoint_convert.h"
-#include "runtime/checkpoint_io.h"
+#include "runtime/checkpoint/checkpoint_convert.h"
+#include "runtime/checkpoint/checkpoint_io.h"
 #include "tools/commands.h"
 
 namespace xirang::tools {

@@ -5,7 +5,7 @@
 //   echo "Hello world" | xirang data encode --tokenizer gpt2     # 15496 995 198
 //   echo "15496 995" | xirang data decode --tokenizer gpt2       # Hello world
 //
-// The format itself lives in runtime/dataset.h; this file only decides what a
+// The format itself lives in runtime/data/dataset.h; this file only decides what a
 // document is, which documents are held out for validation, and what to print.
 #include <algorithm>
 #include <charconv>
@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "runtime/dataset.h"
-#include "runtime/tokenizer.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/tokenizer.h"
 #include "tools/commands.h"
 
 namespace xirang::tools {

@@ -18,9 +18,9 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/error.h"
-#include "runtime/checkpoint_convert.h"
-#include "runtime/checkpoint_io.h"
-#include "runtime/config.h"
+#include "runtime/checkpoint/checkpoint_convert.h"
+#include "runtime/checkpoint/checkpoint_io.h"
+#include "runtime/config/config.h"
 #include "runtime/trainer.h"
 #include "tools/commands.h"
 

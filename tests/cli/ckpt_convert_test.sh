@@ -105,7 +105,7 @@ case $case in
       --config "$src/configs/gpt2_demo.yaml"
     expect_error 2 "usage error: .*needs --config" -- ckpt convert hf3/model.safetensors out_dir
     expect_error 2 "usage error: .*--layout.*unknown key 'tpp'" -- ckpt convert ck out_dir --layout tpp=2
-    expect_error 1 "config error: .*tp must divide model.n_head=4" -- ckpt convert ck out_dir --layout tp=3
+    expect_error 1 "config error: .*model.n_head=4 is not divisible by parallel.tp=3" -- ckpt convert ck out_dir --layout tp=3
     mkdir -p taken/step_00000001
     expect_error 1 "data error: .*taken.*already exists" -- ckpt convert ck taken
     expect_error 1 "data error: .*is the source" -- ckpt convert ck ck --force

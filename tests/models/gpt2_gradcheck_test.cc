@@ -7,21 +7,21 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "models/gpt2.h"
+#include "models/gpt2/gpt2.h"
 #include "tests/models/model_fixture.h"
 
 namespace xirang {
 namespace {
 
 struct TinyModel {
-  GPT2Shape shape{2, 2, 8, 6, 11, 16};  // layers, heads, d_model, max_seq, vocab, padded vocab
-  GPT2Batch batch{2, 5, 1};
+  ModelDims shape{.n_layer = 2, .n_head = 2, .d_model = 8, .max_seq_len = 6, .vocab_size = 11, .vocab_multiple = 16};
+  ChunkBatch batch{2, 5, 1};
   ModelInArenas built;
   GPT2& model = built.model;
   std::vector<int32_t> tokens, targets;
   Tensor tok, tgt;
 
-  explicit TinyModel(DType dt) : built(shape, GPT2Stage::whole(shape), dt, batch) {
+  explicit TinyModel(DType dt) : built(shape, ChunkPlacement::whole(shape.n_layer), dt, batch) {
     const int64_t n = int64_t(batch.micro_batch) * batch.seq_len;
     for (int64_t i = 0; i < n; ++i) {
       tokens.push_back(int32_t(rng_below(7, 1, uint64_t(i), uint64_t(shape.vocab_size))));

@@ -5,43 +5,20 @@
 
 #include <set>
 
-#include "models/gpt2.h"
+#include "models/gpt2/gpt2.h"
 
 namespace xirang {
 namespace {
 
-// A tensor-parallel group of `size` ranks seen from rank `rank`; layout and
-// initialisation never communicate, so every operation is an error here.
-class FakeGroup final : public Communicator {
- public:
-  FakeGroup(int size, int rank) : size_(size), rank_(rank) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  const std::string& name() const override { return name_; }
-  WorkPtr all_reduce_async(Tensor, ReduceOp) override { return fail_op(); }
-  WorkPtr reduce_scatter_async(const Tensor&, Tensor, ReduceOp) override { return fail_op(); }
-  WorkPtr all_gather_async(const Tensor&, Tensor) override { return fail_op(); }
-  WorkPtr broadcast_async(Tensor, int) override { return fail_op(); }
-  WorkPtr send_async(const Tensor&, int, int) override { return fail_op(); }
-  WorkPtr recv_async(Tensor, int, int) override { return fail_op(); }
-  void barrier() override { fail_op(); }
-
- private:
-  WorkPtr fail_op() { fail(ErrorKind::Comm, "FakeGroup does not communicate"); }
-  int size_, rank_;
-  std::string name_ = "tp";
-};
-
-const GPT2Shape kShape{4, 4, 64, 32, 250, 256};
-const GPT2Batch kBatch{2, 16, 1};
+const ModelDims kShape{.n_layer = 4, .n_head = 4, .d_model = 64, .max_seq_len = 32, .vocab_size = 250};
+const ChunkBatch kBatch{2, 16, 1};
 
 struct Sizes {
   size_t params, acts;
 };
 
 Sizes measure(int tp, int rank, bool sp) {
-  FakeGroup g(tp, rank);
-  GPT2 m(kShape, GPT2Stage::whole(kShape), DType::F64, kBatch, {&g, sp});
+  GPT2 m(kShape, ChunkPlacement::whole(kShape.n_layer), DType::F64, kBatch, {nullptr, sp, tp, rank});
   Arena p = Arena::measuring("p"), gr = Arena::measuring("g"), a = Arena::measuring("a");
   m.layout_parameters(p, gr);
   m.layout_activations(a);
@@ -51,7 +28,7 @@ Sizes measure(int tp, int rank, bool sp) {
 // Bytes of the parts that tensor parallelism splits and of those it replicates,
 // per token row for activations, computed from the architecture.
 TEST(GPT2TensorParallel, MemoryPlanDividesTheSplitPartsByTp) {
-  const double C = kShape.d_model, L = kShape.n_layer, V = kShape.padded_vocab, T = kBatch.seq_len;
+  const double C = kShape.d_model, L = kShape.n_layer, V = kShape.padded_vocab(), T = kBatch.seq_len;
   const double H = kShape.n_head, N = double(kBatch.micro_batch) * T, S = 8;  // f64
   const double split_params = V * C + L * (3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C);
   const double repl_params = kShape.max_seq_len * C + L * (4 * C + C + C) + 2 * C;
@@ -92,8 +69,7 @@ TEST(GPT2TensorParallel, ShardsTileTheSingleRankTensors) {
     std::vector<std::set<int64_t>> covered;
     std::vector<int64_t> totals;
     for (int r = 0; r < tp; ++r) {
-      FakeGroup g(tp, r);
-      GPT2 m(kShape, GPT2Stage::whole(kShape), DType::F64, kBatch, {&g, false});
+      GPT2 m(kShape, ChunkPlacement::whole(kShape.n_layer), DType::F64, kBatch, {nullptr, false, tp, r});
       auto& ps = m.parameters();
       if (covered.empty()) {
         covered.resize(ps.size());
@@ -112,8 +88,7 @@ TEST(GPT2TensorParallel, ShardsTileTheSingleRankTensors) {
         }
       }
     }
-    FakeGroup g(tp, 0);
-    GPT2 m(kShape, GPT2Stage::whole(kShape), DType::F64, kBatch, {&g, false});
+    GPT2 m(kShape, ChunkPlacement::whole(kShape.n_layer), DType::F64, kBatch, {nullptr, false, tp, 0});
     for (size_t k = 0; k < m.parameters().size(); ++k) {
       if (!m.parameters()[k].shard.replicated()) {
         EXPECT_EQ(int64_t(covered[k].size()), totals[k]) << m.parameters()[k].name << " tp " << tp;
@@ -125,8 +100,7 @@ TEST(GPT2TensorParallel, ShardsTileTheSingleRankTensors) {
 // Rank r's QKV rows are the q, k and v rows of heads [r H/P, (r+1) H/P).
 TEST(GPT2TensorParallel, QkvShardHoldsItsHeadsOfQKAndV) {
   const int tp = 2, C = kShape.d_model;
-  FakeGroup g(tp, 1);
-  GPT2 m(kShape, GPT2Stage::whole(kShape), DType::F64, kBatch, {&g, false});
+  GPT2 m(kShape, ChunkPlacement::whole(kShape.n_layer), DType::F64, kBatch, {nullptr, false, tp, 1});
   const Parameter* qkv = nullptr;
   for (auto& p : m.parameters())
     if (p.name == "h.0.attn.c_attn.weight") qkv = &p;
@@ -142,13 +116,12 @@ TEST(GPT2TensorParallel, QkvShardHoldsItsHeadsOfQKAndV) {
 }
 
 TEST(GPT2TensorParallel, InitialisedShardsEqualSlicesOfTheSingleRankModel) {
-  GPT2 whole(kShape, GPT2Stage::whole(kShape), DType::F64, kBatch);
+  GPT2 whole(kShape, ChunkPlacement::whole(kShape.n_layer), DType::F64, kBatch);
   Arena p1("p", 1 << 22), g1("g", 1 << 22);
   whole.layout_parameters(p1, g1);
   whole.init_parameters(5);
   for (int r = 0; r < 4; ++r) {
-    FakeGroup g(4, r);
-    GPT2 shard(kShape, GPT2Stage::whole(kShape), DType::F64, kBatch, {&g, false});
+    GPT2 shard(kShape, ChunkPlacement::whole(kShape.n_layer), DType::F64, kBatch, {nullptr, false, 4, r});
     Arena p("p", 1 << 22), gr("g", 1 << 22);
     shard.layout_parameters(p, gr);
     shard.init_parameters(5);

@@ -1,7 +1,7 @@
 // tests/models/model_fixture.h: a GPT2 laid out in arenas of its own, with
 // random parameters, for tests that compare models.
 //
-//   ModelInArenas m(shape, GPT2Stage::whole(shape), DType::F64, batch);  // GPT2's arguments
+//   ModelInArenas m(dims, ChunkPlacement::whole(dims.n_layer), DType::F64, batch);  // GPT2's arguments
 //   randomize_parameters(m.model, /*seed=*/17);
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "core/rng.h"
-#include "models/gpt2.h"
+#include "models/gpt2/gpt2.h"
 
 namespace xirang {
 

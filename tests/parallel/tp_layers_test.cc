@@ -12,7 +12,7 @@
 
 #include "comm/process_grid.h"
 #include "core/rng.h"
-#include "models/gpt2.h"
+#include "models/gpt2/gpt2.h"
 #include "tests/models/model_fixture.h"
 
 namespace xirang {
@@ -23,7 +23,7 @@ namespace {
 struct Model {
   ModelInArenas built;
   GPT2& m = built.model;
-  Model(const GPT2Shape& s, const GPT2Batch& b, GPT2Parallel par) : built(s, GPT2Stage::whole(s), DType::F64, b, par) {
+  Model(const ModelDims& s, const ChunkBatch& b, TensorParallel par) : built(s, ChunkPlacement::whole(s.n_layer), DType::F64, b, par) {
     randomize_parameters(m, 17);
   }
 };
@@ -31,8 +31,8 @@ struct Model {
 void check_layers(int n_layer, bool sequence_parallel) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const GPT2Shape shape{n_layer, 4, 16, 8, 50, 64};
-  const GPT2Batch batch{2, 8, 1};
+  const ModelDims shape{.n_layer = n_layer, .n_head = 4, .d_model = 16, .max_seq_len = 8, .vocab_size = 50, .vocab_multiple = 64};
+  const ChunkBatch batch{2, 8, 1};
   std::vector<int32_t> tokens(16), targets(16);
   for (int i = 0; i < 16; ++i) {
     tokens[size_t(i)] = int32_t(rng_below(3, 1, uint64_t(i), 50));

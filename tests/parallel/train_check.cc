@@ -29,8 +29,9 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
-#include "runtime/checkpoint_io.h"
-#include "runtime/config.h"
+#include "runtime/checkpoint/checkpoint_io.h"
+#include "runtime/config/config.h"
+#include "runtime/config/model_layout.h"
 #include "runtime/trainer.h"
 
 using namespace xirang;
@@ -152,11 +153,9 @@ int main(int argc, char** argv) {
     std::map<std::string, size_t> ref_offset;
     {
       const Config one = make_config(args, kOneRank, 1);
-      GPT2Shape s{one.model.n_layer, one.model.n_head, one.model.d_model, one.model.seq_len, one.model.vocab_size,
-                  one.model.padded_vocab()};
-      GPT2 layout(s, GPT2Stage::whole(s), DType::F32, GPT2Batch{1, one.seq_len(), 1});
+      const ModelDims dims = model_dims(one.model);
       size_t off = 0;
-      for (auto& p : layout.parameters()) {
+      for (auto& p : model_arch(dims.arch).parameters(dims, ChunkPlacement::whole(dims.n_layer), 1, 0)) {
         ref_offset[p.name] = off;
         off += size_t(p.shard.global.numel());
       }

@@ -4,7 +4,7 @@
 // import (names, Conv1D transposes, vocabulary padding, tied head, mask
 // buffers), llm.c import, and every refusal. Expected layouts are written out
 // by hand here, not derived from the converter.
-#include "runtime/checkpoint_convert.h"
+#include "runtime/checkpoint/checkpoint_convert.h"
 
 #include <gtest/gtest.h>
 
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "comm/process_grid.h"
-#include "runtime/hdf5_check.h"
-#include "runtime/model_layout.h"
+#include "runtime/checkpoint/hdf5_check.h"
+#include "runtime/config/model_layout.h"
 #include "tests/core/expect_error.h"
 #include "tests/runtime/temp_dir.h"
 
@@ -37,7 +37,7 @@ constexpr char kYaml[] =
 constexpr int64_t kL = 4, kC = 32, kT = 16, kV = 250, kVp = 256;
 
 Config test_config(const std::vector<std::string>& overrides = {}) { return parse_config(kYaml, overrides, "test.yaml"); }
-GPT2Shape test_shape() { return gpt2_shape(test_config().model); }
+ModelDims test_shape() { return model_dims(test_config().model); }
 
 // Random values in +-[0.1, 1): never zero, so a missed copy shows.
 std::vector<float> random_values(int64_t n, uint64_t seed) {
@@ -53,7 +53,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 Tensor view(const std::vector<float>& v, Shape s) { return Tensor(const_cast<float*>(v.data()), s, DType::F32); }
-ShardSpec whole(const Shape& g) { return ShardSpec{g, -1, 1, 0, 1}; }
+ShardSpec whole(const Shape& g) { return ShardSpec::whole(g); }
 
 std::vector<std::string> block_names(int l) {
   std::vector<std::string> out;
@@ -648,7 +648,7 @@ TEST(CheckpointConvert, BadInputsAreRefusedWithOneClearMessage) {
   ConvertOptions tp3;
   tp3.layout = CheckpointLayout{1, 3, 1, 0, 1, false};
   expect_error([&] { reshard_checkpoint(dir + "/ck", dir + "/o2", tp3); }, ErrorKind::Config,
-               {"tp must divide model.n_head=4"});
+               {"layout dp=1,tp=3", "model.n_head=4 is not divisible by parallel.tp=3"});
 
   // Destinations: an existing one needs overwrite; the source is never the destination.
   const auto before = snapshot(dir + "/ck");

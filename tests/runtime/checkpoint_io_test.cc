@@ -2,7 +2,7 @@
 // shards, fused-QKV blocks, column splits, replicas, ZeRO pieces); atomic
 // commit and pruning; corruption, truncation, shape and coverage errors;
 // bf16 storage. One process plays every rank by writing every rank file.
-#include "runtime/checkpoint_io.h"
+#include "runtime/checkpoint/checkpoint_io.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "runtime/hdf5_check.h"
+#include "runtime/checkpoint/hdf5_check.h"
 
 #include "tests/runtime/temp_dir.h"
 
@@ -45,8 +45,8 @@ std::vector<float> local_of(const std::vector<float>& global, const ShardSpec& s
   return out;
 }
 
-ShardSpec split(Shape g, int dim, int parts, int index, int blocks = 1) { return ShardSpec{g, dim, parts, index, blocks}; }
-ShardSpec whole(Shape g) { return ShardSpec{g, -1, 1, 0, 1}; }
+ShardSpec split(Shape g, int dim, int parts, int index, int blocks = 1) { return ShardSpec::split(g, dim, parts, index, blocks); }
+ShardSpec whole(Shape g) { return ShardSpec::whole(g); }
 
 CheckpointMeta meta_for(int64_t step, int dp, int tp) {
   CheckpointMeta m;
@@ -133,6 +133,63 @@ TEST(CheckpointShardMap, MatchesShardSpecAndInverts) {
       }
       EXPECT_TRUE(std::all_of(owners.begin(), owners.end(), [](int c) { return c == 1; })) << g.str() << " dim " << dim;
     }
+  }
+}
+
+// Grouped-query attention's fused QKV: q, k and v blocks of unequal
+// extents (64, 16 and 16 rows of 96), each split over the ranks.
+ShardSpec gqa(int parts, int index) { return ShardSpec::split_blocks(kW, 0, parts, index, {64, 16, 16}); }
+
+TEST(CheckpointShardMap, UnequalBlocksMatchShardSpecAndTile) {
+  for (int parts : {1, 2, 4}) {
+    std::vector<int> owners(size_t(kW.numel()), 0);
+    for (int p = 0; p < parts; ++p) {
+      const ShardSpec s = gqa(parts, p);
+      ASSERT_EQ(shard_spec_problem(s), "");
+      const ShardMap m(s);
+      ASSERT_EQ(m.local(), (Shape{96 / parts, 32}));
+      for (int64_t i = 0; i < m.numel(); ++i) {
+        const int64_t g = m.to_global(i);
+        ASSERT_EQ(g, s.global_index(m.local(), i)) << "parts " << parts << " i " << i;
+        ASSERT_EQ(m.to_local(g), i);
+        ++owners[size_t(g)];
+        if (m.run_left(i) > 1) {
+          ASSERT_EQ(m.to_global(i + 1), g + 1) << "runs are globally contiguous";
+        }
+      }
+      // Rank p's first k row is global row 64 + p * 16 / parts.
+      const int64_t k_row = 64 / parts;
+      EXPECT_EQ(m.to_global(k_row * 32) / 32, 64 + p * (16 / parts)) << "parts " << parts;
+    }
+    EXPECT_TRUE(std::all_of(owners.begin(), owners.end(), [](int c) { return c == 1; })) << "parts " << parts;
+  }
+  ShardSpec bad = gqa(2, 0);
+  bad.block_sizes = {60, 20, 16};
+  EXPECT_NE(shard_spec_problem(bad).find("block sizes add up to 96"), std::string::npos) << shard_spec_problem(bad);
+  bad.block_sizes = {63, 17, 16};
+  EXPECT_NE(shard_spec_problem(bad).find("not divisible by 2 parts"), std::string::npos) << shard_spec_problem(bad);
+}
+
+// Saved in unequal blocks on two ranks, loaded whole, in four shards of
+// the same blocks, and as plain row shards.
+TEST(CheckpointShardMap, UnequalBlocksRoundTrip) {
+  const std::string root = fresh_dir();
+  const std::vector<float> W = random_values(kW.numel(), 9);
+  CheckpointDir dir(root);
+  const std::string tmp = dir.prepare(5);
+  for (int rank = 0; rank < 2; ++rank) {
+    RankCheckpointWriter w(tmp, rank, 5);
+    std::vector<float> local = local_of(W, gqa(2, rank));
+    w.add("params", "qkv", gqa(2, rank), view_of(local, shard_local_shape(gqa(2, rank))));
+    w.close();
+  }
+  dir.commit(meta_for(5, 1, 2), 3);
+  const CheckpointReader r = CheckpointReader::open_latest(root);
+  EXPECT_EQ(r.entries().front().shard.block_sizes, (std::vector<int64_t>{64, 16, 16}));
+  EXPECT_EQ(load(r, "params", "qkv", whole(kW)), W);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(load(r, "params", "qkv", gqa(4, i)), local_of(W, gqa(4, i))) << "gqa tp=4 rank " << i;
+    EXPECT_EQ(load(r, "params", "qkv", split(kW, 0, 4, i)), local_of(W, split(kW, 0, 4, i))) << "rows rank " << i;
   }
 }
 

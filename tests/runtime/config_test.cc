@@ -1,6 +1,6 @@
 // Tests for runtime/config: parsing, overrides, the one-line errors that name
 // the key, and every rule of validate().
-#include "runtime/config.h"
+#include "runtime/config/config.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

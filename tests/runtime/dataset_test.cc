@@ -1,6 +1,6 @@
 // Token dataset format: round trips, the uint32 path, and one clear
 // single-line Data error per kind of damage.
-#include "runtime/dataset.h"
+#include "runtime/data/dataset.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "runtime/tokenizer.h"
+#include "runtime/data/tokenizer.h"
 
 #include "tests/runtime/temp_dir.h"
 

@@ -2,7 +2,7 @@
 // order, complete and disjoint over dp ranks, deterministic and resumable
 // from any step; prefetching that hides slow reads; worker errors surfacing
 // in next(); shutdown that never hangs.
-#include "runtime/loader.h"
+#include "runtime/data/loader.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -22,8 +22,8 @@
 
 #include "core/clock.h"
 #include "core/error.h"
-#include "runtime/dataset.h"
-#include "runtime/sampler.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/sampler.h"
 
 #include "tests/runtime/temp_dir.h"
 

@@ -1,7 +1,7 @@
-// GPT-2 BPE (runtime/bpe.h) and the parallel encoding helpers
-// (runtime/tokenizer.h). The golden ids come from gpt-3-encoder@1.1.4 (node);
+// GPT-2 BPE (runtime/data/bpe.h) and the parallel encoding helpers
+// (runtime/data/tokenizer.h). The golden ids come from gpt-3-encoder@1.1.4 (node);
 // tests/cli/tokenizer_test.sh compares whole texts with it token by token.
-#include "runtime/bpe.h"
+#include "runtime/data/bpe.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "runtime/tokenizer.h"
+#include "runtime/data/tokenizer.h"
 
 namespace xirang {
 namespace {

@@ -9,10 +9,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/checkpoint_convert.h"
-#include "runtime/checkpoint_io.h"
-#include "runtime/config.h"
-#include "runtime/dataset.h"
+#include "runtime/checkpoint/checkpoint_convert.h"
+#include "runtime/checkpoint/checkpoint_io.h"
+#include "runtime/config/config.h"
+#include "runtime/data/dataset.h"
 #include "runtime/optimizer.h"
 #include "runtime/trainer.h"
 #include "tests/runtime/temp_dir.h"

@@ -1,0 +1,214 @@
+// models/model.h: the interface the runtime sees, and the registry of
+// architectures.
+//
+// The runtime trains any model through ModelChunk: one object per pipeline
+// chunk (a contiguous range of layers, plus the embedding on the first chunk
+// and the final norm, head and loss on the last; one chunk holds everything
+// on a single rank). A chunk lays out its parameters and activations in
+// arenas the runtime sizes and owns, runs the forward and backward of one
+// microbatch in an activation slot, hands its output to the next chunk and
+// its input gradient to the previous one, and reports when a layer's
+// gradients are final so that their data-parallel reduction can start.
+//
+// `model.arch` picks a ModelArch from the registry. Besides building
+// chunks, an architecture lists a layout's parameter specs (names, global
+// shapes, shards, init rules) without any communicator: checkpoint
+// conversion, memory plans and tests use that list. A new architecture
+// provides (see docs/architecture.md, "Adding an architecture"):
+//   - make_chunk: a ModelChunk built from models/layers/ (parameters with
+//     their shard and init rule, forward, backward, tied parameters);
+//   - parameters: the same parameter list without storage, for any tp rank;
+//   - check_layout: its divisibility rules (heads, vocabulary, ...);
+//   - flops per token, for MFU;
+//   - a name adapter for foreign checkpoint files, when it has one.
+//
+//   const ModelArch& arch = model_arch(dims.arch);
+//   check_layout(dims, layout);                                      // throws a Config error
+//   std::unique_ptr<ModelChunk> c = arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g),
+//                                                   DType::F32, {.micro_batch = 4, .seq_len = 256, .activation_slots = 3},
+//                                                   {.group = &grid.tp(), .sequence_parallel = true});
+//   c->layout_parameters(param_arena, grad_arena);
+//   c->layout_activations(act_arena);
+//   c->init_parameters(seed);
+//   c->forward(ctx, slot, tokens, targets, dloss);     // dloss > 0: training
+//   c->backward(ctx, slot, tokens, GradPhase::Final);
+//   double loss = c->take_loss(ctx);                   // the sum of the forwards' mean losses
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/arena.h"
+#include "kernels/context.h"
+#include "models/parameter.h"
+#include "models/placement.h"
+
+namespace xirang {
+
+// An architecture's hyperparameters. One struct serves every architecture;
+// each reads the fields it uses (GPT-2: no n_kv_head, ffn_hidden = 4 d_model).
+struct ModelDims {
+  std::string arch = "gpt2";
+  int n_layer = 12;
+  int n_head = 12;
+  int n_kv_head = 0;       // key/value heads (grouped-query attention); 0: n_head
+  int d_model = 768;
+  int ffn_hidden = 0;      // MLP hidden width; 0: the architecture's default
+  int max_seq_len = 1024;  // the longest sequence (GPT-2: rows of the position table)
+  int vocab_size = 50257;
+  int vocab_multiple = 128;  // the vocabulary is padded to a multiple of this
+  int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+};
+
+struct ChunkBatch {
+  int micro_batch = 1;       // sequences per microbatch (B)
+  int seq_len = 64;          // tokens per sequence (T)
+  int activation_slots = 1;  // microbatches whose activations are alive at once
+};
+
+struct TensorParallel {
+  Communicator* group = nullptr;   // the tensor-parallel group; null means a group of one
+  bool sequence_parallel = false;  // split the token rows between the parallel regions
+  // Without a group, a chunk laid out as rank `rank` of `size` (size > 1):
+  // its parameters and activations have that rank's shapes (memory plans,
+  // the converter, the performance model), and it refuses to run.
+  int size = 0, rank = 0;
+};
+
+// The parallel layout, as far as the model's shapes are concerned.
+struct ParallelLayout {
+  int dp = 1, tp = 1, pp = 1, virtual_stages = 1;
+};
+
+// Which part of the backward pass to run. Full is the only part every
+// architecture provides; the zero-bubble schedules (ZB-H1, ZB-V) need the
+// input gradient (what the previous stage waits for) and the weight
+// gradients as separate instructions, and run on architectures whose
+// splits_backward() is true.
+enum class BackwardPart { Full, InputGrad, WeightGrad };
+
+class ModelChunk {
+ public:
+  virtual ~ModelChunk() = default;
+  ModelChunk(const ModelChunk&) = delete;
+  ModelChunk& operator=(const ModelChunk&) = delete;
+
+  // Carves parameters and gradients, in parameters() order, the same number
+  // of elements from each arena per parameter (padded to whole 256-byte
+  // blocks of the narrower type under a 16-bit dtype), so that the flat
+  // buffers align.
+  virtual void layout_parameters(Arena& params, Arena& grads);
+  // Carves activations for every slot plus backward scratch.
+  virtual void layout_activations(Arena& acts) = 0;
+  // Each parameter from its init rule: f(seed, name, global element index).
+  virtual void init_parameters(uint64_t seed);
+
+  // Forward of one microbatch (tokens, targets: (B, T) int32) into
+  // activation slot `slot`. On the chunk with the head, the mean loss over
+  // its tokens joins the loss sum on the chunk's device (no wait). With
+  // dloss > 0 the loss gradient (dloss per token) is prepared for backward.
+  virtual void forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets,
+                       double dloss) = 0;
+  // The sum of the mean losses of the forwards since the last call (0 on a
+  // chunk without the head), read back to the host; the sum restarts. On a
+  // device this waits for the forwards queued so far: once per step.
+  virtual double take_loss(const KernelContext& ctx) = 0;
+  // Backward of the microbatch in `slot`; parameter gradients accumulate. A
+  // chunk without the head takes the gradient of its output (stage_output's
+  // shape) from the next chunk; afterwards input_grad() holds the gradient
+  // of its input. `part` other than Full needs splits_backward().
+  virtual void backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase = GradPhase::Final,
+                        const Tensor& output_grad = Tensor(), BackwardPart part = BackwardPart::Full) = 0;
+  virtual bool splits_backward() const { return false; }
+
+  // Pipeline boundaries: the activation a chunk without the embedding reads
+  // (fill it before forward), the activation it hands to the next chunk
+  // (valid until the slot's backward), and the gradient of its input after
+  // backward (valid until the next backward).
+  virtual Tensor stage_input(int slot) = 0;
+  virtual Tensor stage_output(int slot) = 0;
+  virtual Tensor input_grad() = 0;
+
+  // Training FLOPs per token of the whole model (forward + backward), for MFU.
+  virtual double flops_per_token() const = 0;
+  // Milliseconds spent in tensor-parallel communication since the last call.
+  virtual double take_tp_comm_ms() = 0;
+
+  // Called during a Final backward each time a layer's parameter gradients
+  // are complete (Parameter::layer: n_layer for the final norm, l for block
+  // l, -1 for the embeddings). The data-parallel reduction starts from it.
+  void set_grad_ready_hook(std::function<void(int layer)> hook) { grad_ready_ = std::move(hook); }
+
+  std::vector<Parameter>& parameters() { return params_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
+  // The parameters of this chunk that another pipeline chunk also holds
+  // (the tied token table of the first and last chunks): their gradients
+  // are summed over the pipeline's embedding group (ProcessGrid::embedding)
+  // before the optimizer. The copy that is not the original has tied_copy set.
+  std::vector<Parameter*> tied_parameters();
+  int64_t num_parameters() const;         // this rank's
+  int64_t num_global_parameters() const;  // the whole chunk's, over all tensor-parallel ranks
+
+  const ModelDims& dims() const { return dims_; }
+  const ChunkPlacement& placement() const { return placement_; }
+  const ChunkBatch& batch() const { return batch_; }
+  // Parameters and activations (F32, F64, BF16 or F16).
+  DType dtype() const { return dtype_; }
+  // Parameter gradients and the statistics kept for backward: F32 under a
+  // 16-bit dtype (kernels/context.h), else dtype().
+  DType grad_dtype() const { return wide_dtype_; }
+
+ protected:
+  ModelChunk(const ModelDims& dims, const ChunkPlacement& placement, DType dtype, const ChunkBatch& batch);
+  void grad_ready(int layer) const {
+    if (grad_ready_) grad_ready_(layer);
+  }
+
+  ModelDims dims_;
+  ChunkPlacement placement_;
+  DType dtype_;
+  DType wide_dtype_;
+  ChunkBatch batch_;
+  std::vector<Parameter> params_;  // never reallocated after construction (layers keep pointers into it)
+
+ private:
+  std::function<void(int)> grad_ready_;
+};
+
+// One architecture in the registry.
+struct ModelArch {
+  std::string name;  // model.arch
+  // The architecture's own layout rules, beyond the pipeline's: "" when
+  // `layout` can hold the model, else the rule it breaks, in config keys.
+  std::function<std::string(const ModelDims&, const ParallelLayout&)> layout_problem;
+  // A chunk of this rank: tp.group is its tensor-parallel group.
+  std::function<std::unique_ptr<ModelChunk>(const ModelDims&, const ChunkPlacement&, DType, const ChunkBatch&,
+                                            const TensorParallel&)>
+      make_chunk;
+  // The parameters the chunk of tensor-parallel rank tp_rank of tp holds,
+  // in make_chunk's order, without storage (value and grad are null views
+  // of the local shapes, F32).
+  std::function<std::vector<Parameter>(const ModelDims&, const ChunkPlacement&, int tp, int tp_rank)> parameters;
+};
+
+// The architecture named `name`; a Config error listing the known ones otherwise.
+const ModelArch& model_arch(const std::string& name);
+bool model_arch_known(const std::string& name);
+// Names of every registered architecture, comma-separated ("gpt2").
+std::string model_arch_names();
+
+// Every rule a layout must meet to hold the model, stated once: the
+// model's own shape, the pipeline's (n_layer % (pp x virtual_stages),
+// virtual stages need pp > 1) and the architecture's. Returns "" or the
+// rule broken, naming config keys (model.*, parallel.*); config validation,
+// checkpoint conversion and the model constructors use it.
+std::string layout_problem(const ModelDims& dims, const ParallelLayout& layout);
+// The same, as a Config error.
+void check_layout(const ModelDims& dims, const ParallelLayout& layout);
+
+}  // namespace xirang

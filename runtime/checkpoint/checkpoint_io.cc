@@ -1,0 +1,618 @@
+// Checkpoint plumbing shared by the writer and the reader: HDF5 errors and
+// attributes, shard geometry, CRC-32C, element conversion; and the step
+// directory protocol (prepare, commit, latest, pruning, meta.json).
+#include "runtime/checkpoint/checkpoint_io.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "runtime/checkpoint/hdf5_check.h"
+
+#if defined(__SSE4_2__)
+#include <nmmintrin.h>
+#endif
+
+namespace xirang {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------
+// HDF5 errors and attributes
+
+namespace {
+
+herr_t collect_error(unsigned, const H5E_error2_t* e, void* data) {
+  auto* out = static_cast<std::string*>(data);
+  std::string desc = e->desc ? e->desc : "";
+  if (desc.empty()) {
+    char buf[256] = {};
+    if (H5Eget_msg(e->min_num, nullptr, buf, sizeof buf) > 0) desc = buf;
+  }
+  if (!out->empty()) *out += "; ";
+  *out += (e->func_name ? e->func_name : "?") + std::string(": ") + desc;
+  return 0;
+}
+
+// Creates attribute `name` on obj, replacing one of that name (set_int twice).
+H5Id create_attr(hid_t obj, const char* name, hid_t type, hid_t space) {
+  if (XR_HDF5_ID(H5Aexists(obj, name)) > 0) XR_HDF5_CHECK(H5Adelete(obj, name));
+  return H5Id(XR_HDF5_ID(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
+}
+
+H5Id vector_space(size_t n) {
+  hsize_t dims[1] = {hsize_t(n)};
+  return H5Id(XR_HDF5_ID(H5Screate_simple(1, dims, nullptr)), H5Sclose);
+}
+
+H5Id open_attr(hid_t obj, const char* name) {
+  if (XR_HDF5_ID(H5Aexists(obj, name)) <= 0) fail(ErrorKind::Library, "attribute '", name, "' is missing");
+  return H5Id(XR_HDF5_ID(H5Aopen(obj, name, H5P_DEFAULT)), H5Aclose);
+}
+
+H5T_class_t attr_class(hid_t attr) {
+  H5Id type(XR_HDF5_ID(H5Aget_type(attr)), H5Tclose);
+  return H5Tget_class(type);
+}
+
+size_t attr_points(hid_t attr) {
+  H5Id space(XR_HDF5_ID(H5Aget_space(attr)), H5Sclose);
+  hssize_t n = H5Sget_simple_extent_npoints(space);
+  XR_HDF5_CHECK(n);
+  return size_t(n);
+}
+
+template <class T>
+std::vector<T> read_attr_vector(hid_t obj, const char* name, hid_t mem_type, H5T_class_t want_class) {
+  H5Id attr = open_attr(obj, name);
+  if (attr_class(attr) != want_class)
+    fail(ErrorKind::Library, "attribute '", name, "' has the wrong type class");
+  std::vector<T> v(attr_points(attr));
+  if (!v.empty()) XR_HDF5_CHECK(H5Aread(attr, mem_type, v.data()));
+  return v;
+}
+
+herr_t collect_attr_name(hid_t, const char* name, const H5A_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->push_back(name);
+  return 0;
+}
+
+}  // namespace
+
+std::string hdf5_error_message() {
+  std::string s;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &s);
+  H5Eclear2(H5E_DEFAULT);
+  // Some messages embed ctime() output, which ends in a newline: our errors are one line.
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s.empty() ? "(HDF5 left no error message)" : s;
+}
+
+void rethrow_as_checkpoint(const std::string& context) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::Internal) throw;  // a bug: keep its kind and text
+    fail(ErrorKind::Checkpoint, context, ": ", e.what());
+  } catch (const std::exception& e) {
+    fail(ErrorKind::Checkpoint, context, ": ", e.what());
+  }
+}
+
+void write_attr_str(hid_t obj, const char* name, const std::string& value) {
+  H5Id type(XR_HDF5_ID(H5Tcopy(H5T_C_S1)), H5Tclose);
+  XR_HDF5_CHECK(H5Tset_size(type, std::max<size_t>(value.size(), 1)));
+  XR_HDF5_CHECK(H5Tset_strpad(type, H5T_STR_NULLPAD));
+  H5Id space(XR_HDF5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
+  H5Id attr = create_attr(obj, name, type, space);
+  std::string padded = value.empty() ? std::string(1, '\0') : value;
+  XR_HDF5_CHECK(H5Awrite(attr, type, padded.data()));
+}
+
+void write_attr_i64(hid_t obj, const char* name, int64_t value) {
+  H5Id space(XR_HDF5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
+  H5Id attr = create_attr(obj, name, H5T_STD_I64LE, space);
+  XR_HDF5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, &value));
+}
+
+void write_attr_i64s(hid_t obj, const char* name, const std::vector<int64_t>& values) {
+  H5Id space = vector_space(values.size());
+  H5Id attr = create_attr(obj, name, H5T_STD_I64LE, space);
+  if (!values.empty()) XR_HDF5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, values.data()));
+}
+
+void write_attr_f64(hid_t obj, const char* name, double value) {
+  H5Id space(XR_HDF5_ID(H5Screate(H5S_SCALAR)), H5Sclose);
+  H5Id attr = create_attr(obj, name, H5T_IEEE_F64LE, space);
+  XR_HDF5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, &value));
+}
+
+void write_attr_u32s(hid_t obj, const char* name, const std::vector<uint32_t>& values) {
+  H5Id space = vector_space(values.size());
+  H5Id attr = create_attr(obj, name, H5T_STD_U32LE, space);
+  if (!values.empty()) XR_HDF5_CHECK(H5Awrite(attr, H5T_NATIVE_UINT32, values.data()));
+}
+
+bool has_attr(hid_t obj, const char* name) { return XR_HDF5_ID(H5Aexists(obj, name)) > 0; }
+
+bool attr_is_integer(hid_t obj, const char* name) { return attr_class(open_attr(obj, name)) == H5T_INTEGER; }
+
+std::string read_attr_str(hid_t obj, const char* name) {
+  H5Id attr = open_attr(obj, name);
+  H5Id type(XR_HDF5_ID(H5Aget_type(attr)), H5Tclose);
+  if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) > 0)
+    fail(ErrorKind::Library, "attribute '", name, "' is not a fixed-length string");
+  std::string s(H5Tget_size(type), '\0');
+  XR_HDF5_CHECK(H5Aread(attr, type, s.data()));
+  s.resize(std::strlen(s.c_str()));  // drop the padding
+  return s;
+}
+
+int64_t read_attr_i64(hid_t obj, const char* name) {
+  auto v = read_attr_vector<int64_t>(obj, name, H5T_NATIVE_INT64, H5T_INTEGER);
+  if (v.size() != 1) fail(ErrorKind::Library, "attribute '", name, "' holds ", v.size(), " values, not 1");
+  return v[0];
+}
+
+std::vector<int64_t> read_attr_i64s(hid_t obj, const char* name) {
+  return read_attr_vector<int64_t>(obj, name, H5T_NATIVE_INT64, H5T_INTEGER);
+}
+
+double read_attr_f64(hid_t obj, const char* name) {
+  auto v = read_attr_vector<double>(obj, name, H5T_NATIVE_DOUBLE, H5T_FLOAT);
+  if (v.size() != 1) fail(ErrorKind::Library, "attribute '", name, "' holds ", v.size(), " values, not 1");
+  return v[0];
+}
+
+std::vector<uint32_t> read_attr_u32s(hid_t obj, const char* name) {
+  return read_attr_vector<uint32_t>(obj, name, H5T_NATIVE_UINT32, H5T_INTEGER);
+}
+
+std::vector<std::string> attr_names(hid_t obj) {
+  std::vector<std::string> names;
+  hsize_t idx = 0;
+  XR_HDF5_CHECK(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_attr_name, &names));
+  return names;
+}
+
+// ---------------------------------------------------------------------------
+// Shard geometry
+
+std::string shard_spec_problem(const ShardSpec& s) {
+  const Shape& g = s.global;
+  if (g.rank() < 1) return "a tensor of rank 0 (store it with shape (1))";
+  for (int i = 0; i < g.rank(); ++i)
+    if (g[i] < 0) return str_cat("global shape ", g.str(), " has a negative dimension");
+  if (s.replicated()) return "";
+  if (s.dim >= g.rank()) return str_cat("split dimension ", s.dim, " of a rank-", g.rank(), " tensor");
+  if (s.blocks < 1) return str_cat("blocks ", s.blocks, " < 1");
+  if (s.index < 0 || s.index >= s.parts) return str_cat("shard index ", s.index, " outside [0, ", s.parts, ")");
+  if (s.block_sizes.empty()) {
+    if (g[s.dim] % (int64_t(s.parts) * s.blocks) != 0)
+      return str_cat("dimension ", s.dim, " of global shape ", g.str(), " is not divisible by ", s.parts,
+                     " parts x ", s.blocks, " blocks");
+    return "";
+  }
+  if (int64_t(s.block_sizes.size()) != s.blocks)
+    return str_cat(s.block_sizes.size(), " block sizes for ", s.blocks, " blocks");
+  int64_t sum = 0;
+  for (int64_t b : s.block_sizes) {
+    if (b < 0 || b % s.parts != 0) return str_cat("block of extent ", b, " is not divisible by ", s.parts, " parts");
+    sum += b;
+  }
+  if (sum != g[s.dim])
+    return str_cat("block sizes add up to ", sum, ", dimension ", s.dim, " of global shape ", g.str(), " is ", g[s.dim]);
+  return "";
+}
+
+Shape shard_local_shape(const ShardSpec& s) {
+  Shape local = s.global;
+  if (!s.replicated()) local[s.dim] = s.global[s.dim] / s.parts;
+  return local;
+}
+
+ShardMap::ShardMap(const ShardSpec& s) {
+  const std::string problem = shard_spec_problem(s);
+  XR_CHECK(problem.empty(), problem);
+  local_ = shard_local_shape(s);
+  numel_ = local_.numel();
+  global_numel_ = s.global.numel();
+  whole_ = s.replicated();
+  if (whole_) {
+    run_ = std::max<int64_t>(numel_, 1);
+    return;
+  }
+  for (int i = s.dim + 1; i < s.global.rank(); ++i) inner_ *= s.global[i];
+  G_ = s.global[s.dim];
+  L_ = G_ / s.parts;
+  parts_ = s.parts;
+  index_ = s.index;
+  int64_t local_begin = 0, global_begin = 0;
+  for (int k = 0; k < s.block_count(); ++k) {
+    const int64_t gb = s.block_extent(k), lb = gb / s.parts;
+    blocks_.push_back({local_begin, lb, global_begin});
+    local_begin += lb;
+    global_begin += gb;
+  }
+  equal_ = s.block_sizes.empty();
+  lb_ = L_ / s.block_count();
+  gb_ = G_ / s.block_count();
+  run_ = std::max<int64_t>(lb_ * inner_, 1);  // a zero-sized tensor has no runs; avoid dividing by 0
+}
+
+const ShardMap::Block& ShardMap::local_block(int64_t x) const {
+  for (const Block& b : blocks_)
+    if (x < b.local_begin + b.local_extent) return b;
+  return blocks_.back();
+}
+
+int64_t ShardMap::run_left(int64_t i) const {
+  if (equal_ || whole_) return run_ - i % run_;
+  // The run ends with the local block that holds i (all trailing dimensions included).
+  const int64_t k = i % inner_, x = (i / inner_) % L_;
+  const Block& b = local_block(x);
+  return (b.local_begin + b.local_extent - x) * inner_ - k;
+}
+
+// Local flat i = ((o * L + x) * inner + k) with x = b * lb + y (block b, row y
+// of this part's slice of the block); globally that row sits at b * gb +
+// index * lb + y, the same formula as ShardSpec::global_index for any rank.
+int64_t ShardMap::to_global(int64_t i) const {
+  if (whole_) return i;
+  const int64_t k = i % inner_, t = i / inner_;
+  const int64_t x = t % L_, o = t / L_;
+  if (equal_) return (o * G_ + (x / lb_) * gb_ + index_ * lb_ + x % lb_) * inner_ + k;
+  const Block& b = local_block(x);
+  return (o * G_ + b.global_begin + index_ * b.local_extent + (x - b.local_begin)) * inner_ + k;
+}
+
+int64_t ShardMap::to_local(int64_t g) const {
+  if (whole_) return g;
+  const int64_t k = g % inner_, t = g / inner_;
+  const int64_t gx = t % G_, o = t / G_;
+  if (equal_) {
+    const int64_t b = gx / gb_, r = gx % gb_;
+    if (r / lb_ != index_) return -1;
+    return (o * L_ + b * lb_ + r % lb_) * inner_ + k;
+  }
+  for (const Block& b : blocks_) {
+    const int64_t r = gx - b.global_begin;
+    if (r < 0 || r >= b.local_extent * parts_) continue;
+    if (r / b.local_extent != index_) return -1;
+    return (o * L_ + b.local_begin + r % b.local_extent) * inner_ + k;
+  }
+  return -1;
+}
+
+// ---------------------------------------------------------------------------
+// CRC-32C and conversions
+
+#if !defined(__SSE4_2__)
+namespace {
+struct Crc32cTable {
+  uint32_t t[256];
+  constexpr Crc32cTable() : t{} {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+  }
+};
+constexpr Crc32cTable kCrcTable;
+}  // namespace
+#endif
+
+uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  uint32_t c = ~crc;
+#if defined(__SSE4_2__)
+  // The SSE4.2 instruction computes the same CRC-32C as the table below, about 10x faster.
+  uint64_t c64 = c;
+  for (; bytes >= 8; bytes -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c64 = _mm_crc32_u64(c64, w);
+  }
+  c = uint32_t(c64);
+  for (; bytes > 0; --bytes) c = _mm_crc32_u8(c, *p++);
+#else
+  for (; bytes > 0; --bytes) c = kCrcTable.t[(c ^ *p++) & 0xffu] ^ (c >> 8);
+#endif
+  return ~c;
+}
+
+namespace {
+
+inline double load_el(float x) { return x; }
+inline double load_el(double x) { return x; }
+inline double load_el(bf16 x) { return bf16_to_float(x); }
+inline double load_el(f16 x) { return f16_to_float(x); }
+
+template <class T>
+T store_el(double x);
+template <> float store_el<float>(double x) { return float(x); }
+template <> double store_el<double>(double x) { return x; }
+template <> bf16 store_el<bf16>(double x) { return float_to_bf16(float(x)); }
+template <> f16 store_el<f16>(double x) { return float_to_f16(float(x)); }
+
+template <class S, class D>
+void convert_as(const void* src, void* dst, int64_t n) {
+  const S* s = static_cast<const S*>(src);
+  D* d = static_cast<D*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = store_el<D>(load_el(s[i]));
+}
+
+template <class S>
+void convert_from(const void* src, void* dst, DType to, int64_t n) {
+  switch (to) {
+    case DType::F32: return convert_as<S, float>(src, dst, n);
+    case DType::F64: return convert_as<S, double>(src, dst, n);
+    case DType::BF16: return convert_as<S, bf16>(src, dst, n);
+    case DType::F16: return convert_as<S, f16>(src, dst, n);
+    default: XR_CHECK(false, "checkpoint tensors are float; got ", dtype_name(to));
+  }
+}
+
+}  // namespace
+
+void convert_elements(const void* src, DType from, void* dst, DType to, int64_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, size_t(n) * dtype_size(from));
+    return;
+  }
+  switch (from) {
+    case DType::F32: return convert_from<float>(src, dst, to, n);
+    case DType::F64: return convert_from<double>(src, dst, to, n);
+    case DType::BF16: return convert_from<bf16>(src, dst, to, n);
+    case DType::F16: return convert_from<f16>(src, dst, to, n);
+    default: XR_CHECK(false, "checkpoint tensors are float; got ", dtype_name(from));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Step directories
+
+namespace {
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+// "step_00000120" -> (120, complete dir); "step_00000120.tmp" or
+// "step_00000120.old.tmp" -> (120, tmp); anything else -> nullopt.
+struct StepName {
+  int64_t step;
+  bool tmp;
+};
+std::optional<StepName> parse_step_name(const std::string& name) {
+  if (name.rfind("step_", 0) != 0) return std::nullopt;
+  size_t i = 5;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+  if (i == 5 || i - 5 > 18) return std::nullopt;
+  const int64_t step = std::stoll(name.substr(5, i - 5));
+  const std::string rest = name.substr(i);
+  if (rest.empty()) return StepName{step, false};
+  if (rest.size() >= 4 && rest.compare(rest.size() - 4, 4, ".tmp") == 0) return StepName{step, true};
+  return std::nullopt;
+}
+
+// Writes `content` to path via path.tmp, fsync and rename: readers see the old or the new file, never a mix.
+void write_file_atomic(const std::string& path, const std::string& content) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << content;
+    f.close();
+    if (!f) fail(ErrorKind::Checkpoint, "cannot write ", tmp);
+  }
+  sync_path(tmp, false);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    fail(ErrorKind::Checkpoint, "cannot rename ", tmp, " to ", path, ": ", std::strerror(errno));
+  sync_path(fs::path(path).parent_path().string(), true);
+}
+
+bool is_complete(const fs::path& dir) { return fs::is_regular_file(dir / "meta.json"); }
+
+// Opens a rank file and checks it is ours, for this rank and step: a missing,
+// truncated or stale file fails here, before anything becomes visible.
+void check_rank_file(const std::string& path, int rank, int64_t step) {
+  try {
+    H5Id f(XR_HDF5_ID(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)), H5Fclose);
+    if (read_attr_str(f, "format") != "xirang-checkpoint") fail(ErrorKind::Checkpoint, "not a Xirang rank file");
+    const int64_t r = read_attr_i64(f, "rank"), s = read_attr_i64(f, "step");
+    if (r != rank || s != step)
+      fail(ErrorKind::Checkpoint, "holds rank ", r, " step ", s, ", expected rank ", rank, " step ", step);
+  } catch (...) {
+    rethrow_as_checkpoint(str_cat("checkpoint step ", step, " cannot be committed: rank file ", path));
+  }
+}
+
+}  // namespace
+
+// fsync makes a write or a rename durable; the rename of a file is only
+// durable once its directory is synced too.
+void sync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
+  if (fd < 0) fail(ErrorKind::Checkpoint, "cannot open ", path, " to sync it: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) fail(ErrorKind::Checkpoint, "fsync of ", path, " failed: ", std::strerror(err));
+}
+
+std::string rank_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank_%05d.h5", rank);
+  return buf;
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "meta.json").string();
+  std::ifstream f(path);
+  if (!f) fail(ErrorKind::Checkpoint, step_dir, " is not a complete checkpoint: ", path, " is missing");
+  try {
+    nlohmann::json j = nlohmann::json::parse(f);
+    if (j.at("format").get<std::string>() != "xirang-checkpoint")
+      fail(ErrorKind::Checkpoint, "format is not xirang-checkpoint");
+    CheckpointMeta m;
+    m.format_version = j.at("format_version").get<int>();
+    if (m.format_version < 1 || m.format_version > kCheckpointFormatVersion)
+      fail(ErrorKind::Checkpoint, "format_version ", m.format_version, " is not supported (this build reads 1..",
+           kCheckpointFormatVersion, ")");
+    m.step = j.at("step").get<int64_t>();
+    const auto& l = j.at("layout");
+    m.layout.dp = l.at("dp").get<int>();
+    m.layout.tp = l.at("tp").get<int>();
+    m.layout.pp = l.at("pp").get<int>();
+    m.layout.zero = l.at("zero").get<int>();
+    m.layout.virtual_stages = l.at("virtual_stages").get<int>();
+    m.layout.sequence_parallel = l.at("sequence_parallel").get<bool>();
+    m.config_yaml = j.at("config").get<std::string>();
+    m.rank_files = j.at("rank_files").get<std::vector<std::string>>();
+    if (int64_t(m.rank_files.size()) != m.layout.world_size())
+      fail(ErrorKind::Checkpoint, m.rank_files.size(), " rank files for a world of ", m.layout.world_size());
+    return m;
+  } catch (...) {
+    rethrow_as_checkpoint(str_cat("checkpoint metadata ", path));
+  }
+}
+
+std::string CheckpointDir::step_dir(int64_t step) const { return (fs::path(root_) / step_name(step)).string(); }
+std::string CheckpointDir::tmp_dir(int64_t step) const { return step_dir(step) + ".tmp"; }
+
+std::string CheckpointDir::prepare(int64_t step) const {
+  const std::string tmp = tmp_dir(step);
+  try {
+    fs::create_directories(root_);
+    fs::remove_all(tmp);
+    fs::create_directory(tmp);
+  } catch (...) {
+    rethrow_as_checkpoint(str_cat("cannot prepare checkpoint directory ", tmp));
+  }
+  return tmp;
+}
+
+void CheckpointDir::commit(const CheckpointMeta& meta_in, int keep) const {
+  Hdf5Scope scope;
+  CheckpointMeta meta = meta_in;
+  const int world = meta.layout.world_size();
+  if (meta.layout.dp < 1 || meta.layout.tp < 1 || meta.layout.pp < 1)
+    fail(ErrorKind::Checkpoint, "checkpoint step ", meta.step, ": layout dp ", meta.layout.dp, " tp ", meta.layout.tp,
+         " pp ", meta.layout.pp, " must all be >= 1");
+  const fs::path tmp = tmp_dir(meta.step), final_dir = step_dir(meta.step);
+  if (!fs::is_directory(tmp))
+    fail(ErrorKind::Checkpoint, "checkpoint step ", meta.step, " cannot be committed: ", tmp.string(), " does not exist");
+
+  // 1. Every expected rank file is present and is what it claims to be.
+  meta.rank_files.clear();
+  std::set<std::string> expected{"meta.json"};
+  for (int r = 0; r < world; ++r) {
+    const std::string name = rank_file_name(r);
+    const fs::path p = tmp / name;
+    if (!fs::is_regular_file(p))
+      fail(ErrorKind::Checkpoint, "checkpoint step ", meta.step, " cannot be committed: rank file ", name,
+           " is missing from ", tmp.string(), " (did rank ", r, " finish writing?)");
+    check_rank_file(p.string(), r, meta.step);
+    meta.rank_files.push_back(name);
+    expected.insert(name);
+  }
+  try {
+    // 2. Strays: a crashed earlier attempt's partial files, or rank files of a larger world.
+    for (const auto& e : fs::directory_iterator(tmp))
+      if (!expected.count(e.path().filename().string())) fs::remove_all(e.path());
+
+    // 3. meta.json last inside the directory: its presence marks the directory complete.
+    nlohmann::json j;
+    j["format"] = "xirang-checkpoint";
+    j["format_version"] = kCheckpointFormatVersion;
+    j["step"] = meta.step;
+    j["layout"] = {{"dp", meta.layout.dp},
+                   {"tp", meta.layout.tp},
+                   {"pp", meta.layout.pp},
+                   {"zero", meta.layout.zero},
+                   {"virtual_stages", meta.layout.virtual_stages},
+                   {"sequence_parallel", meta.layout.sequence_parallel}};
+    j["world_size"] = world;
+    j["rank_files"] = meta.rank_files;
+    j["config"] = meta.config_yaml;
+    write_file_atomic((tmp / "meta.json").string(), j.dump(2) + "\n");
+
+    // 4. Into place. Re-saving a step swaps the directories atomically
+    // (RENAME_EXCHANGE), so `latest` never names a missing directory; where
+    // the file system cannot swap, the old one is moved aside first.
+    if (fs::exists(final_dir)) {
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+        fs::remove_all(tmp);  // now holds the old save
+      } else {
+        const fs::path aside = final_dir.string() + ".old.tmp";
+        fs::remove_all(aside);
+        fs::rename(final_dir, aside);
+        fs::rename(tmp, final_dir);
+        fs::remove_all(aside);
+      }
+    } else {
+      fs::rename(tmp, final_dir);
+    }
+    sync_path(root_, true);
+
+    // 5. `latest`, replaced atomically.
+    write_file_atomic((fs::path(root_) / "latest").string(), step_name(meta.step) + "\n");
+
+    // 6. Pruning: this step always stays; of the others, the newest keep - 1.
+    std::vector<int64_t> others;
+    for (const auto& e : fs::directory_iterator(root_)) {
+      const auto sn = parse_step_name(e.path().filename().string());
+      if (!sn || !e.is_directory()) continue;
+      if (sn->tmp) {
+        if (sn->step <= meta.step) fs::remove_all(e.path());  // a crashed save; later ones may be in flight
+      } else if (sn->step != meta.step && is_complete(e.path())) {
+        others.push_back(sn->step);
+      }
+    }
+    if (keep > 0) {
+      std::sort(others.rbegin(), others.rend());
+      for (size_t i = size_t(keep - 1); i < others.size(); ++i) fs::remove_all(step_dir(others[i]));
+    }
+  } catch (...) {
+    rethrow_as_checkpoint(str_cat("committing checkpoint step ", meta.step, " in ", root_));
+  }
+}
+
+std::optional<std::string> CheckpointDir::latest() const {
+  std::ifstream f(fs::path(root_) / "latest");
+  std::string name;
+  if (f >> name) {
+    const auto sn = parse_step_name(name);
+    const fs::path dir = fs::path(root_) / name;
+    if (sn && !sn->tmp && is_complete(dir)) return dir.string();
+  }
+  const auto steps = complete_steps();
+  if (steps.empty()) return std::nullopt;
+  return step_dir(steps.back());
+}
+
+std::vector<int64_t> CheckpointDir::complete_steps() const {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root_, ec)) {
+    const auto sn = parse_step_name(e.path().filename().string());
+    if (sn && !sn->tmp && e.is_directory() && is_complete(e.path())) steps.push_back(sn->step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+}  // namespace xirang

@@ -1,0 +1,171 @@
+// runtime/config/config.h: the typed run configuration.
+//
+// A YAML file (yaml-cpp) becomes a Config; strings stop here. Each subsystem
+// owns one struct; load_config() rejects unknown keys and wrong types, and
+// validate() checks the rules between fields. Every error names the key, the
+// value and the rule, in one line.
+//
+//   Config c = load_config("configs/gpt2_debug.yaml", {"train.steps=20", "parallel.tp=2"});
+//   validate(c, world_size);   // throws Error(ErrorKind::Config, "...")
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace xirang {
+
+// parallel.schedule.
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
+// "gpipe", "1f1b", "interleaved"; a Config error naming `where` otherwise.
+ScheduleKind parse_schedule(std::string_view name, std::string_view where);
+const char* schedule_name(ScheduleKind k);
+
+struct ModelConfig {
+  std::string arch = "gpt2";
+  int n_layer = 12;
+  int n_head = 12;
+  int d_model = 768;
+  int seq_len = 1024;     // maximum context, the size of the position table
+  int vocab_size = 50257; // real tokens; the model pads to padded_vocab()
+  int vocab_multiple = 128;
+  int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
+};
+
+struct ParallelConfig {
+  int dp = 0;  // 0: inferred as world / (tp * pp)
+  int tp = 1;
+  int pp = 1;
+  int zero = 0;                     // 1: ZeRO-1, optimizer state sharded over dp
+  double bucket_mb = 25;            // gradient bucket size for the dp reduction
+  bool overlap_grad_reduce = true;  // start each bucket's reduction during the backward pass
+  bool sequence_parallel = false;   // split LayerNorm regions along the tokens over tp
+  std::string schedule = "1f1b";    // pipeline schedule: gpipe, 1f1b, interleaved
+  int virtual_stages = 1;           // model chunks per pipeline rank (interleaved: >= 2)
+};
+
+// Communication settings; latency and bandwidth inject a slower link (tests, benchmarks).
+struct CommConfig {
+  double timeout_s = 300;     // an operation outstanding longer than this ends the job
+  double latency_us = 0;      // added to every operation
+  double bandwidth_gbps = 0;  // gigabytes per second per link; 0 is no limit
+  // Pipeline transfers matched by order, as NCCL matches them (OrderedLink
+  // over MPI): the CPU check that the executor's order works on NCCL.
+  bool ordered_p2p = false;
+};
+
+// Fault injection for tests: at the start of `step` (1-based), rank `rank`
+// is killed (kill), stops answering (hang), or fails its next transfer
+// (fail_transfer); kill_in_save kills it halfway through writing the
+// checkpoint of `step`.
+struct FaultConfig {
+  std::string kind = "none";
+  int rank = 0;
+  int step = 0;
+};
+
+struct TrainConfig {
+  int steps = 10;
+  int global_batch = 8;  // sequences per optimizer step (all dp ranks, all microbatches)
+  int micro_batch = 1;   // sequences per microbatch per dp rank
+  int seq_len = 0;       // tokens per sequence; 0 means model.seq_len
+  double lr = 6e-4;
+  double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio
+  int warmup_steps = 0;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // global-norm clip; 0 disables
+  uint64_t seed = 1234;
+  int eval_every = 0;    // 0 disables validation
+  int eval_batches = 4;  // microbatches of validation data per evaluation
+  int stop_after = 0;    // end this run after that many completed steps (a job time limit; the schedule still spans `steps`); 0: run to `steps`
+};
+
+struct DataConfig {
+  std::string train;  // dataset split directory (written by `xirang data prepare`)
+  std::string val;    // optional
+  bool prefetch = true;     // background threads prepare microbatches ahead of the trainer
+  int prefetch_min = 2;     // queue depth bounds; the depth adapts between them
+  int prefetch_max = 8;
+  int loader_threads = 2;
+  double read_delay_ms = 0; // fault injection: every sample read takes this much longer (slow storage)
+};
+
+struct MetricsConfig {
+  std::string jsonl;          // per-step JSON lines; empty disables
+  double peak_tflops = 0;     // MFU denominator per rank; 0 measures the sgemm rate at start
+  int log_every = 1;          // progress line cadence when not on a terminal
+};
+
+// Checkpoints (runtime/checkpoint/checkpoint_io.h): every `every` steps into `dir`,
+// keeping the newest `keep`; resume = auto (the newest under dir, if any),
+// none, or the path of a step directory.
+struct CheckpointConfig {
+  std::string dir;             // empty: no checkpoints
+  int every = 0;               // 0: only at the end of training (when dir is set)
+  int keep = 3;
+  std::string resume = "auto";
+  bool async = true;           // snapshot to host memory, write on a background thread while training goes on
+};
+
+// Mixed precision: parameters and activations in `dtype` (fp32, bf16, fp16),
+// with fp32 gradients, fp32 master weights and fp32 optimizer state under
+// bf16/fp16. loss_scale: 0 is dynamic under fp16 (start at initial_scale,
+// skip the step on an overflow and halve the scale, never below min_scale,
+// once `hysteresis` overflows have come since it last grew; double it after
+// growth_interval clean steps in a row) and off otherwise; a positive value
+// is a fixed scale.
+struct PrecisionConfig {
+  std::string dtype = "fp32";
+  double loss_scale = 0;
+  double initial_scale = 65536;
+  int growth_interval = 1000;
+  double min_scale = 1;
+  int hysteresis = 1;  // Megatron-LM's default is 2
+};
+
+// Where the kernels run: cpu, or cuda (needs a CUDA build and a visible GPU).
+struct DeviceConfig {
+  std::string backend = "cpu";
+};
+
+struct MemoryConfig {
+  double limit_gb = 0;  // refuse to start when the plan exceeds this; 0 is no limit
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  DataConfig data;
+  MetricsConfig metrics;
+  MemoryConfig memory;
+  PrecisionConfig precision;
+  DeviceConfig device;
+  CheckpointConfig checkpoint;
+  CommConfig comm;
+  FaultConfig faults;
+  std::string source;  // the file it came from, for messages
+  std::string yaml;    // the effective config (after overrides) as YAML, for logs and checkpoints
+
+  int seq_len() const { return train.seq_len > 0 ? train.seq_len : model.seq_len; }
+  // Microbatches per step on each dp rank: global_batch / (micro_batch * dp).
+  int microbatches() const { return train.global_batch / (train.micro_batch * parallel.dp); }
+};
+
+// Reads `path`, applies "section.key=value" overrides in order, and returns
+// the typed config (not yet validated). Throws ErrorKind::Config on a missing
+// file, a YAML syntax error, an unknown key, or a value of the wrong type.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from YAML text (tests).
+Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides = {},
+                    const std::string& source = "<string>");
+
+// Checks the rules between fields for a world of `world_size` ranks and fills
+// inferred values (parallel.dp). Throws ErrorKind::Config naming key, value, rule.
+void validate(Config& c, int world_size);
+
+}  // namespace xirang
