@@ -1,0 +1,52 @@
+// models/layers/attention.h: causal self-attention, split by heads over the
+// tensor-parallel group.
+//
+// The fused QKV projection is column-parallel in three blocks (q: n_head x
+// head_dim rows, k and v: n_kv_head x head_dim rows each), so a rank holds
+// the q, k and v rows of its heads; the output projection is row-parallel.
+// The attention itself is causal flash attention over the rank's heads,
+// keeping only the log-sum-exp for backward. Grouped-query attention
+// (n_kv_head < n_head) is declared here but needs an attention kernel that
+// takes a key/value head count: until it has one, construction refuses it.
+//
+//   CausalSelfAttention attn(n_head, n_kv_head, head_dim, tp_size);
+//   attn.declare(list, "h.0.attn.c_attn", "h.0.attn.c_proj", C, 0, InitRule::normal(0.02),
+//                InitRule::scaled_residual(0.02, L));
+//   attn.bind(params);
+//   attn.forward(ctx, qkv, lse, y, x_full);       // y (B, T, C/P) before the output projection
+//   attn.proj().forward(ctx, tp, out, y.flat2d(), /*skip=*/x);
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/layers/linear.h"
+
+namespace xirang {
+
+class CausalSelfAttention {
+ public:
+  CausalSelfAttention(int n_head, int n_kv_head, int head_dim, int tp);
+  void declare(ParamList& list, const std::string& qkv_name, const std::string& proj_name, int64_t width, int layer,
+               InitRule qkv_init, InitRule proj_init);
+  void bind(std::vector<Parameter>& params);
+  int local_heads() const { return local_heads_; }
+  // Columns of this rank's fused q, k, v rows: (H + 2 Hkv) head_dim / P.
+  int64_t local_qkv_width() const;
+  const RowParallelLinear& proj() const { return proj_; }
+
+  // qkv (B, T, 3C/P) = x_full (N, C) W_qkv^T + b; y (B, T, C/P) the
+  // attention of the rank's heads; lse (B, H/P, T) kept for backward.
+  void forward(const KernelContext& ctx, Tensor qkv, Tensor lse, Tensor y, const Tensor& x_full) const;
+  // From dy (B, T, C/P): dqkv, then this rank's partial input gradient in
+  // tp.partial() (ColumnParallelLinear::input_grad reduces it).
+  void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const Tensor& qkv,
+                const Tensor& y, const Tensor& lse, const Tensor& x_full) const;
+
+ private:
+  int n_head_, n_kv_head_, head_dim_, tp_, local_heads_;
+  ColumnParallelLinear qkv_;
+  RowParallelLinear proj_;
+};
+
+}  // namespace xirang

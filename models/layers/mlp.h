@@ -1,0 +1,40 @@
+// models/layers/mlp.h: the transformer's MLP, split by hidden units over the
+// tensor-parallel group: a column-parallel up-projection with GELU fused
+// into the product, and a row-parallel down-projection into the residual
+// stream.
+//
+//   Mlp mlp;
+//   mlp.declare(list, "h.0.mlp.c_fc", "h.0.mlp.c_proj", C, 4 * C, 0, InitRule::normal(0.02),
+//               InitRule::scaled_residual(0.02, L));
+//   mlp.bind(params);
+//   mlp.forward(ctx, tp, out, h, h_gelu, x_full, /*skip=*/x);   // out (R, C) = x + mlp(x)
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/layers/linear.h"
+
+namespace xirang {
+
+class Mlp {
+ public:
+  void declare(ParamList& list, const std::string& up_name, const std::string& down_name, int64_t width,
+               int64_t hidden, int layer, InitRule up_init, InitRule down_init);
+  void bind(std::vector<Parameter>& params);
+
+  // h (N, F/P) before and h_gelu after the GELU; out (R, C) = skip + reduce(h_gelu W_down^T) + b.
+  void forward(const KernelContext& ctx, TpComm& tp, Tensor out, Tensor h, Tensor h_gelu, const Tensor& x_full,
+               const Tensor& skip) const;
+  // From the gradient of all N output rows: the hidden gradient in `dh`
+  // (N, F/P, also the GELU's), then this rank's partial input gradient in
+  // tp.partial() (ColumnParallelLinear::input_grad reduces it).
+  void backward(const KernelContext& ctx, TpComm& tp, Tensor dh, const Tensor& dy_full, const Tensor& h,
+                const Tensor& h_gelu, const Tensor& x_full) const;
+
+ private:
+  ColumnParallelLinear up_;
+  RowParallelLinear down_;
+};
+
+}  // namespace xirang
