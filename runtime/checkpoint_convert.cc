@@ -32,12 +32,14 @@ class LayoutOnlyGroup final : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   WorkPtr all_reduce_async(Tensor, ReduceOp) override { return refuse(); }
-  WorkPtr reduce_scatter_async(const Tensor&, Tensor, ReduceOp) override { return refuse(); }
-  WorkPtr all_gather_async(const Tensor&, Tensor) override { return refuse(); }
   WorkPtr broadcast_async(Tensor, int) override { return refuse(); }
   WorkPtr send_async(const Tensor&, int, int) override { return refuse(); }
   WorkPtr recv_async(Tensor, int, int) override { return refuse(); }
   void barrier() override { refuse(); }
+
+ protected:
+  WorkPtr do_reduce_scatter(const Tensor&, Tensor, ReduceOp) override { return refuse(); }
+  WorkPtr do_all_gather(const Tensor&, Tensor) override { return refuse(); }
 
  private:
   WorkPtr refuse() const { fail(ErrorKind::Internal, "the layout-only group '", name_, "' cannot communicate"); }

@@ -19,12 +19,14 @@ class FakeGroup final : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   WorkPtr all_reduce_async(Tensor, ReduceOp) override { return fail_op(); }
-  WorkPtr reduce_scatter_async(const Tensor&, Tensor, ReduceOp) override { return fail_op(); }
-  WorkPtr all_gather_async(const Tensor&, Tensor) override { return fail_op(); }
   WorkPtr broadcast_async(Tensor, int) override { return fail_op(); }
   WorkPtr send_async(const Tensor&, int, int) override { return fail_op(); }
   WorkPtr recv_async(Tensor, int, int) override { return fail_op(); }
   void barrier() override { fail_op(); }
+
+ protected:
+  WorkPtr do_reduce_scatter(const Tensor&, Tensor, ReduceOp) override { return fail_op(); }
+  WorkPtr do_all_gather(const Tensor&, Tensor) override { return fail_op(); }
 
  private:
   WorkPtr fail_op() { fail(ErrorKind::Comm, "FakeGroup does not communicate"); }
