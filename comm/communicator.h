@@ -13,7 +13,10 @@
 //
 // Uneven splits: reduce_scatter and all_gather divide a buffer of n elements
 // over the group's `size` ranks as chunk r = [n * r / size, n * (r + 1) / size)
-// (split_range below), so any n works for any group size.
+// (split_range below), so any n works for any group size. Their arguments are
+// checked here, once, before the backend's hook (do_reduce_scatter,
+// do_all_gather) runs, so every backend refuses a wrong chunk with the same
+// message.
 //
 // Implementations: LocalCommunicator (the group of one rank; every
 // collective is the identity), MpiCommunicator (comm/mpi_communicator.h) and
@@ -76,11 +79,12 @@ class Communicator {
 
   // In place over all ranks of the group.
   virtual WorkPtr all_reduce_async(Tensor t, ReduceOp op) = 0;
-  // out (this rank's chunk of in, see split_range) = reduction of in over ranks.
-  virtual WorkPtr reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) = 0;
+  // out (this rank's chunk of in, see split_range) = reduction of in over
+  // ranks. `out` may be that chunk inside `in` (in-place reduce-scatter).
+  WorkPtr reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op);
   // out (all chunks) = concatenation of every rank's in. `in` may be this
   // rank's chunk inside `out` (in-place all-gather).
-  virtual WorkPtr all_gather_async(const Tensor& in, Tensor out) = 0;
+  WorkPtr all_gather_async(const Tensor& in, Tensor out);
   virtual WorkPtr broadcast_async(Tensor t, int root) = 0;
   // Point-to-point within the group; `tag` distinguishes concurrent messages.
   virtual WorkPtr send_async(const Tensor& t, int peer, int tag) = 0;
@@ -95,6 +99,15 @@ class Communicator {
   void recv(Tensor t, int peer, int tag) { recv_async(t, peer, tag)->wait(); }
   // Sum of a scalar over the group (losses, norms).
   double all_reduce_sum(double x);
+
+ protected:
+  // The backends' reduce-scatter and all-gather. The public forms above have
+  // already checked the arguments, the same way for every backend: equal
+  // dtypes, the chunk's size, and `out` (`in`) either this rank's chunk of
+  // `in` (`out`) or apart from it. What is left is the backend's own rule
+  // (host or device memory, a type it cannot reduce).
+  virtual WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) = 0;
+  virtual WorkPtr do_all_gather(const Tensor& in, Tensor out) = 0;
 };
 
 class LocalCommunicator final : public Communicator {
@@ -104,12 +117,14 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return 1; }
   const std::string& name() const override { return name_; }
   WorkPtr all_reduce_async(Tensor, ReduceOp) override { return completed_work(); }
-  WorkPtr reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp) override;
-  WorkPtr all_gather_async(const Tensor& in, Tensor out) override;
   WorkPtr broadcast_async(Tensor, int) override { return completed_work(); }
   WorkPtr send_async(const Tensor& t, int peer, int tag) override;
   WorkPtr recv_async(Tensor t, int peer, int tag) override;
   void barrier() override {}
+
+ protected:
+  WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp) override;
+  WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
 
  private:
   std::string name_;

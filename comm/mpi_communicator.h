@@ -39,14 +39,16 @@ class MpiCommunicator final : public Communicator {
   int size() const override;
   const std::string& name() const override;
   WorkPtr all_reduce_async(Tensor t, ReduceOp op) override;
-  WorkPtr reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) override;
-  WorkPtr all_gather_async(const Tensor& in, Tensor out) override;
   WorkPtr broadcast_async(Tensor t, int root) override;
   WorkPtr send_async(const Tensor& t, int peer, int tag) override;
   WorkPtr recv_async(Tensor t, int peer, int tag) override;
   void barrier() override;
 
   struct Impl;  // worker thread, queue, outstanding requests (mpi_communicator.cc)
+
+ protected:
+  WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) override;
+  WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
 
  private:
   std::unique_ptr<Impl> impl_;

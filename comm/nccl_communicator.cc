@@ -412,21 +412,13 @@ WorkPtr NcclCommunicator::all_reduce_async(Tensor t, ReduceOp op) {
   });
 }
 
-WorkPtr NcclCommunicator::reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) {
+// The shapes were checked by Communicator::reduce_scatter_async.
+WorkPtr NcclCommunicator::do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) {
   std::string what = str_cat(name(), " reduce_scatter of ", in.bytes(), " bytes (", dtype_name(in.dtype()), ")");
   check_device(what, in, "input");
   check_device(what, out, "output");
-  if (in.dtype() != out.dtype())
-    fail(ErrorKind::Comm, what, ": input ", in.str(), " and output ", out.str(), " have different dtypes");
   const int p = size(), me = rank();
   const int64_t n = in.numel();
-  auto [begin, end] = split_range(n, p, me);
-  if (out.numel() != end - begin)
-    fail(ErrorKind::Comm, what, ": output ", out.str(), " must hold this rank's chunk of input ", in.str(), ", which is ",
-         end - begin, " elements [", begin, ", ", end, ") ", state_->where());
-  if (out.raw() != element(in, begin) && overlaps(in, out))
-    fail(ErrorKind::Comm, what, ": output ", out.str(), " overlaps input ", in.str(),
-         " without being this rank's chunk of it");
   WireType w = reduce_type(what, in.dtype());
   return launch(what, [&](NcclState& s, cudaStream_t st) {
     if (n == 0) return;
@@ -451,21 +443,13 @@ WorkPtr NcclCommunicator::reduce_scatter_async(const Tensor& in, Tensor out, Red
   });
 }
 
-WorkPtr NcclCommunicator::all_gather_async(const Tensor& in, Tensor out) {
+// The shapes were checked by Communicator::all_gather_async.
+WorkPtr NcclCommunicator::do_all_gather(const Tensor& in, Tensor out) {
   std::string what = str_cat(name(), " all_gather of ", out.bytes(), " bytes (", dtype_name(out.dtype()), ")");
   check_device(what, in, "input");
   check_device(what, out, "output");
-  if (in.dtype() != out.dtype())
-    fail(ErrorKind::Comm, what, ": input ", in.str(), " and output ", out.str(), " have different dtypes");
   const int p = size(), me = rank();
   const int64_t n = out.numel();
-  auto [begin, end] = split_range(n, p, me);
-  if (in.numel() != end - begin)
-    fail(ErrorKind::Comm, what, ": input ", in.str(), " must be this rank's chunk of output ", out.str(), ", which is ",
-         end - begin, " elements [", begin, ", ", end, ") ", state_->where());
-  if (in.raw() != element(out, begin) && overlaps(in, out))
-    fail(ErrorKind::Comm, what, ": input ", in.str(), " overlaps output ", out.str(),
-         " without being this rank's chunk of it");
   WireType w = wire_type(out.dtype());
   return launch(what, [&](NcclState& s, cudaStream_t st) {
     if (n == 0) return;

@@ -57,7 +57,7 @@
 //   reduces bf16/f16 in its own order, so sums agree with the MPI backend
 //   within the rounding bound, not bit for bit.
 // - Uneven splits (n not divisible by the group size) are decomposed into
-//   grouped per-chunk operations, see reduce_scatter_async/all_gather_async.
+//   grouped per-chunk operations, see do_reduce_scatter/do_all_gather.
 // - All NCCL calls of a channel are serialized by a mutex, so several
 //   threads may submit and wait.
 #pragma once
@@ -138,16 +138,6 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t input_ready_stream() const { return input_ready_; }
 
   WorkPtr all_reduce_async(Tensor t, ReduceOp op) override;
-  // n divisible by the group size: one ncclReduceScatter. Otherwise one
-  // ncclReduce per non-empty chunk, rooted at the chunk's owner, all in one
-  // NCCL group call: no staging buffer, and about the bytes on the wire of a
-  // ring reduce-scatter. `out` may be this rank's chunk of `in` (in place;
-  // the rest of `in` is then scratch, as with the MPI backend).
-  WorkPtr reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) override;
-  // n divisible by the group size: one ncclAllGather. Otherwise one
-  // ncclBroadcast per non-empty chunk, rooted at its owner, in one group
-  // call. `in` may be this rank's chunk of `out` (in place).
-  WorkPtr all_gather_async(const Tensor& in, Tensor out) override;
   WorkPtr broadcast_async(Tensor t, int root) override;
   WorkPtr send_async(const Tensor& t, int peer, int tag) override;
   WorkPtr recv_async(Tensor t, int peer, int tag) override;
@@ -174,6 +164,18 @@ class NcclCommunicator final : public Communicator {
   // The host waits (with the timeout and error checks of wait()) for
   // everything queued on the channel's stream so far.
   void synchronize();
+
+ protected:
+  // n divisible by the group size: one ncclReduceScatter. Otherwise one
+  // ncclReduce per non-empty chunk, rooted at the chunk's owner, all in one
+  // NCCL group call: no staging buffer, and about the bytes on the wire of a
+  // ring reduce-scatter. `out` may be this rank's chunk of `in` (in place;
+  // the rest of `in` is then scratch, as with the MPI backend).
+  WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) override;
+  // n divisible by the group size: one ncclAllGather. Otherwise one
+  // ncclBroadcast per non-empty chunk, rooted at its owner, in one group
+  // call. `in` may be this rank's chunk of `out` (in place).
+  WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
 
  private:
   // Runs `body` (the operation's NCCL calls on the channel's stream) between

@@ -440,7 +440,7 @@ WorkPtr OrderedLink::all_reduce_async(Tensor t, ReduceOp op) {
   return m.submit_inner(what, [&m, t, op] { return m.inner.all_reduce_async(t, op); });
 }
 
-WorkPtr OrderedLink::reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) {
+WorkPtr OrderedLink::do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) {
   Impl& m = *impl_;
   std::string what = str_cat(name(), " reduce_scatter of ", in.bytes(), " bytes");
   check_host(what, in, "input");
@@ -448,7 +448,7 @@ WorkPtr OrderedLink::reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp
   return m.submit_inner(what, [&m, in, out, op] { return m.inner.reduce_scatter_async(in, out, op); });
 }
 
-WorkPtr OrderedLink::all_gather_async(const Tensor& in, Tensor out) {
+WorkPtr OrderedLink::do_all_gather(const Tensor& in, Tensor out) {
   Impl& m = *impl_;
   std::string what = str_cat(name(), " all_gather of ", out.bytes(), " bytes");
   check_host(what, in, "input");

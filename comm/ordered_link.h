@@ -81,11 +81,9 @@ class OrderedLink final : public Communicator {
   int rank() const override;
   int size() const override;
   const std::string& name() const override;
-  // Every operation below is queued on the link's worker thread and runs to
-  // completion in submission order.
+  // Every operation below (and reduce-scatter and all-gather) is queued on
+  // the link's worker thread and runs to completion in submission order.
   WorkPtr all_reduce_async(Tensor t, ReduceOp op) override;
-  WorkPtr reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) override;
-  WorkPtr all_gather_async(const Tensor& in, Tensor out) override;
   WorkPtr broadcast_async(Tensor t, int root) override;
   WorkPtr send_async(const Tensor& t, int peer, int tag) override;
   WorkPtr recv_async(Tensor t, int peer, int tag) override;
@@ -95,6 +93,10 @@ class OrderedLink final : public Communicator {
   bool broken() const;
 
   struct Impl;  // worker thread, queue, broken state (ordered_link.cc)
+
+ protected:
+  WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) override;
+  WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -194,14 +194,14 @@ WorkPtr SimulatedLink::all_reduce_async(Tensor t, ReduceOp op) {
   return fault == Fault::Fail ? w : wrap(std::move(w), ring_bytes(2, size(), t.bytes()), "all_reduce");
 }
 
-WorkPtr SimulatedLink::reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) {
+WorkPtr SimulatedLink::do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) {
   const Fault fault = take_fault(mu_, fail_countdown_, stall_countdown_);
   WorkPtr w = submit_with_fault(fault, name(), "reduce_scatter", in.bytes(), timeout_s_,
                                 [&] { return inner_->reduce_scatter_async(in, out, op); });
   return fault == Fault::Fail ? w : wrap(std::move(w), ring_bytes(1, size(), in.bytes()), "reduce_scatter");
 }
 
-WorkPtr SimulatedLink::all_gather_async(const Tensor& in, Tensor out) {
+WorkPtr SimulatedLink::do_all_gather(const Tensor& in, Tensor out) {
   const Fault fault = take_fault(mu_, fail_countdown_, stall_countdown_);
   WorkPtr w = submit_with_fault(fault, name(), "all_gather", out.bytes(), timeout_s_,
                                 [&] { return inner_->all_gather_async(in, out); });

@@ -44,8 +44,6 @@ class SimulatedLink final : public Communicator {
   int size() const override { return inner_->size(); }
   const std::string& name() const override { return inner_->name(); }
   WorkPtr all_reduce_async(Tensor t, ReduceOp op) override;
-  WorkPtr reduce_scatter_async(const Tensor& in, Tensor out, ReduceOp op) override;
-  WorkPtr all_gather_async(const Tensor& in, Tensor out) override;
   WorkPtr broadcast_async(Tensor t, int root) override;
   WorkPtr send_async(const Tensor& t, int peer, int tag) override;
   WorkPtr recv_async(Tensor t, int peer, int tag) override;
@@ -55,6 +53,10 @@ class SimulatedLink final : public Communicator {
   void stall_next(int k = 1);
   // Seconds the modelled link needs for `bytes` on the wire.
   double transfer_seconds(double wire_bytes) const;
+
+ protected:
+  WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) override;
+  WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
 
  private:
   WorkPtr wrap(WorkPtr inner, double wire_bytes, const char* op);

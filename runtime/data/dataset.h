@@ -1,4 +1,4 @@
-// runtime/dataset.h: the on-disk token dataset: its format, writer and reader.
+// runtime/data/dataset.h: the on-disk token dataset: its format, writer and reader.
 //
 // A dataset split (train or val) is a directory holding index.json and binary
 // shards shard_00000.bin, shard_00001.bin, ... `xirang data prepare` writes

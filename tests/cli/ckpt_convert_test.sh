@@ -19,8 +19,8 @@ data=(--set data.train=data/debug/train --set data.val=data/debug/val --set metr
 # The shared checkpoint: the schedule of 6 steps, stopped after 4 (ck/step_00000004).
 prepare() {
   [ -f data/debug/train/index.json ] ||
-    "$xirang" data prepare --tokenizer bytes --out data/debug --force /usr/share/games/fortunes/fortunes \
-      /usr/share/games/fortunes/literature >/dev/null || die "data prepare failed"
+    "$xirang" data prepare --tokenizer bytes --out data/debug --force "$src/tests/assets/text/english.txt" \
+      >/dev/null || die "data prepare failed"
   [ -f ck/step_00000004/meta.json ] && return
   rm -rf ck
   "$xirang" train "$cfg" "${data[@]}" --set train.steps=6 --set train.stop_after=4 --set checkpoint.dir=ck \

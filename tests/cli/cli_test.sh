@@ -26,8 +26,8 @@ expect_run_error() {
 cfg=$src/configs/gpt2_debug.yaml
 prepare_data() {
   [ -f data/debug/train/index.json ] && return
-  "$xirang" data prepare --tokenizer bytes --out data/debug --force /usr/share/games/fortunes/fortunes \
-    /usr/share/games/fortunes/literature >/dev/null || die "data prepare failed"
+  "$xirang" data prepare --tokenizer bytes --out data/debug --force "$src/tests/assets/text/english.txt" \
+    >/dev/null || die "data prepare failed"
 }
 
 case $case in
@@ -53,7 +53,7 @@ case $case in
   missing_input) expect_error 1 "data error: .*no_such_file\.txt" -- data prepare --tokenizer bytes --out d2 no_such_file.txt ;;
   overwrite_refused)
     prepare_data
-    expect_error 1 "data error: .*data/debug" -- data prepare --tokenizer bytes --out data/debug /usr/share/games/fortunes/fortunes ;;
+    expect_error 1 "data error: .*data/debug" -- data prepare --tokenizer bytes --out data/debug "$src/tests/assets/text/english.txt" ;;
   corrupt_shard)
     prepare_data
     rm -rf corrupt && cp -r data/debug corrupt

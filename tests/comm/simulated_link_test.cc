@@ -45,12 +45,14 @@ class FakeGroup final : public Communicator {
   int size() const override { return 4; }
   const std::string& name() const override { return name_; }
   WorkPtr all_reduce_async(Tensor, ReduceOp) override { return completed_work(); }
-  WorkPtr reduce_scatter_async(const Tensor&, Tensor, ReduceOp) override { return completed_work(); }
-  WorkPtr all_gather_async(const Tensor&, Tensor) override { return completed_work(); }
   WorkPtr broadcast_async(Tensor, int) override { return completed_work(); }
   WorkPtr send_async(const Tensor&, int, int) override { return completed_work(); }
   WorkPtr recv_async(Tensor, int, int) override { return completed_work(); }
   void barrier() override {}
+
+ protected:
+  WorkPtr do_reduce_scatter(const Tensor&, Tensor, ReduceOp) override { return completed_work(); }
+  WorkPtr do_all_gather(const Tensor&, Tensor) override { return completed_work(); }
 
  private:
   std::string name_ = "fake4";

@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "models/gpt2/gpt2.h"
+#include "tests/kernels/gradcheck.h"
 #include "tests/models/model_fixture.h"
 
 namespace xirang {
@@ -62,13 +63,7 @@ TEST(GPT2GradCheck, EveryParameterTensorMatchesFiniteDifferences) {
     double max_rel = 0;
     for (int64_t k = 0; k < samples; ++k) {
       const int64_t i = samples == limit ? k : int64_t(rng_below(5, name_stream(p.name), uint64_t(k), uint64_t(limit)));
-      const double orig = v[i];
-      v[i] = orig + h;
-      const double lp = m.loss();
-      v[i] = orig - h;
-      const double lm = m.loss();
-      v[i] = orig;
-      const double fd = (lp - lm) / (2 * h);
+      const double fd = test::central_difference(v[i], h, [&] { return m.loss(); });
       const double rel = std::abs(fd - g[i]) / std::max(1e-7, std::abs(fd) + std::abs(g[i]));
       max_rel = std::max(max_rel, rel);
       EXPECT_LT(rel, 1e-5) << p.name << "[" << i << "]: finite difference " << fd << ", backward " << g[i];

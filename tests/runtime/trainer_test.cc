@@ -22,9 +22,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Real English text: a few files of the fortunes collection (set-up installs
-// it), one document per file, byte tokens.
-std::string fortunes_dataset() {
+// English text that ships with the repository (tests/assets/text/english.txt,
+// 260 KB: far more than the 10 steps x 8 sequences x 65 bytes a run reads),
+// one document, byte tokens.
+std::string english_dataset() {
   static const std::string dir = [] {
     // Per process: ctest runs the tests of this file concurrently, each in its own process.
     const fs::path root = fs::path(::testing::TempDir()) / ("xirang_trainer_test_" + std::to_string(::getpid()));
@@ -32,14 +33,13 @@ std::string fortunes_dataset() {
     const fs::path out = root / "train";
     fs::remove_all(out);
     DatasetWriter w(out.string(), "bytes", 256, -1);
-    for (const char* name : {"fortunes", "literature", "riddles", "science"}) {
-      std::ifstream f(fs::path("/usr/share/games/fortunes") / name, std::ios::binary);
-      EXPECT_TRUE(f.good()) << "missing /usr/share/games/fortunes/" << name << " (run tools/setup.sh)";
-      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      std::vector<int32_t> ids(text.begin(), text.end());
-      for (auto& id : ids) id &= 0xff;
-      w.add_document(ids.data(), ids.size());
-    }
+    const std::string path = std::string(XIRANG_SOURCE_DIR) + "/tests/assets/text/english.txt";
+    std::ifstream f(path, std::ios::binary);
+    EXPECT_TRUE(f.good()) << "missing " << path;
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<int32_t> ids(text.begin(), text.end());
+    for (auto& id : ids) id &= 0xff;
+    w.add_document(ids.data(), ids.size());
     w.finish();
     return out.string();
   }();
@@ -47,7 +47,7 @@ std::string fortunes_dataset() {
 }
 
 Config debug_config(std::vector<std::string> overrides = {}) {
-  overrides.insert(overrides.begin(), "data.train=" + fortunes_dataset());
+  overrides.insert(overrides.begin(), "data.train=" + english_dataset());
   Config c = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", overrides);
   validate(c, 1);
   return c;
@@ -91,7 +91,7 @@ TEST(Trainer, GoldenLossesOfTheDebugModel) {
   const std::string path = std::string(XIRANG_SOURCE_DIR) + "/tests/assets/losses/gpt2_debug.txt";
   if (const char* u = std::getenv("XIRANG_UPDATE_GOLDEN"); u && std::string(u) == "1") {
     std::ofstream f(path);
-    f << "# gpt2_debug.yaml, 1 rank, fp32, fortunes/literature/riddles/science bytes: loss per step\n";
+    f << "# gpt2_debug.yaml, 1 rank, fp32, tests/assets/text/english.txt bytes: loss per step\n";
     f.precision(10);
     for (double l : r.losses) f << l << "\n";
     GTEST_SKIP() << "rewrote " << path;
@@ -178,7 +178,7 @@ TEST(Trainer, PrefetchHidesSlowReads) {
 }
 
 TEST(Trainer, ValidationLossIsReportedOnEvalSteps) {
-  Trainer t(debug_config({"train.steps=4", "train.eval_every=2", "data.val=" + fortunes_dataset(),
+  Trainer t(debug_config({"train.steps=4", "train.eval_every=2", "data.val=" + english_dataset(),
                           "train.eval_batches=2"}),
             quiet());
   TrainResult r = t.run();

@@ -1,0 +1,114 @@
+// Tests for the argument checks of comm/communicator.h: reduce_scatter and
+// all_gather check the chunk once, in the base class, before any backend's
+// hook runs, so a wrong call is refused the same way by every backend and a
+// decorator (SimulatedLink) refuses it before it reaches the wrapped group.
+// No MPI: a recording group of four stands in for a backend.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/simulated_link.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "tests/core/expect_error.h"
+
+namespace xirang {
+namespace {
+
+// Rank 1 of a group of four that counts the hook calls it receives.
+class RecordingGroup final : public Communicator {
+ public:
+  int rank() const override { return 1; }
+  int size() const override { return 4; }
+  const std::string& name() const override { return name_; }
+  WorkPtr all_reduce_async(Tensor, ReduceOp) override { return completed_work(); }
+  WorkPtr broadcast_async(Tensor, int) override { return completed_work(); }
+  WorkPtr send_async(const Tensor&, int, int) override { return completed_work(); }
+  WorkPtr recv_async(Tensor, int, int) override { return completed_work(); }
+  void barrier() override {}
+
+  int hook_calls = 0;
+
+ protected:
+  WorkPtr do_reduce_scatter(const Tensor&, Tensor, ReduceOp) override { return hook(); }
+  WorkPtr do_all_gather(const Tensor&, Tensor) override { return hook(); }
+
+ private:
+  WorkPtr hook() {
+    ++hook_calls;
+    return completed_work();
+  }
+  std::string name_ = "rec4";
+};
+
+Tensor view(std::vector<float>& v) { return Tensor(v.data(), {int64_t(v.size())}, DType::F32); }
+
+// n = 10 over four ranks: rank 1's chunk is [2, 5).
+TEST(CommunicatorChecks, ReduceScatterRefusesAWrongChunkBeforeTheBackend) {
+  RecordingGroup g;
+  std::vector<float> in(10), out(3), wrong(4);
+  std::vector<uint16_t> half(3);
+  expect_error([&] { g.reduce_scatter(view(in), view(wrong), ReduceOp::Sum); }, ErrorKind::Comm,
+               {"rec4 reduce_scatter of 40 bytes (f32)", "must hold this rank's chunk", "3 elements [2, 5)",
+                "rank 1 of 4 in group rec4"});
+  expect_error([&] { g.reduce_scatter(view(in), Tensor(half.data(), {3}, DType::BF16), ReduceOp::Sum); },
+               ErrorKind::Comm, {"rec4 reduce_scatter", "different dtypes"});
+  expect_error([&] { g.reduce_scatter(view(in), view(in).flat_range(1, 4), ReduceOp::Sum); }, ErrorKind::Comm,
+               {"rec4 reduce_scatter", "overlaps input", "without being this rank's chunk"});
+  EXPECT_EQ(g.hook_calls, 0);
+  g.reduce_scatter(view(in), view(out), ReduceOp::Sum);
+  g.reduce_scatter(view(in), view(in).flat_range(2, 5), ReduceOp::Sum);  // in place
+  EXPECT_EQ(g.hook_calls, 2);
+}
+
+TEST(CommunicatorChecks, AllGatherRefusesAWrongChunkBeforeTheBackend) {
+  RecordingGroup g;
+  std::vector<float> out(10), in(3), wrong(2);
+  expect_error([&] { g.all_gather(view(wrong), view(out)); }, ErrorKind::Comm,
+               {"rec4 all_gather of 40 bytes (f32)", "must be this rank's chunk", "3 elements [2, 5)"});
+  std::vector<double> in64(3);
+  expect_error([&] { g.all_gather(Tensor(in64.data(), {3}, DType::F64), view(out)); }, ErrorKind::Comm,
+               {"rec4 all_gather", "different dtypes"});
+  expect_error([&] { g.all_gather(view(out).flat_range(3, 6), view(out)); }, ErrorKind::Comm,
+               {"rec4 all_gather", "overlaps output", "without being this rank's chunk"});
+  EXPECT_EQ(g.hook_calls, 0);
+  g.all_gather(view(in), view(out));
+  g.all_gather(view(out).flat_range(2, 5), view(out));  // in place
+  EXPECT_EQ(g.hook_calls, 2);
+}
+
+// A group of one: the chunk is the whole buffer, checked like any other.
+TEST(CommunicatorChecks, LocalGroupChecksLikeEveryBackend) {
+  LocalCommunicator local("solo");
+  std::vector<float> in(6), out(6), short_out(5);
+  expect_error([&] { local.reduce_scatter(view(in), view(short_out), ReduceOp::Sum); }, ErrorKind::Comm,
+               {"solo reduce_scatter of 24 bytes", "must hold this rank's chunk", "6 elements [0, 6)"});
+  expect_error([&] { local.all_gather(view(short_out), view(out)); }, ErrorKind::Comm,
+               {"solo all_gather", "must be this rank's chunk"});
+  in = {1, 2, 3, 4, 5, 6};
+  local.all_gather(view(in), view(out));
+  EXPECT_EQ(out, in);
+}
+
+// The decorator refuses in its own name, before the wrapped group or the
+// fault countdown sees the call: a refused call is no transfer.
+TEST(CommunicatorChecks, SimulatedLinkRefusesBeforeTheWrappedGroup) {
+  auto inner = std::make_unique<RecordingGroup>();
+  RecordingGroup& rec = *inner;
+  SimulatedLink link(std::move(inner), {}, 60);
+  std::vector<float> in(10), out(3), wrong(4);
+  link.fail_next(1);
+  expect_error([&] { link.reduce_scatter(view(in), view(wrong), ReduceOp::Sum); }, ErrorKind::Comm,
+               {"rec4 reduce_scatter", "must hold this rank's chunk"});
+  EXPECT_EQ(rec.hook_calls, 0);
+  expect_error([&] { link.reduce_scatter(view(in), view(out), ReduceOp::Sum); }, ErrorKind::Comm,
+               {"injected transfer failure"});  // the countdown was still at 1
+  link.reduce_scatter(view(in), view(out), ReduceOp::Sum);
+  EXPECT_EQ(rec.hook_calls, 1);
+}
+
+}  // namespace
+}  // namespace xirang
