@@ -79,6 +79,86 @@ void check_rank_file(const std::string& path, int rank, int64_t step) {
   }
 }
 
+// Every rank file of a world of `world` ranks is present in tmp and is what
+// it claims to be; returns their names, in rank order.
+std::vector<std::string> check_rank_files(const fs::path& tmp, int64_t step, int world) {
+  std::vector<std::string> names;
+  for (int r = 0; r < world; ++r) {
+    const std::string name = rank_file_name(r);
+    const fs::path p = tmp / name;
+    if (!fs::is_regular_file(p))
+      fail(ErrorKind::Checkpoint, "checkpoint step ", step, " cannot be committed: rank file ", name,
+           " is missing from ", tmp.string(), " (did rank ", r, " finish writing?)");
+    check_rank_file(p.string(), r, step);
+    names.push_back(name);
+  }
+  return names;
+}
+
+// Strays: a crashed earlier attempt's partial files, or rank files of a larger world.
+void remove_strays(const fs::path& tmp, const std::vector<std::string>& rank_files) {
+  std::set<std::string> expected(rank_files.begin(), rank_files.end());
+  expected.insert("meta.json");
+  for (const auto& e : fs::directory_iterator(tmp))
+    if (!expected.count(e.path().filename().string())) fs::remove_all(e.path());
+}
+
+// The text of meta.json (read back by read_checkpoint_meta).
+std::string meta_json_text(const CheckpointMeta& meta) {
+  nlohmann::json j;
+  j["format"] = "xirang-checkpoint";
+  j["format_version"] = kCheckpointFormatVersion;
+  j["step"] = meta.step;
+  j["layout"] = {{"dp", meta.layout.dp},
+                 {"tp", meta.layout.tp},
+                 {"pp", meta.layout.pp},
+                 {"zero", meta.layout.zero},
+                 {"virtual_stages", meta.layout.virtual_stages},
+                 {"sequence_parallel", meta.layout.sequence_parallel}};
+  j["world_size"] = meta.layout.world_size();
+  j["rank_files"] = meta.rank_files;
+  j["config"] = meta.config_yaml;
+  return j.dump(2) + "\n";
+}
+
+// Renames the complete tmp directory to final_dir. Re-saving a step swaps the
+// directories atomically (RENAME_EXCHANGE), so `latest` never names a missing
+// directory; where the file system cannot swap, the old one is moved aside first.
+void move_into_place(const fs::path& tmp, const fs::path& final_dir) {
+  if (!fs::exists(final_dir)) {
+    fs::rename(tmp, final_dir);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(tmp);  // now holds the old save
+    return;
+  }
+  const fs::path aside = final_dir.string() + ".old.tmp";
+  fs::remove_all(aside);
+  fs::rename(final_dir, aside);
+  fs::rename(tmp, final_dir);
+  fs::remove_all(aside);
+}
+
+// After committing `step`: removes the *.tmp directories of steps up to it
+// and keeps, besides it, the newest keep - 1 complete steps (keep <= 0: all).
+void prune_steps(const CheckpointDir& dir, int64_t step, int keep) {
+  std::vector<int64_t> others;
+  for (const auto& e : fs::directory_iterator(dir.root())) {
+    const auto sn = parse_step_name(e.path().filename().string());
+    if (!sn || !e.is_directory()) continue;
+    if (sn->tmp) {
+      if (sn->step <= step) fs::remove_all(e.path());  // a crashed save; later ones may be in flight
+    } else if (sn->step != step && is_complete(e.path())) {
+      others.push_back(sn->step);
+    }
+  }
+  if (keep > 0) {
+    std::sort(others.rbegin(), others.rend());
+    for (size_t i = size_t(keep - 1); i < others.size(); ++i) fs::remove_all(dir.step_dir(others[i]));
+  }
+}
+
 }  // namespace
 
 // fsync makes a write or a rename durable; the rename of a file is only
@@ -147,7 +227,6 @@ std::string CheckpointDir::prepare(int64_t step) const {
 void CheckpointDir::commit(const CheckpointMeta& meta_in, int keep) const {
   Hdf5Scope scope;
   CheckpointMeta meta = meta_in;
-  const int world = meta.layout.world_size();
   if (meta.layout.dp < 1 || meta.layout.tp < 1 || meta.layout.pp < 1)
     fail(ErrorKind::Checkpoint, "checkpoint step ", meta.step, ": layout dp ", meta.layout.dp, " tp ", meta.layout.tp,
          " pp ", meta.layout.pp, " must all be >= 1");
@@ -155,76 +234,15 @@ void CheckpointDir::commit(const CheckpointMeta& meta_in, int keep) const {
   if (!fs::is_directory(tmp))
     fail(ErrorKind::Checkpoint, "checkpoint step ", meta.step, " cannot be committed: ", tmp.string(), " does not exist");
 
-  // 1. Every expected rank file is present and is what it claims to be.
-  meta.rank_files.clear();
-  std::set<std::string> expected{"meta.json"};
-  for (int r = 0; r < world; ++r) {
-    const std::string name = rank_file_name(r);
-    const fs::path p = tmp / name;
-    if (!fs::is_regular_file(p))
-      fail(ErrorKind::Checkpoint, "checkpoint step ", meta.step, " cannot be committed: rank file ", name,
-           " is missing from ", tmp.string(), " (did rank ", r, " finish writing?)");
-    check_rank_file(p.string(), r, meta.step);
-    meta.rank_files.push_back(name);
-    expected.insert(name);
-  }
+  meta.rank_files = check_rank_files(tmp, meta.step, meta.layout.world_size());
   try {
-    // 2. Strays: a crashed earlier attempt's partial files, or rank files of a larger world.
-    for (const auto& e : fs::directory_iterator(tmp))
-      if (!expected.count(e.path().filename().string())) fs::remove_all(e.path());
-
-    // 3. meta.json last inside the directory: its presence marks the directory complete.
-    nlohmann::json j;
-    j["format"] = "xirang-checkpoint";
-    j["format_version"] = kCheckpointFormatVersion;
-    j["step"] = meta.step;
-    j["layout"] = {{"dp", meta.layout.dp},
-                   {"tp", meta.layout.tp},
-                   {"pp", meta.layout.pp},
-                   {"zero", meta.layout.zero},
-                   {"virtual_stages", meta.layout.virtual_stages},
-                   {"sequence_parallel", meta.layout.sequence_parallel}};
-    j["world_size"] = world;
-    j["rank_files"] = meta.rank_files;
-    j["config"] = meta.config_yaml;
-    write_file_atomic((tmp / "meta.json").string(), j.dump(2) + "\n");
-
-    // 4. Into place. Re-saving a step swaps the directories atomically
-    // (RENAME_EXCHANGE), so `latest` never names a missing directory; where
-    // the file system cannot swap, the old one is moved aside first.
-    if (fs::exists(final_dir)) {
-      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
-        fs::remove_all(tmp);  // now holds the old save
-      } else {
-        const fs::path aside = final_dir.string() + ".old.tmp";
-        fs::remove_all(aside);
-        fs::rename(final_dir, aside);
-        fs::rename(tmp, final_dir);
-        fs::remove_all(aside);
-      }
-    } else {
-      fs::rename(tmp, final_dir);
-    }
+    remove_strays(tmp, meta.rank_files);
+    // meta.json last inside the directory: its presence marks the directory complete.
+    write_file_atomic((tmp / "meta.json").string(), meta_json_text(meta));
+    move_into_place(tmp, final_dir);
     sync_path(root_, true);
-
-    // 5. `latest`, replaced atomically.
     write_file_atomic((fs::path(root_) / "latest").string(), step_name(meta.step) + "\n");
-
-    // 6. Pruning: this step always stays; of the others, the newest keep - 1.
-    std::vector<int64_t> others;
-    for (const auto& e : fs::directory_iterator(root_)) {
-      const auto sn = parse_step_name(e.path().filename().string());
-      if (!sn || !e.is_directory()) continue;
-      if (sn->tmp) {
-        if (sn->step <= meta.step) fs::remove_all(e.path());  // a crashed save; later ones may be in flight
-      } else if (sn->step != meta.step && is_complete(e.path())) {
-        others.push_back(sn->step);
-      }
-    }
-    if (keep > 0) {
-      std::sort(others.rbegin(), others.rend());
-      for (size_t i = size_t(keep - 1); i < others.size(); ++i) fs::remove_all(step_dir(others[i]));
-    }
+    prune_steps(*this, meta.step, keep);
   } catch (...) {
     rethrow_as_checkpoint(str_cat("committing checkpoint step ", meta.step, " in ", root_));
   }
