@@ -12,10 +12,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "runtime/data/dataset_index.h"
 
 namespace xirang {
 
@@ -29,20 +29,7 @@ namespace {
 
 constexpr const char* kIndexFile = "index.json";
 
-// Messages must stay one line even when they quote file contents or library text.
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
-
 std::string join(const std::string& dir, const std::string& file) { return (fs::path(dir) / file).string(); }
-
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 size_t token_bytes(DType t) { return t == DType::U32 ? 4 : 2; }
 
@@ -218,19 +205,7 @@ void DatasetWriter::close_shard() {
 const DatasetIndex& DatasetWriter::finish() {
   XR_CHECK(!finished_, "finish called twice on dataset '", dir_, "'");
   if (file_) close_shard();
-  nlohmann::ordered_json j;
-  j["format"] = index_.format;
-  j["version"] = index_.version;
-  j["tokenizer"] = index_.tokenizer;
-  j["vocab_size"] = index_.vocab_size;
-  j["token_dtype"] = index_.token_dtype == DType::U32 ? "uint32" : "uint16";
-  j["eot_token"] = index_.eot_token;
-  j["total_tokens"] = index_.total_tokens;
-  j["shards"] = nlohmann::ordered_json::array();
-  for (const ShardInfo& s : index_.shards)
-    j["shards"].push_back({{"file", s.file}, {"tokens", s.tokens}, {"documents", s.documents},
-                           {"checksum", hex64(s.checksum)}});
-  std::string text = j.dump(2) + "\n";
+  std::string text = index_json_text(index_);
   std::string tmp = join(dir_, "index.json.tmp");
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fail_io("create", tmp);
@@ -291,87 +266,6 @@ TokenDataset& TokenDataset::operator=(TokenDataset&&) noexcept = default;
 TokenDataset::~TokenDataset() = default;
 
 namespace {
-
-const nlohmann::json& field(const nlohmann::json& j, const char* key, const std::string& where) {
-  auto it = j.find(key);
-  if (it == j.end()) fail(ErrorKind::Data, where, ": field '", key, "' is missing");
-  return *it;
-}
-
-int64_t int_field(const nlohmann::json& j, const char* key, const std::string& where) {
-  const nlohmann::json& v = field(j, key, where);
-  if (!v.is_number_integer())
-    fail(ErrorKind::Data, where, ": field '", key, "' is ", one_line(v.dump()), " (expected an integer)");
-  return v.get<int64_t>();
-}
-
-std::string string_field(const nlohmann::json& j, const char* key, const std::string& where) {
-  const nlohmann::json& v = field(j, key, where);
-  if (!v.is_string())
-    fail(ErrorKind::Data, where, ": field '", key, "' is ", one_line(v.dump()), " (expected a string)");
-  return v.get<std::string>();
-}
-
-DatasetIndex parse_index(const std::string& text, const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    std::string msg = e.what();
-    if (size_t p = msg.find("] "); msg.rfind("[json.exception", 0) == 0 && p != std::string::npos)
-      msg = msg.substr(p + 2);
-    fail(ErrorKind::Data, "index '", path, "' is not valid JSON: ", one_line(msg));
-  }
-  const std::string where = str_cat("index '", path, "'");
-  if (!j.is_object()) fail(ErrorKind::Data, where, " is not a JSON object");
-  DatasetIndex ix;
-  ix.format = string_field(j, "format", where);
-  if (ix.format != kDatasetFormat)
-    fail(ErrorKind::Data, where, " has format '", ix.format, "' (expected ", kDatasetFormat, ")");
-  ix.version = int(int_field(j, "version", where));
-  if (ix.version != int(kDatasetVersion))
-    fail(ErrorKind::Data, where, " has version ", ix.version, " (this build reads version ", kDatasetVersion, ")");
-  ix.tokenizer = string_field(j, "tokenizer", where);
-  ix.vocab_size = int_field(j, "vocab_size", where);
-  if (ix.vocab_size < 1 || ix.vocab_size > (int64_t(1) << 32))
-    fail(ErrorKind::Data, where, ": vocab_size ", ix.vocab_size, " is out of range (expected 1..4294967296)");
-  std::string dt = string_field(j, "token_dtype", where);
-  if (dt == "uint16") ix.token_dtype = DType::U16;
-  else if (dt == "uint32") ix.token_dtype = DType::U32;
-  else fail(ErrorKind::Data, where, ": token_dtype '", dt, "' is not uint16 or uint32");
-  if (ix.token_dtype == DType::U16 && ix.vocab_size > 65536)
-    fail(ErrorKind::Data, where, ": token_dtype uint16 cannot hold vocab_size ", ix.vocab_size);
-  ix.eot_token = int_field(j, "eot_token", where);
-  if (ix.eot_token < -1 || ix.eot_token >= ix.vocab_size)
-    fail(ErrorKind::Data, where, ": eot_token ", ix.eot_token, " is outside [-1, ", ix.vocab_size, ")");
-  ix.total_tokens = int_field(j, "total_tokens", where);
-  const nlohmann::json& shards = field(j, "shards", where);
-  if (!shards.is_array()) fail(ErrorKind::Data, where, ": field 'shards' is not an array");
-  int64_t sum = 0;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string w = str_cat(where, " shard ", i);
-    if (!shards[i].is_object()) fail(ErrorKind::Data, w, " is not a JSON object");
-    ShardInfo s;
-    s.file = string_field(shards[i], "file", w);
-    // Shards live in the split directory; a path could read files elsewhere.
-    if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..")
-      fail(ErrorKind::Data, w, ": file '", s.file, "' is not a plain file name");
-    s.tokens = int_field(shards[i], "tokens", w);
-    s.documents = int_field(shards[i], "documents", w);
-    if (s.tokens < 0 || s.documents < 0 || s.documents > s.tokens)
-      fail(ErrorKind::Data, w, ": ", s.tokens, " tokens and ", s.documents, " documents are inconsistent");
-    std::string hex = string_field(shards[i], "checksum", w);
-    char* end = nullptr;
-    s.checksum = std::strtoull(hex.c_str(), &end, 16);
-    if (hex.size() != 16 || end != hex.c_str() + 16)
-      fail(ErrorKind::Data, w, ": checksum '", hex, "' is not 16 hex digits");
-    sum += s.tokens;
-    ix.shards.push_back(std::move(s));
-  }
-  if (sum != ix.total_tokens)
-    fail(ErrorKind::Data, where, ": total_tokens is ", ix.total_tokens, " but its shards hold ", sum);
-  return ix;
-}
 
 std::string u128_str(unsigned __int128 v) {
   std::string s;
@@ -464,8 +358,8 @@ TokenDataset TokenDataset::open(const std::string& dir) {
     s.n_documents = int64_t(n_docs);
     s.checksum = get_u64(h + 40);
     if (s.checksum != info.checksum)
-      fail(ErrorKind::Data, "shard '", s.path, "' has checksum ", hex64(s.checksum), " but '", index_path,
-           "' says ", hex64(info.checksum));
+      fail(ErrorKind::Data, "shard '", s.path, "' has checksum ", checksum_hex(s.checksum), " but '", index_path,
+           "' says ", checksum_hex(info.checksum));
     s.tokens = h + kShardHeaderBytes;
     s.table = s.tokens + n_tokens * tb;
 
@@ -549,8 +443,8 @@ void TokenDataset::verify_checksums() const {
   for (const Shard& s : shards_) {
     uint64_t h = fnv1a64(s.tokens, size_t(s.n_tokens) * tb);
     if (h != s.checksum)
-      fail(ErrorKind::Data, "shard '", s.path, "' is corrupt: checksum mismatch (its tokens hash to ", hex64(h),
-           ", its header records ", hex64(s.checksum), ")");
+      fail(ErrorKind::Data, "shard '", s.path, "' is corrupt: checksum mismatch (its tokens hash to ", checksum_hex(h),
+           ", its header records ", checksum_hex(s.checksum), ")");
   }
 }
 
