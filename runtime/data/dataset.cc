@@ -282,10 +282,8 @@ std::string printable(const unsigned char* p, size_t n) {
   return s;
 }
 
-}  // namespace
 
-TokenDataset TokenDataset::open(const std::string& dir) {
-  const std::string index_path = join(dir, kIndexFile);
+std::string read_index_text(const std::string& dir, const std::string& index_path) {
   std::error_code ec;
   if (!fs::is_regular_file(index_path, ec))
     fail(ErrorKind::Data, "no dataset at '", dir, "' (missing ", index_path, ")");
@@ -293,92 +291,121 @@ TokenDataset TokenDataset::open(const std::string& dir) {
   std::stringstream text;
   text << in.rdbuf();
   if (!in) fail_io("read", index_path);
+  return text.str();
+}
 
+using Shard = TokenDataset::Shard;
+
+// Maps the whole shard file read-only; checks only that it can hold a header.
+Shard map_shard(const std::string& path, const std::string& index_path) {
+  Shard s;
+  s.path = path;
+  int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) fail(ErrorKind::Data, "shard '", s.path, "' listed in '", index_path, "' is missing");
+    fail_io("open shard", s.path);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail_io("stat shard", s.path);
+  }
+  const uint64_t file_bytes = uint64_t(st.st_size);
+  if (file_bytes < kShardHeaderBytes) {
+    ::close(fd);
+    fail(ErrorKind::Data, "shard '", s.path, "' is truncated: file has ", file_bytes, " bytes, less than the ",
+         kShardHeaderBytes, "-byte header");
+  }
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);  // the mapping keeps the file alive
+  if (map == MAP_FAILED) fail_io("map shard", s.path);
+  s.map = map;
+  s.map_bytes = file_bytes;
+  return s;
+}
+
+// The header fields that must agree with the format and the index: magic,
+// version, token width, vocabulary size, zero reserved bytes.
+void check_shard_header(const Shard& s, const DatasetIndex& ix, size_t tb, const std::string& index_path) {
+  const auto* h = static_cast<const unsigned char*>(s.map);
+  if (std::memcmp(h, kShardMagic, 8) != 0)
+    fail(ErrorKind::Data, "shard '", s.path, "' has bad magic '", printable(h, 8),
+         "' (expected XRTOKEN1): not a xirang token shard");
+  if (uint32_t v = get_u32(h + 8); v != kDatasetVersion)
+    fail(ErrorKind::Data, "shard '", s.path, "' has version ", v, " (this build reads version ", kDatasetVersion, ")");
+  if (uint32_t b = get_u32(h + 12); b != tb)
+    fail(ErrorKind::Data, "shard '", s.path, "' stores ", b, "-byte tokens but '", index_path, "' says ",
+         tb == 2 ? "uint16" : "uint32");
+  if (uint64_t v = get_u64(h + 16); v != uint64_t(ix.vocab_size))
+    fail(ErrorKind::Data, "shard '", s.path, "' has vocab_size ", v, " but '", index_path, "' says ", ix.vocab_size);
+  for (size_t k = 48; k < kShardHeaderBytes; ++k)
+    if (h[k] != 0) fail(ErrorKind::Data, "shard '", s.path, "' has non-zero reserved header byte ", k);
+}
+
+// The token and document counts and the checksum, checked against the file
+// size and the index; then points s.tokens and s.table into the mapping.
+void read_shard_counts(Shard& s, const ShardInfo& info, size_t tb, const std::string& index_path) {
+  const auto* h = static_cast<const unsigned char*>(s.map);
+  const uint64_t file_bytes = s.map_bytes;
+  const uint64_t n_tokens = get_u64(h + 24), n_docs = get_u64(h + 32);
+  // 128-bit arithmetic: a corrupt count must not wrap into a plausible size.
+  const unsigned __int128 expected =
+      (unsigned __int128)kShardHeaderBytes + (unsigned __int128)n_tokens * tb + ((unsigned __int128)n_docs + 1) * 8;
+  if (expected > file_bytes)
+    fail(ErrorKind::Data, "shard '", s.path, "' is truncated: header says ", n_tokens, " tokens (",
+         u128_str(expected),
+         " bytes with the document table), file has ", file_bytes, " bytes");
+  if (expected < file_bytes)
+    fail(ErrorKind::Data, "shard '", s.path, "' has ", file_bytes - uint64_t(expected),
+         " unexpected bytes after its document table (header says ", n_tokens, " tokens and ", n_docs,
+         " documents, ", uint64_t(expected), " bytes in all)");
+  if (int64_t(n_tokens) != info.tokens || int64_t(n_docs) != info.documents)
+    fail(ErrorKind::Data, "shard '", s.path, "' holds ", n_tokens, " tokens and ", n_docs, " documents but '",
+         index_path, "' says ", info.tokens, " and ", info.documents);
+  s.n_tokens = int64_t(n_tokens);
+  s.n_documents = int64_t(n_docs);
+  s.checksum = get_u64(h + 40);
+  if (s.checksum != info.checksum)
+    fail(ErrorKind::Data, "shard '", s.path, "' has checksum ", checksum_hex(s.checksum), " but '", index_path,
+         "' says ", checksum_hex(info.checksum));
+  s.tokens = h + kShardHeaderBytes;
+  s.table = s.tokens + n_tokens * tb;
+}
+
+// Document starts: strictly increasing below n_tokens, then n_tokens. Only a
+// later shard may begin with the tail of a previous document.
+void check_document_table(const Shard& s, bool first) {
+  const uint64_t n_tokens = uint64_t(s.n_tokens), n_docs = uint64_t(s.n_documents);
+  uint64_t prev = 0;
+  for (uint64_t k = 0; k < n_docs; ++k) {
+    uint64_t off = s.doc_offset(int64_t(k));
+    if (off >= n_tokens || (k > 0 && off <= prev))
+      fail(ErrorKind::Data, "shard '", s.path, "' has a bad document table: document ", k, " starts at ", off,
+           " (previous start ", prev, ", ", n_tokens, " tokens)");
+    prev = off;
+  }
+  if (s.doc_offset(int64_t(n_docs)) != n_tokens)
+    fail(ErrorKind::Data, "shard '", s.path, "' has a bad document table: its last entry is ",
+         s.doc_offset(int64_t(n_docs)), " (expected ", n_tokens, ")");
+  if (first && n_tokens > 0 && (n_docs == 0 || s.doc_offset(0) != 0))
+    fail(ErrorKind::Data, "shard '", s.path, "' is the first shard but does not start with a document");
+}
+
+}  // namespace
+
+TokenDataset TokenDataset::open(const std::string& dir) {
+  const std::string index_path = join(dir, kIndexFile);
   TokenDataset ds;
   ds.dir_ = dir;
-  ds.index_ = parse_index(text.str(), index_path);
+  ds.index_ = parse_index(read_index_text(dir, index_path), index_path);
   const size_t tb = token_bytes(ds.index_.token_dtype);
   ds.shard_starts_.push_back(0);
   ds.shard_doc_starts_.push_back(0);
   for (const ShardInfo& info : ds.index_.shards) {
-    Shard s;
-    s.path = join(dir, info.file);
-    int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) fail(ErrorKind::Data, "shard '", s.path, "' listed in '", index_path, "' is missing");
-      fail_io("open shard", s.path);
-    }
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      fail_io("stat shard", s.path);
-    }
-    const uint64_t file_bytes = uint64_t(st.st_size);
-    if (file_bytes < kShardHeaderBytes) {
-      ::close(fd);
-      fail(ErrorKind::Data, "shard '", s.path, "' is truncated: file has ", file_bytes, " bytes, less than the ",
-           kShardHeaderBytes, "-byte header");
-    }
-    void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);  // the mapping keeps the file alive
-    if (map == MAP_FAILED) fail_io("map shard", s.path);
-    s.map = map;
-    s.map_bytes = file_bytes;
-    const auto* h = static_cast<const unsigned char*>(map);
-
-    if (std::memcmp(h, kShardMagic, 8) != 0)
-      fail(ErrorKind::Data, "shard '", s.path, "' has bad magic '", printable(h, 8),
-           "' (expected XRTOKEN1): not a xirang token shard");
-    if (uint32_t v = get_u32(h + 8); v != kDatasetVersion)
-      fail(ErrorKind::Data, "shard '", s.path, "' has version ", v, " (this build reads version ", kDatasetVersion, ")");
-    if (uint32_t b = get_u32(h + 12); b != tb)
-      fail(ErrorKind::Data, "shard '", s.path, "' stores ", b, "-byte tokens but '", index_path, "' says ",
-           tb == 2 ? "uint16" : "uint32");
-    if (uint64_t v = get_u64(h + 16); v != uint64_t(ds.index_.vocab_size))
-      fail(ErrorKind::Data, "shard '", s.path, "' has vocab_size ", v, " but '", index_path, "' says ",
-           ds.index_.vocab_size);
-    for (size_t k = 48; k < kShardHeaderBytes; ++k)
-      if (h[k] != 0) fail(ErrorKind::Data, "shard '", s.path, "' has non-zero reserved header byte ", k);
-    const uint64_t n_tokens = get_u64(h + 24), n_docs = get_u64(h + 32);
-    // 128-bit arithmetic: a corrupt count must not wrap into a plausible size.
-    const unsigned __int128 expected =
-        (unsigned __int128)kShardHeaderBytes + (unsigned __int128)n_tokens * tb + ((unsigned __int128)n_docs + 1) * 8;
-    if (expected > file_bytes)
-      fail(ErrorKind::Data, "shard '", s.path, "' is truncated: header says ", n_tokens, " tokens (",
-           u128_str(expected),
-           " bytes with the document table), file has ", file_bytes, " bytes");
-    if (expected < file_bytes)
-      fail(ErrorKind::Data, "shard '", s.path, "' has ", file_bytes - uint64_t(expected),
-           " unexpected bytes after its document table (header says ", n_tokens, " tokens and ", n_docs,
-           " documents, ", uint64_t(expected), " bytes in all)");
-    if (int64_t(n_tokens) != info.tokens || int64_t(n_docs) != info.documents)
-      fail(ErrorKind::Data, "shard '", s.path, "' holds ", n_tokens, " tokens and ", n_docs, " documents but '",
-           index_path, "' says ", info.tokens, " and ", info.documents);
-    s.n_tokens = int64_t(n_tokens);
-    s.n_documents = int64_t(n_docs);
-    s.checksum = get_u64(h + 40);
-    if (s.checksum != info.checksum)
-      fail(ErrorKind::Data, "shard '", s.path, "' has checksum ", checksum_hex(s.checksum), " but '", index_path,
-           "' says ", checksum_hex(info.checksum));
-    s.tokens = h + kShardHeaderBytes;
-    s.table = s.tokens + n_tokens * tb;
-
-    // Document starts: strictly increasing below n_tokens, then n_tokens.
-    uint64_t prev = 0;
-    for (uint64_t k = 0; k < n_docs; ++k) {
-      uint64_t off = s.doc_offset(int64_t(k));
-      if (off >= n_tokens || (k > 0 && off <= prev))
-        fail(ErrorKind::Data, "shard '", s.path, "' has a bad document table: document ", k, " starts at ", off,
-             " (previous start ", prev, ", ", n_tokens, " tokens)");
-      prev = off;
-    }
-    if (s.doc_offset(int64_t(n_docs)) != n_tokens)
-      fail(ErrorKind::Data, "shard '", s.path, "' has a bad document table: its last entry is ",
-           s.doc_offset(int64_t(n_docs)), " (expected ", n_tokens, ")");
-    // Only a later shard may begin with the tail of a previous document.
-    if (ds.shards_.empty() && n_tokens > 0 && (n_docs == 0 || s.doc_offset(0) != 0))
-      fail(ErrorKind::Data, "shard '", s.path, "' is the first shard but does not start with a document");
-
+    Shard s = map_shard(join(dir, info.file), index_path);
+    check_shard_header(s, ds.index_, tb, index_path);
+    read_shard_counts(s, info, tb, index_path);
+    check_document_table(s, /*first=*/ds.shards_.empty());
     ds.shard_starts_.push_back(ds.shard_starts_.back() + s.n_tokens);
     ds.shard_doc_starts_.push_back(ds.shard_doc_starts_.back() + s.n_documents);
     ds.shards_.push_back(std::move(s));
