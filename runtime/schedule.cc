@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
+#include <string>
+#include <utility>
 #include <tuple>
 
 #include "core/error.h"
@@ -121,100 +124,152 @@ double analytic_bubble(ScheduleKind kind, int p, int m, int v) {
   return double(p - 1) / double(m + p - 1);
 }
 
-SimResult simulate(ScheduleKind kind, int p, int m, int v, const SimCosts& costs) {
-  SimResult r;
-  std::vector<std::vector<PipeInstr>> lists;
-  for (int rank = 0; rank < p; ++rank) lists.push_back(make_schedule(kind, p, rank, m, v));
-  const int last = p * v - 1;
-  // Messages in flight: (direction, microbatch, destination model chunk) -> arrival time.
-  using Key = std::tuple<int, int, int>;
-  std::map<Key, double> mail;
-  std::vector<size_t> pc(size_t(p), 0);
-  std::vector<double> clock(size_t(p), 0);
-  r.busy.assign(size_t(p), 0);
-  r.peak_in_flight.assign(size_t(p), 0);
-  std::vector<int> live(size_t(p), 0);
-  std::map<std::tuple<int, int>, int> forwarded;  // (model chunk, microbatch) -> 1 once forward ran
-  XR_CHECK(costs.forward_per_rank.empty() || int(costs.forward_per_rank.size()) == p, "forward_per_rank needs ", p,
-           " entries");
-  XR_CHECK(costs.backward_per_rank.empty() || int(costs.backward_per_rank.size()) == p, "backward_per_rank needs ",
-           p, " entries");
-  auto fcost_of = [&](int rank) {
-    return (costs.forward_per_rank.empty() ? costs.forward : costs.forward_per_rank[size_t(rank)]) / v;
-  };
-  auto bcost_of = [&](int rank) {
-    return (costs.backward_per_rank.empty() ? costs.backward : costs.backward_per_rank[size_t(rank)]) / v;
-  };
-  auto fail_sim = [&](const std::string& e) {
-    r.ok = false;
-    r.error = e;
-    return r;
-  };
-  for (;;) {
-    bool progress = false, all_done = true;
-    for (int rank = 0; rank < p; ++rank) {
-      auto& list = lists[size_t(rank)];
-      while (pc[size_t(rank)] < list.size()) {
-        const PipeInstr& in = list[size_t(pc[size_t(rank)])];
-        const int g = in.chunk >= 0 ? model_chunk(p, rank, in.chunk) : -1;
-        double& t = clock[size_t(rank)];
-        if (in.op == PipeOp::RecvActivation || in.op == PipeOp::RecvGradient) {
-          const Key k{in.op == PipeOp::RecvActivation ? 0 : 1, in.microbatch, g};
-          auto it = mail.find(k);
-          if (it == mail.end()) break;  // blocked until the peer sends
-          t = std::max(t, it->second);
-          mail.erase(it);
-        } else if (in.op == PipeOp::SendActivation) {
-          if (!mail.emplace(Key{0, in.microbatch, g + 1}, t + costs.transfer).second)
-            return fail_sim("activation of microbatch " + std::to_string(in.microbatch) + " sent twice");
-        } else if (in.op == PipeOp::SendGradient) {
-          if (!mail.emplace(Key{1, in.microbatch, g - 1}, t + costs.transfer).second)
-            return fail_sim("gradient of microbatch " + std::to_string(in.microbatch) + " sent twice");
-        } else if (in.op == PipeOp::Forward) {
-          const double fcost = fcost_of(rank);
-          t += fcost;
-          r.busy[size_t(rank)] += fcost;
-          forwarded[{g, in.microbatch}] = 1;
-          r.peak_in_flight[size_t(rank)] = std::max(r.peak_in_flight[size_t(rank)], ++live[size_t(rank)]);
-        } else if (in.op == PipeOp::Backward) {
-          if (!forwarded.count({g, in.microbatch}))
-            return fail_sim("backward of microbatch " + std::to_string(in.microbatch) + " on model chunk " +
-                            std::to_string(g) + " before its forward");
-          const double bcost = bcost_of(rank);
-          t += bcost;
-          r.busy[size_t(rank)] += bcost;
-          --live[size_t(rank)];
-        }
-        ++pc[size_t(rank)];
-        progress = true;
-      }
-      if (pc[size_t(rank)] < list.size()) all_done = false;
-    }
-    if (all_done) break;
-    if (!progress) {
-      std::string e = "deadlock:";
-      for (int rank = 0; rank < p; ++rank) {
-        const auto& list = lists[size_t(rank)];
-        if (pc[size_t(rank)] < list.size()) {
-          const PipeInstr& in = list[pc[size_t(rank)]];
-          e += " rank " + std::to_string(rank) + " waits at " + pipe_op_name(in.op) + "(mb " +
-               std::to_string(in.microbatch) + ", chunk " + std::to_string(in.chunk) + ");";
-        }
-      }
-      return fail_sim(e);
-    }
+namespace {
+
+// One simulated step: every rank runs its list in order; a send posts a
+// message that arrives `transfer` later, a receive blocks until it has.
+class Simulation {
+ public:
+  Simulation(ScheduleKind kind, int p, int m, int v, const SimCosts& costs) : p_(p), m_(m), v_(v), costs_(costs) {
+    for (int rank = 0; rank < p; ++rank) lists_.push_back(make_schedule(kind, p, rank, m, v));
+    pc_.assign(size_t(p), 0);
+    clock_.assign(size_t(p), 0);
+    live_.assign(size_t(p), 0);
+    r_.busy.assign(size_t(p), 0);
+    r_.peak_in_flight.assign(size_t(p), 0);
+    XR_CHECK(costs.forward_per_rank.empty() || int(costs.forward_per_rank.size()) == p, "forward_per_rank needs ",
+             p, " entries");
+    XR_CHECK(costs.backward_per_rank.empty() || int(costs.backward_per_rank.size()) == p,
+             "backward_per_rank needs ", p, " entries");
   }
-  if (!mail.empty()) return fail_sim(std::to_string(mail.size()) + " message(s) were sent but never received");
-  for (int g = 0; g <= last; ++g)
-    for (int mb = 0; mb < m; ++mb)
-      if (!forwarded.count({g, mb}))
-        return fail_sim("microbatch " + std::to_string(mb) + " never ran forward on model chunk " + std::to_string(g));
-  r.makespan = *std::max_element(clock.begin(), clock.end());
-  double idle = 0;
-  for (int rank = 0; rank < p; ++rank) idle += (r.makespan - r.busy[size_t(rank)]) / r.makespan;
-  r.bubble_fraction = idle / p;
-  r.ok = true;
-  return r;
+
+  // Sweeps over the ranks until every list has run, none can move (a
+  // deadlock), or an instruction breaks a dependency.
+  SimResult run() {
+    for (;;) {
+      bool progress = false, all_done = true;
+      for (int rank = 0; rank < p_; ++rank) {
+        const int ran = run_rank(rank);
+        if (ran < 0) return r_;
+        progress = progress || ran > 0;
+        if (!finished(rank)) all_done = false;
+      }
+      if (all_done) break;
+      if (!progress) return failed(deadlock_report());
+    }
+    return complete();
+  }
+
+ private:
+  enum class Exec { Done, Blocked, Failed };
+  // A message in flight: (0 activation or 1 gradient, microbatch, destination model chunk).
+  using MailKey = std::tuple<int, int, int>;
+
+  bool finished(int rank) const { return pc_[size_t(rank)] >= lists_[size_t(rank)].size(); }
+
+  // Runs rank's instructions until one blocks or the list ends; returns how
+  // many ran, or -1 when one failed (r_ then says why).
+  int run_rank(int rank) {
+    int ran = 0;
+    for (; !finished(rank); ++pc_[size_t(rank)], ++ran) {
+      const Exec e = execute(rank, lists_[size_t(rank)][pc_[size_t(rank)]]);
+      if (e == Exec::Blocked) break;
+      if (e == Exec::Failed) return -1;
+    }
+    return ran;
+  }
+
+  Exec execute(int rank, const PipeInstr& in) {
+    const int g = in.chunk >= 0 ? model_chunk(p_, rank, in.chunk) : -1;
+    double& t = clock_[size_t(rank)];
+    if (in.op == PipeOp::RecvActivation || in.op == PipeOp::RecvGradient) {
+      auto it = mail_.find(MailKey{in.op == PipeOp::RecvActivation ? 0 : 1, in.microbatch, g});
+      if (it == mail_.end()) return Exec::Blocked;  // until the peer sends
+      t = std::max(t, it->second);
+      mail_.erase(it);
+    } else if (in.op == PipeOp::SendActivation) {
+      if (!mail_.emplace(MailKey{0, in.microbatch, g + 1}, t + costs_.transfer).second)
+        return broke("activation of microbatch " + std::to_string(in.microbatch) + " sent twice");
+    } else if (in.op == PipeOp::SendGradient) {
+      if (!mail_.emplace(MailKey{1, in.microbatch, g - 1}, t + costs_.transfer).second)
+        return broke("gradient of microbatch " + std::to_string(in.microbatch) + " sent twice");
+    } else if (in.op == PipeOp::Forward) {
+      compute(rank, forward_cost(rank));
+      forwarded_.insert({g, in.microbatch});
+      r_.peak_in_flight[size_t(rank)] = std::max(r_.peak_in_flight[size_t(rank)], ++live_[size_t(rank)]);
+    } else if (in.op == PipeOp::Backward) {
+      if (!forwarded_.count({g, in.microbatch}))
+        return broke("backward of microbatch " + std::to_string(in.microbatch) + " on model chunk " +
+                     std::to_string(g) + " before its forward");
+      compute(rank, backward_cost(rank));
+      --live_[size_t(rank)];
+    }
+    return Exec::Done;
+  }
+
+  // A local chunk costs 1/v of the rank's stage.
+  double forward_cost(int rank) const {
+    return (costs_.forward_per_rank.empty() ? costs_.forward : costs_.forward_per_rank[size_t(rank)]) / v_;
+  }
+  double backward_cost(int rank) const {
+    return (costs_.backward_per_rank.empty() ? costs_.backward : costs_.backward_per_rank[size_t(rank)]) / v_;
+  }
+  void compute(int rank, double cost) {
+    clock_[size_t(rank)] += cost;
+    r_.busy[size_t(rank)] += cost;
+  }
+
+  std::string deadlock_report() const {
+    std::string e = "deadlock:";
+    for (int rank = 0; rank < p_; ++rank) {
+      if (finished(rank)) continue;
+      const PipeInstr& in = lists_[size_t(rank)][pc_[size_t(rank)]];
+      e += " rank " + std::to_string(rank) + " waits at " + pipe_op_name(in.op) + "(mb " +
+           std::to_string(in.microbatch) + ", chunk " + std::to_string(in.chunk) + ");";
+    }
+    return e;
+  }
+
+  // After every list ran: no message left over, every forward ran; then the timings.
+  SimResult complete() {
+    if (!mail_.empty()) return failed(std::to_string(mail_.size()) + " message(s) were sent but never received");
+    for (int g = 0; g < p_ * v_; ++g)
+      for (int mb = 0; mb < m_; ++mb)
+        if (!forwarded_.count({g, mb}))
+          return failed("microbatch " + std::to_string(mb) + " never ran forward on model chunk " + std::to_string(g));
+    r_.makespan = *std::max_element(clock_.begin(), clock_.end());
+    double idle = 0;
+    for (int rank = 0; rank < p_; ++rank) idle += (r_.makespan - r_.busy[size_t(rank)]) / r_.makespan;
+    r_.bubble_fraction = idle / p_;
+    r_.ok = true;
+    return r_;
+  }
+
+  Exec broke(const std::string& error) {
+    failed(error);
+    return Exec::Failed;
+  }
+  SimResult failed(const std::string& error) {
+    r_.ok = false;
+    r_.error = error;
+    return r_;
+  }
+
+  const int p_, m_, v_;
+  const SimCosts& costs_;
+  std::vector<std::vector<PipeInstr>> lists_;  // (p): each rank's list
+  std::vector<size_t> pc_;                     // (p): each rank's next instruction
+  std::vector<double> clock_;                  // (p): each rank's time
+  std::vector<int> live_;                      // (p): microbatch-chunks with live activations
+  std::map<MailKey, double> mail_;             // message -> arrival time
+  std::set<std::pair<int, int>> forwarded_;    // (model chunk, microbatch) whose forward ran
+  SimResult r_;
+};
+
+}  // namespace
+
+SimResult simulate(ScheduleKind kind, int p, int m, int v, const SimCosts& costs) {
+  return Simulation(kind, p, m, v, costs).run();
 }
 
 }  // namespace xirang

@@ -144,6 +144,82 @@ H5Id open_file(const std::string& path) {
   return H5Id(XR_HDF5_ID(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)), H5Fclose);
 }
 
+
+// The file of entry e, opened once per rank file and kept in `files`.
+hid_t open_cached(std::map<int, H5Id>& files, const CheckpointEntry& e) {
+  auto it = files.find(e.rank);
+  if (it == files.end()) it = files.emplace(e.rank, open_file(e.file)).first;
+  return it->second;
+}
+
+// n elements, contiguous both in the wanted range (from out_pos) and in one
+// entry's stored elements (from stored_pos).
+struct Piece {
+  int64_t out_pos, stored_pos, n;
+};
+
+void append_piece(std::vector<Piece>& pieces, const Piece& p) {
+  Piece* b = pieces.empty() ? nullptr : &pieces.back();
+  if (b && b->out_pos + b->n == p.out_pos && b->stored_pos + b->n == p.stored_pos)
+    b->n += p.n;  // continues the previous piece
+  else
+    pieces.push_back(p);
+}
+
+struct ReadPlan {
+  std::vector<std::vector<Piece>> pieces;  // per stored entry, in the order given
+  int64_t missing = -1;                    // a global element no entry holds, or -1
+};
+
+// Walks elements [flat_begin, flat_end) of the wanted shard in pieces that
+// are contiguous both in the wanted shard and in one stored entry, sticking
+// with the entry that served the previous piece (so a replicated tensor is
+// read from one rank only). Stops at the first element no entry holds.
+ReadPlan plan_read(const std::vector<const CheckpointEntry*>& stored, const ShardMap& want, int64_t flat_begin,
+                   int64_t flat_end) {
+  std::vector<ShardMap> maps;
+  for (const CheckpointEntry* e : stored) maps.emplace_back(e->shard);
+  ReadPlan plan;
+  plan.pieces.resize(stored.size());
+  size_t last = 0;
+  for (int64_t i = flat_begin; i < flat_end;) {
+    const int64_t g = want.to_global(i);
+    const int64_t want_left = std::min(want.run_left(i), flat_end - i);
+    bool found = false;
+    for (size_t k = 0; k < stored.size() && !found; ++k) {
+      const size_t c = (last + k) % stored.size();
+      const CheckpointEntry& e = *stored[c];
+      const int64_t s = maps[c].to_local(g);
+      if (s < e.flat_begin || s >= e.flat_end) continue;
+      const int64_t n = std::min({want_left, maps[c].run_left(s), e.flat_end - s});
+      append_piece(plan.pieces[c], {i - flat_begin, s - e.flat_begin, n});
+      i += n;
+      last = c;
+      found = true;
+    }
+    if (!found) {
+      plan.missing = g;
+      break;
+    }
+  }
+  return plan;
+}
+
+// Reads the stored range that entry e's pieces span, as one hyperslab, and
+// converts each piece into its place in `out`.
+void read_pieces(hid_t file, const CheckpointEntry& e, const std::vector<Piece>& pieces, const Tensor& out) {
+  int64_t lo = INT64_MAX, hi = 0;
+  for (const Piece& p : pieces) {
+    lo = std::min(lo, p.stored_pos);
+    hi = std::max(hi, p.stored_pos + p.n);
+  }
+  const Span span = read_span(file, e, lo, hi);
+  const size_t ses = dtype_size(e.dtype), oes = dtype_size(out.dtype());
+  for (const Piece& p : pieces)
+    convert_elements(span.bytes.data() + size_t(p.stored_pos - span.begin) * ses, e.dtype,
+                     static_cast<unsigned char*>(out.raw()) + size_t(p.out_pos) * oes, out.dtype(), p.n);
+}
+
 }  // namespace
 
 CheckpointReader CheckpointReader::open(const std::string& step_dir) {
@@ -233,69 +309,29 @@ void CheckpointReader::read(std::string_view group, std::string_view name, const
            "': flat range [", flat_begin, ", ", flat_end, ") of a shard of ", wmap.numel(), " elements");
   XR_CHECK(out.numel() == flat_end - flat_begin && out.device() == Device::CPU && is_float(out.dtype()),
            "reading '", name, "' into ", out.str(), ": expected ", flat_end - flat_begin, " float elements in host memory");
-  const std::vector<size_t>& ids = entries_of(group, name);
-  for (size_t id : ids)
-    if (entries_[id].shard.global != want.global)
-      fail(ErrorKind::Checkpoint, "checkpoint tensor '", name, "' has global shape ", entries_[id].shard.global.str(),
+  std::vector<const CheckpointEntry*> stored;
+  for (size_t id : entries_of(group, name)) {
+    const CheckpointEntry& e = entries_[id];
+    if (e.shard.global != want.global)
+      fail(ErrorKind::Checkpoint, "checkpoint tensor '", name, "' has global shape ", e.shard.global.str(),
            ", the model expects ", want.global.str());
-
-  // Plan: walk the wanted range in pieces that are contiguous both in the
-  // wanted shard and in one stored entry, sticking with the entry that served
-  // the previous piece (so a replicated tensor is read from one rank only).
-  struct Piece {
-    int64_t out_pos, stored_pos, n;
-  };
-  std::vector<ShardMap> maps;
-  for (size_t id : ids) maps.emplace_back(entries_[id].shard);
-  std::vector<std::vector<Piece>> plan(ids.size());
-  size_t last = 0;
-  for (int64_t i = flat_begin; i < flat_end;) {
-    const int64_t g = wmap.to_global(i);
-    const int64_t want_left = std::min(wmap.run_left(i), flat_end - i);
-    bool found = false;
-    for (size_t k = 0; k < ids.size() && !found; ++k) {
-      const size_t c = (last + k) % ids.size();
-      const CheckpointEntry& e = entries_[ids[c]];
-      const int64_t s = maps[c].to_local(g);
-      if (s < e.flat_begin || s >= e.flat_end) continue;
-      const int64_t n = std::min({want_left, maps[c].run_left(s), e.flat_end - s});
-      auto& p = plan[c];
-      if (!p.empty() && p.back().out_pos + p.back().n == i - flat_begin && p.back().stored_pos + p.back().n == s - e.flat_begin)
-        p.back().n += n;  // continues the previous piece
-      else
-        p.push_back({i - flat_begin, s - e.flat_begin, n});
-      i += n;
-      last = c;
-      found = true;
-    }
-    if (!found)
-      fail(ErrorKind::Checkpoint, "checkpoint tensor '", name, "' (group '", group, "') is missing global element ", g,
-           " ", coords(want.global, g), " of ", want.global.str(), ": no stored entry in ", dir_, " holds it");
+    stored.push_back(&e);
   }
+  const ReadPlan plan = plan_read(stored, wmap, flat_begin, flat_end);
+  if (const int64_t g = plan.missing; g >= 0)
+    fail(ErrorKind::Checkpoint, "checkpoint tensor '", name, "' (group '", group, "') is missing global element ", g,
+         " ", coords(want.global, g), " of ", want.global.str(), ": no stored entry in ", dir_, " holds it");
 
-  // Execute: per overlapping entry, one hyperslab read of the stored range
-  // its pieces span; entries without pieces are never opened.
+  // Per overlapping entry, one hyperslab read of the stored range its pieces
+  // span; entries without pieces are never opened.
   Hdf5Scope scope;
-  const size_t oes = dtype_size(out.dtype());
   std::map<int, H5Id> files;
-  for (size_t c = 0; c < ids.size(); ++c) {
-    if (plan[c].empty()) continue;
-    const CheckpointEntry& e = entries_[ids[c]];
+  for (size_t c = 0; c < stored.size(); ++c) {
+    if (plan.pieces[c].empty()) continue;
     try {
-      auto it = files.find(e.rank);
-      if (it == files.end()) it = files.emplace(e.rank, open_file(e.file)).first;
-      int64_t lo = INT64_MAX, hi = 0;
-      for (const Piece& p : plan[c]) {
-        lo = std::min(lo, p.stored_pos);
-        hi = std::max(hi, p.stored_pos + p.n);
-      }
-      const Span span = read_span(it->second, e, lo, hi);
-      const size_t ses = dtype_size(e.dtype);
-      for (const Piece& p : plan[c])
-        convert_elements(span.bytes.data() + size_t(p.stored_pos - span.begin) * ses, e.dtype,
-                         static_cast<unsigned char*>(out.raw()) + size_t(p.out_pos) * oes, out.dtype(), p.n);
+      read_pieces(open_cached(files, *stored[c]), *stored[c], plan.pieces[c], out);
     } catch (...) {
-      rethrow_as_checkpoint(entry_context(e));
+      rethrow_as_checkpoint(entry_context(*stored[c]));
     }
   }
 }
@@ -331,11 +367,10 @@ std::vector<std::string> CheckpointReader::verify_all() const {
   std::map<int, H5Id> files;
   for (const CheckpointEntry& e : entries_) {
     try {
-      auto it = files.find(e.rank);
-      if (it == files.end()) it = files.emplace(e.rank, open_file(e.file)).first;
+      const hid_t file = open_cached(files, e);
       // A few chunks at a time bounds the memory for a large tensor.
       const int64_t step = e.checksum_chunk * std::max<int64_t>(1, (int64_t(64) << 20) / (e.checksum_chunk * 4));
-      for (int64_t b = 0; b < e.numel(); b += step) read_span(it->second, e, b, std::min(e.numel(), b + step));
+      for (int64_t b = 0; b < e.numel(); b += step) read_span(file, e, b, std::min(e.numel(), b + step));
     } catch (const std::exception& ex) {
       problems.push_back(str_cat(entry_context(e), ": ", ex.what()));
     }

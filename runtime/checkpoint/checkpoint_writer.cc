@@ -1,5 +1,6 @@
 // RankCheckpointWriter: one rank's HDF5 file of self-describing tensor
 // entries and named scalars (format: docs/checkpoint_format.md).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <type_traits>
@@ -57,6 +58,76 @@ std::vector<int64_t> dims_of(const Shape& s) {
   return v;
 }
 
+
+// The checks of add(): names usable as HDF5 links, a valid shard, and a flat
+// range inside it that `data` (host memory, a float dtype) holds exactly.
+void check_entry(std::string_view group, std::string_view name, const ShardSpec& shard, int64_t flat_begin,
+                 int64_t flat_end, const Tensor& data, DType store_as) {
+  check_component("group", group);
+  check_component("tensor name", name);
+  XR_CHECK(group != "scalars", "the checkpoint group 'scalars' is reserved for set_int/set_double");
+  const std::string problem = shard_spec_problem(shard);
+  XR_CHECK(problem.empty(), "checkpoint entry '", name, "': ", problem);
+  const int64_t local_numel = shard_local_shape(shard).numel();
+  XR_CHECK(0 <= flat_begin && flat_begin <= flat_end && flat_end <= local_numel, "checkpoint entry '", name,
+           "': flat range [", flat_begin, ", ", flat_end, ") of a local shard of ", local_numel, " elements");
+  const int64_t n = flat_end - flat_begin;
+  XR_CHECK(data.numel() == n, "checkpoint entry '", name, "': data ", data.str(), " holds ", data.numel(),
+           " elements, the range ", n);
+  XR_CHECK(data.device() == Device::CPU, "checkpoint entry '", name, "': data must be in host memory");
+  XR_CHECK(is_float(data.dtype()) && is_float(store_as), "checkpoint entry '", name, "': float dtypes only");
+}
+
+// The stored bytes: the data itself, or its conversion to store_as (kept in `converted`).
+const void* stored_bytes(const Tensor& data, DType store_as, std::vector<unsigned char>& converted) {
+  if (store_as == data.dtype()) return data.raw();
+  converted.resize(size_t(data.numel()) * dtype_size(store_as));
+  convert_elements(data.raw(), data.dtype(), converted.data(), store_as, data.numel());
+  return converted.data();
+}
+
+// One CRC per chunk of elements, so a reader that needs part of an entry
+// verifies only the chunks it reads.
+std::vector<uint32_t> chunk_checksums(const void* bytes, int64_t n, size_t es, int64_t chunk) {
+  std::vector<uint32_t> crcs;
+  for (int64_t b = 0; b < n; b += chunk) {
+    const int64_t len = std::min(chunk, n - b);
+    crcs.push_back(crc32c(static_cast<const unsigned char*>(bytes) + size_t(b) * es, size_t(len) * es));
+  }
+  return crcs;
+}
+
+// A one-dimensional dataset of n elements stored as `dtype`, holding `bytes`.
+// Contiguous layout (the default): a byte range per dataset, which a reader
+// can take a hyperslab of cheaply (and a test can corrupt).
+H5Id write_dataset(hid_t group, const std::string& name, DType dtype, int64_t n, const void* bytes) {
+  hsize_t dims[1] = {hsize_t(n)};
+  H5Id space(XR_HDF5_ID(H5Screate_simple(1, dims, nullptr)), H5Sclose);
+  H5Id dset(XR_HDF5_ID(H5Dcreate2(group, name.c_str(), file_type(dtype), space, H5P_DEFAULT, H5P_DEFAULT,
+                                  H5P_DEFAULT)),
+            H5Dclose);
+  if (n > 0) XR_HDF5_CHECK(H5Dwrite(dset, memory_type(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes));
+  return dset;
+}
+
+// The attributes that make an entry describe itself (the reader's describe() checks them).
+void write_entry_attrs(hid_t dset, const CheckpointEntry& e) {
+  write_attr_str(dset, "name", e.name);
+  write_attr_i64s(dset, "global_shape", dims_of(e.shard.global));
+  write_attr_i64s(dset, "local_shape", dims_of(e.local));
+  write_attr_str(dset, "dtype", dtype_name(e.dtype));
+  write_attr_i64(dset, "split_dim", e.shard.dim);
+  write_attr_i64(dset, "parts", e.shard.parts);
+  write_attr_i64(dset, "index", e.shard.index);
+  write_attr_i64(dset, "blocks", e.shard.block_count());
+  if (!e.shard.block_sizes.empty()) write_attr_i64s(dset, "block_sizes", e.shard.block_sizes);
+  write_attr_i64(dset, "flat_begin", e.flat_begin);
+  write_attr_i64(dset, "flat_end", e.flat_end);
+  write_attr_str(dset, "checksum", "crc32c");
+  write_attr_i64(dset, "checksum_chunk", e.checksum_chunk);
+  write_attr_u32s(dset, "checksums", e.checksums);
+}
+
 }  // namespace
 
 RankCheckpointWriter::RankCheckpointWriter(const std::string& step_dir, int rank, int64_t step,
@@ -106,77 +177,33 @@ void RankCheckpointWriter::add(std::string_view group, std::string_view name, co
 void RankCheckpointWriter::add(std::string_view group, std::string_view name, const ShardSpec& shard_in,
                                int64_t flat_begin, int64_t flat_end, const Tensor& data, DType store_as) {
   XR_CHECK(file_ >= 0, "add() on a closed checkpoint writer");
-  check_component("group", group);
-  check_component("tensor name", name);
-  XR_CHECK(group != "scalars", "the checkpoint group 'scalars' is reserved for set_int/set_double");
-  const std::string problem = shard_spec_problem(shard_in);
-  XR_CHECK(problem.empty(), "checkpoint entry '", name, "': ", problem);
+  check_entry(group, name, shard_in, flat_begin, flat_end, data, store_as);
+  CheckpointEntry e;
+  e.group = std::string(group);
+  e.name = std::string(name);
   // Canonical form of a replicated shard, so files compare equal whatever the caller passed.
-  ShardSpec shard = shard_in;
-  if (shard.replicated()) shard = ShardSpec::whole(shard.global);
-  const Shape local = shard_local_shape(shard);
-  XR_CHECK(0 <= flat_begin && flat_begin <= flat_end && flat_end <= local.numel(), "checkpoint entry '", name,
-           "': flat range [", flat_begin, ", ", flat_end, ") of a local shard of ", local.numel(), " elements");
-  const int64_t n = flat_end - flat_begin;
-  XR_CHECK(data.numel() == n, "checkpoint entry '", name, "': data ", data.str(), " holds ", data.numel(),
-           " elements, the range ", n);
-  XR_CHECK(data.device() == Device::CPU, "checkpoint entry '", name, "': data must be in host memory");
-  XR_CHECK(is_float(data.dtype()) && is_float(store_as), "checkpoint entry '", name, "': float dtypes only");
-
-  const std::string group_s(group), name_s(name);
+  e.shard = shard_in.replicated() ? ShardSpec::whole(shard_in.global) : shard_in;
+  e.local = shard_local_shape(e.shard);
+  e.flat_begin = flat_begin;
+  e.flat_end = flat_end;
+  e.dtype = store_as;
+  e.checksum_chunk = opt_.checksum_chunk;
   // A piece of a shard (ZeRO) is named by where it starts, so that one file
   // may hold several pieces of the same tensor.
-  const bool whole = flat_begin == 0 && flat_end == local.numel();
-  const std::string ds_name = whole ? name_s : str_cat(name_s, "@", flat_begin);
+  const bool whole = flat_begin == 0 && flat_end == e.local.numel();
+  const std::string ds_name = whole ? e.name : str_cat(e.name, "@", flat_begin);
   Hdf5Scope scope;
   try {
-    H5Id g = open_or_create_group(file_, group_s);
+    H5Id g = open_or_create_group(file_, e.group);
     if (XR_HDF5_ID(H5Lexists(g, ds_name.c_str(), H5P_DEFAULT)) > 0)
-      fail(ErrorKind::Checkpoint, "duplicate checkpoint entry /", group_s, "/", ds_name);
-
-    // The stored bytes: the data itself, or its conversion to store_as.
-    const size_t es = dtype_size(store_as);
-    const void* bytes = data.raw();
+      fail(ErrorKind::Checkpoint, "duplicate checkpoint entry /", e.group, "/", ds_name);
     std::vector<unsigned char> converted;
-    if (store_as != data.dtype()) {
-      converted.resize(size_t(n) * es);
-      convert_elements(data.raw(), data.dtype(), converted.data(), store_as, n);
-      bytes = converted.data();
-    }
-    // One CRC per chunk of elements, so a reader that needs part of an entry
-    // verifies only the chunks it reads.
-    const int64_t chunk = opt_.checksum_chunk;
-    std::vector<uint32_t> crcs;
-    for (int64_t b = 0; b < n; b += chunk) {
-      const int64_t len = std::min(chunk, n - b);
-      crcs.push_back(crc32c(static_cast<const unsigned char*>(bytes) + size_t(b) * es, size_t(len) * es));
-    }
-
-    hsize_t dims[1] = {hsize_t(n)};
-    H5Id space(XR_HDF5_ID(H5Screate_simple(1, dims, nullptr)), H5Sclose);
-    // Contiguous layout (the default): a byte range per dataset, which a
-    // reader can take a hyperslab of cheaply (and a test can corrupt).
-    H5Id dset(XR_HDF5_ID(H5Dcreate2(g, ds_name.c_str(), file_type(store_as), space, H5P_DEFAULT, H5P_DEFAULT,
-                                    H5P_DEFAULT)),
-              H5Dclose);
-    if (n > 0) XR_HDF5_CHECK(H5Dwrite(dset, memory_type(store_as), H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes));
-
-    write_attr_str(dset, "name", name_s);
-    write_attr_i64s(dset, "global_shape", dims_of(shard.global));
-    write_attr_i64s(dset, "local_shape", dims_of(local));
-    write_attr_str(dset, "dtype", dtype_name(store_as));
-    write_attr_i64(dset, "split_dim", shard.dim);
-    write_attr_i64(dset, "parts", shard.parts);
-    write_attr_i64(dset, "index", shard.index);
-    write_attr_i64(dset, "blocks", shard.block_count());
-    if (!shard.block_sizes.empty()) write_attr_i64s(dset, "block_sizes", shard.block_sizes);
-    write_attr_i64(dset, "flat_begin", flat_begin);
-    write_attr_i64(dset, "flat_end", flat_end);
-    write_attr_str(dset, "checksum", "crc32c");
-    write_attr_i64(dset, "checksum_chunk", chunk);
-    write_attr_u32s(dset, "checksums", crcs);
+    const void* bytes = stored_bytes(data, store_as, converted);
+    e.checksums = chunk_checksums(bytes, e.numel(), dtype_size(store_as), e.checksum_chunk);
+    H5Id dset = write_dataset(g, ds_name, store_as, e.numel(), bytes);
+    write_entry_attrs(dset, e);
   } catch (...) {
-    rethrow_as_checkpoint(str_cat("writing tensor '", name_s, "' (group '", group_s, "') to ", tmp_path_));
+    rethrow_as_checkpoint(str_cat("writing tensor '", e.name, "' (group '", e.group, "') to ", tmp_path_));
   }
 }
 

@@ -12,10 +12,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "runtime/data/dataset_index.h"
 
 namespace xirang {
 
@@ -29,20 +29,7 @@ namespace {
 
 constexpr const char* kIndexFile = "index.json";
 
-// Messages must stay one line even when they quote file contents or library text.
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
-
 std::string join(const std::string& dir, const std::string& file) { return (fs::path(dir) / file).string(); }
-
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 size_t token_bytes(DType t) { return t == DType::U32 ? 4 : 2; }
 
@@ -218,19 +205,7 @@ void DatasetWriter::close_shard() {
 const DatasetIndex& DatasetWriter::finish() {
   XR_CHECK(!finished_, "finish called twice on dataset '", dir_, "'");
   if (file_) close_shard();
-  nlohmann::ordered_json j;
-  j["format"] = index_.format;
-  j["version"] = index_.version;
-  j["tokenizer"] = index_.tokenizer;
-  j["vocab_size"] = index_.vocab_size;
-  j["token_dtype"] = index_.token_dtype == DType::U32 ? "uint32" : "uint16";
-  j["eot_token"] = index_.eot_token;
-  j["total_tokens"] = index_.total_tokens;
-  j["shards"] = nlohmann::ordered_json::array();
-  for (const ShardInfo& s : index_.shards)
-    j["shards"].push_back({{"file", s.file}, {"tokens", s.tokens}, {"documents", s.documents},
-                           {"checksum", hex64(s.checksum)}});
-  std::string text = j.dump(2) + "\n";
+  std::string text = index_json_text(index_);
   std::string tmp = join(dir_, "index.json.tmp");
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fail_io("create", tmp);
@@ -292,87 +267,6 @@ TokenDataset::~TokenDataset() = default;
 
 namespace {
 
-const nlohmann::json& field(const nlohmann::json& j, const char* key, const std::string& where) {
-  auto it = j.find(key);
-  if (it == j.end()) fail(ErrorKind::Data, where, ": field '", key, "' is missing");
-  return *it;
-}
-
-int64_t int_field(const nlohmann::json& j, const char* key, const std::string& where) {
-  const nlohmann::json& v = field(j, key, where);
-  if (!v.is_number_integer())
-    fail(ErrorKind::Data, where, ": field '", key, "' is ", one_line(v.dump()), " (expected an integer)");
-  return v.get<int64_t>();
-}
-
-std::string string_field(const nlohmann::json& j, const char* key, const std::string& where) {
-  const nlohmann::json& v = field(j, key, where);
-  if (!v.is_string())
-    fail(ErrorKind::Data, where, ": field '", key, "' is ", one_line(v.dump()), " (expected a string)");
-  return v.get<std::string>();
-}
-
-DatasetIndex parse_index(const std::string& text, const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    std::string msg = e.what();
-    if (size_t p = msg.find("] "); msg.rfind("[json.exception", 0) == 0 && p != std::string::npos)
-      msg = msg.substr(p + 2);
-    fail(ErrorKind::Data, "index '", path, "' is not valid JSON: ", one_line(msg));
-  }
-  const std::string where = str_cat("index '", path, "'");
-  if (!j.is_object()) fail(ErrorKind::Data, where, " is not a JSON object");
-  DatasetIndex ix;
-  ix.format = string_field(j, "format", where);
-  if (ix.format != kDatasetFormat)
-    fail(ErrorKind::Data, where, " has format '", ix.format, "' (expected ", kDatasetFormat, ")");
-  ix.version = int(int_field(j, "version", where));
-  if (ix.version != int(kDatasetVersion))
-    fail(ErrorKind::Data, where, " has version ", ix.version, " (this build reads version ", kDatasetVersion, ")");
-  ix.tokenizer = string_field(j, "tokenizer", where);
-  ix.vocab_size = int_field(j, "vocab_size", where);
-  if (ix.vocab_size < 1 || ix.vocab_size > (int64_t(1) << 32))
-    fail(ErrorKind::Data, where, ": vocab_size ", ix.vocab_size, " is out of range (expected 1..4294967296)");
-  std::string dt = string_field(j, "token_dtype", where);
-  if (dt == "uint16") ix.token_dtype = DType::U16;
-  else if (dt == "uint32") ix.token_dtype = DType::U32;
-  else fail(ErrorKind::Data, where, ": token_dtype '", dt, "' is not uint16 or uint32");
-  if (ix.token_dtype == DType::U16 && ix.vocab_size > 65536)
-    fail(ErrorKind::Data, where, ": token_dtype uint16 cannot hold vocab_size ", ix.vocab_size);
-  ix.eot_token = int_field(j, "eot_token", where);
-  if (ix.eot_token < -1 || ix.eot_token >= ix.vocab_size)
-    fail(ErrorKind::Data, where, ": eot_token ", ix.eot_token, " is outside [-1, ", ix.vocab_size, ")");
-  ix.total_tokens = int_field(j, "total_tokens", where);
-  const nlohmann::json& shards = field(j, "shards", where);
-  if (!shards.is_array()) fail(ErrorKind::Data, where, ": field 'shards' is not an array");
-  int64_t sum = 0;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string w = str_cat(where, " shard ", i);
-    if (!shards[i].is_object()) fail(ErrorKind::Data, w, " is not a JSON object");
-    ShardInfo s;
-    s.file = string_field(shards[i], "file", w);
-    // Shards live in the split directory; a path could read files elsewhere.
-    if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..")
-      fail(ErrorKind::Data, w, ": file '", s.file, "' is not a plain file name");
-    s.tokens = int_field(shards[i], "tokens", w);
-    s.documents = int_field(shards[i], "documents", w);
-    if (s.tokens < 0 || s.documents < 0 || s.documents > s.tokens)
-      fail(ErrorKind::Data, w, ": ", s.tokens, " tokens and ", s.documents, " documents are inconsistent");
-    std::string hex = string_field(shards[i], "checksum", w);
-    char* end = nullptr;
-    s.checksum = std::strtoull(hex.c_str(), &end, 16);
-    if (hex.size() != 16 || end != hex.c_str() + 16)
-      fail(ErrorKind::Data, w, ": checksum '", hex, "' is not 16 hex digits");
-    sum += s.tokens;
-    ix.shards.push_back(std::move(s));
-  }
-  if (sum != ix.total_tokens)
-    fail(ErrorKind::Data, where, ": total_tokens is ", ix.total_tokens, " but its shards hold ", sum);
-  return ix;
-}
-
 std::string u128_str(unsigned __int128 v) {
   std::string s;
   do {
@@ -388,10 +282,8 @@ std::string printable(const unsigned char* p, size_t n) {
   return s;
 }
 
-}  // namespace
 
-TokenDataset TokenDataset::open(const std::string& dir) {
-  const std::string index_path = join(dir, kIndexFile);
+std::string read_index_text(const std::string& dir, const std::string& index_path) {
   std::error_code ec;
   if (!fs::is_regular_file(index_path, ec))
     fail(ErrorKind::Data, "no dataset at '", dir, "' (missing ", index_path, ")");
@@ -399,92 +291,121 @@ TokenDataset TokenDataset::open(const std::string& dir) {
   std::stringstream text;
   text << in.rdbuf();
   if (!in) fail_io("read", index_path);
+  return text.str();
+}
 
+using Shard = TokenDataset::Shard;
+
+// Maps the whole shard file read-only; checks only that it can hold a header.
+Shard map_shard(const std::string& path, const std::string& index_path) {
+  Shard s;
+  s.path = path;
+  int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) fail(ErrorKind::Data, "shard '", s.path, "' listed in '", index_path, "' is missing");
+    fail_io("open shard", s.path);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail_io("stat shard", s.path);
+  }
+  const uint64_t file_bytes = uint64_t(st.st_size);
+  if (file_bytes < kShardHeaderBytes) {
+    ::close(fd);
+    fail(ErrorKind::Data, "shard '", s.path, "' is truncated: file has ", file_bytes, " bytes, less than the ",
+         kShardHeaderBytes, "-byte header");
+  }
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);  // the mapping keeps the file alive
+  if (map == MAP_FAILED) fail_io("map shard", s.path);
+  s.map = map;
+  s.map_bytes = file_bytes;
+  return s;
+}
+
+// The header fields that must agree with the format and the index: magic,
+// version, token width, vocabulary size, zero reserved bytes.
+void check_shard_header(const Shard& s, const DatasetIndex& ix, size_t tb, const std::string& index_path) {
+  const auto* h = static_cast<const unsigned char*>(s.map);
+  if (std::memcmp(h, kShardMagic, 8) != 0)
+    fail(ErrorKind::Data, "shard '", s.path, "' has bad magic '", printable(h, 8),
+         "' (expected XRTOKEN1): not a xirang token shard");
+  if (uint32_t v = get_u32(h + 8); v != kDatasetVersion)
+    fail(ErrorKind::Data, "shard '", s.path, "' has version ", v, " (this build reads version ", kDatasetVersion, ")");
+  if (uint32_t b = get_u32(h + 12); b != tb)
+    fail(ErrorKind::Data, "shard '", s.path, "' stores ", b, "-byte tokens but '", index_path, "' says ",
+         tb == 2 ? "uint16" : "uint32");
+  if (uint64_t v = get_u64(h + 16); v != uint64_t(ix.vocab_size))
+    fail(ErrorKind::Data, "shard '", s.path, "' has vocab_size ", v, " but '", index_path, "' says ", ix.vocab_size);
+  for (size_t k = 48; k < kShardHeaderBytes; ++k)
+    if (h[k] != 0) fail(ErrorKind::Data, "shard '", s.path, "' has non-zero reserved header byte ", k);
+}
+
+// The token and document counts and the checksum, checked against the file
+// size and the index; then points s.tokens and s.table into the mapping.
+void read_shard_counts(Shard& s, const ShardInfo& info, size_t tb, const std::string& index_path) {
+  const auto* h = static_cast<const unsigned char*>(s.map);
+  const uint64_t file_bytes = s.map_bytes;
+  const uint64_t n_tokens = get_u64(h + 24), n_docs = get_u64(h + 32);
+  // 128-bit arithmetic: a corrupt count must not wrap into a plausible size.
+  const unsigned __int128 expected =
+      (unsigned __int128)kShardHeaderBytes + (unsigned __int128)n_tokens * tb + ((unsigned __int128)n_docs + 1) * 8;
+  if (expected > file_bytes)
+    fail(ErrorKind::Data, "shard '", s.path, "' is truncated: header says ", n_tokens, " tokens (",
+         u128_str(expected),
+         " bytes with the document table), file has ", file_bytes, " bytes");
+  if (expected < file_bytes)
+    fail(ErrorKind::Data, "shard '", s.path, "' has ", file_bytes - uint64_t(expected),
+         " unexpected bytes after its document table (header says ", n_tokens, " tokens and ", n_docs,
+         " documents, ", uint64_t(expected), " bytes in all)");
+  if (int64_t(n_tokens) != info.tokens || int64_t(n_docs) != info.documents)
+    fail(ErrorKind::Data, "shard '", s.path, "' holds ", n_tokens, " tokens and ", n_docs, " documents but '",
+         index_path, "' says ", info.tokens, " and ", info.documents);
+  s.n_tokens = int64_t(n_tokens);
+  s.n_documents = int64_t(n_docs);
+  s.checksum = get_u64(h + 40);
+  if (s.checksum != info.checksum)
+    fail(ErrorKind::Data, "shard '", s.path, "' has checksum ", checksum_hex(s.checksum), " but '", index_path,
+         "' says ", checksum_hex(info.checksum));
+  s.tokens = h + kShardHeaderBytes;
+  s.table = s.tokens + n_tokens * tb;
+}
+
+// Document starts: strictly increasing below n_tokens, then n_tokens. Only a
+// later shard may begin with the tail of a previous document.
+void check_document_table(const Shard& s, bool first) {
+  const uint64_t n_tokens = uint64_t(s.n_tokens), n_docs = uint64_t(s.n_documents);
+  uint64_t prev = 0;
+  for (uint64_t k = 0; k < n_docs; ++k) {
+    uint64_t off = s.doc_offset(int64_t(k));
+    if (off >= n_tokens || (k > 0 && off <= prev))
+      fail(ErrorKind::Data, "shard '", s.path, "' has a bad document table: document ", k, " starts at ", off,
+           " (previous start ", prev, ", ", n_tokens, " tokens)");
+    prev = off;
+  }
+  if (s.doc_offset(int64_t(n_docs)) != n_tokens)
+    fail(ErrorKind::Data, "shard '", s.path, "' has a bad document table: its last entry is ",
+         s.doc_offset(int64_t(n_docs)), " (expected ", n_tokens, ")");
+  if (first && n_tokens > 0 && (n_docs == 0 || s.doc_offset(0) != 0))
+    fail(ErrorKind::Data, "shard '", s.path, "' is the first shard but does not start with a document");
+}
+
+}  // namespace
+
+TokenDataset TokenDataset::open(const std::string& dir) {
+  const std::string index_path = join(dir, kIndexFile);
   TokenDataset ds;
   ds.dir_ = dir;
-  ds.index_ = parse_index(text.str(), index_path);
+  ds.index_ = parse_index(read_index_text(dir, index_path), index_path);
   const size_t tb = token_bytes(ds.index_.token_dtype);
   ds.shard_starts_.push_back(0);
   ds.shard_doc_starts_.push_back(0);
   for (const ShardInfo& info : ds.index_.shards) {
-    Shard s;
-    s.path = join(dir, info.file);
-    int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) fail(ErrorKind::Data, "shard '", s.path, "' listed in '", index_path, "' is missing");
-      fail_io("open shard", s.path);
-    }
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      fail_io("stat shard", s.path);
-    }
-    const uint64_t file_bytes = uint64_t(st.st_size);
-    if (file_bytes < kShardHeaderBytes) {
-      ::close(fd);
-      fail(ErrorKind::Data, "shard '", s.path, "' is truncated: file has ", file_bytes, " bytes, less than the ",
-           kShardHeaderBytes, "-byte header");
-    }
-    void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);  // the mapping keeps the file alive
-    if (map == MAP_FAILED) fail_io("map shard", s.path);
-    s.map = map;
-    s.map_bytes = file_bytes;
-    const auto* h = static_cast<const unsigned char*>(map);
-
-    if (std::memcmp(h, kShardMagic, 8) != 0)
-      fail(ErrorKind::Data, "shard '", s.path, "' has bad magic '", printable(h, 8),
-           "' (expected XRTOKEN1): not a xirang token shard");
-    if (uint32_t v = get_u32(h + 8); v != kDatasetVersion)
-      fail(ErrorKind::Data, "shard '", s.path, "' has version ", v, " (this build reads version ", kDatasetVersion, ")");
-    if (uint32_t b = get_u32(h + 12); b != tb)
-      fail(ErrorKind::Data, "shard '", s.path, "' stores ", b, "-byte tokens but '", index_path, "' says ",
-           tb == 2 ? "uint16" : "uint32");
-    if (uint64_t v = get_u64(h + 16); v != uint64_t(ds.index_.vocab_size))
-      fail(ErrorKind::Data, "shard '", s.path, "' has vocab_size ", v, " but '", index_path, "' says ",
-           ds.index_.vocab_size);
-    for (size_t k = 48; k < kShardHeaderBytes; ++k)
-      if (h[k] != 0) fail(ErrorKind::Data, "shard '", s.path, "' has non-zero reserved header byte ", k);
-    const uint64_t n_tokens = get_u64(h + 24), n_docs = get_u64(h + 32);
-    // 128-bit arithmetic: a corrupt count must not wrap into a plausible size.
-    const unsigned __int128 expected =
-        (unsigned __int128)kShardHeaderBytes + (unsigned __int128)n_tokens * tb + ((unsigned __int128)n_docs + 1) * 8;
-    if (expected > file_bytes)
-      fail(ErrorKind::Data, "shard '", s.path, "' is truncated: header says ", n_tokens, " tokens (",
-           u128_str(expected),
-           " bytes with the document table), file has ", file_bytes, " bytes");
-    if (expected < file_bytes)
-      fail(ErrorKind::Data, "shard '", s.path, "' has ", file_bytes - uint64_t(expected),
-           " unexpected bytes after its document table (header says ", n_tokens, " tokens and ", n_docs,
-           " documents, ", uint64_t(expected), " bytes in all)");
-    if (int64_t(n_tokens) != info.tokens || int64_t(n_docs) != info.documents)
-      fail(ErrorKind::Data, "shard '", s.path, "' holds ", n_tokens, " tokens and ", n_docs, " documents but '",
-           index_path, "' says ", info.tokens, " and ", info.documents);
-    s.n_tokens = int64_t(n_tokens);
-    s.n_documents = int64_t(n_docs);
-    s.checksum = get_u64(h + 40);
-    if (s.checksum != info.checksum)
-      fail(ErrorKind::Data, "shard '", s.path, "' has checksum ", hex64(s.checksum), " but '", index_path,
-           "' says ", hex64(info.checksum));
-    s.tokens = h + kShardHeaderBytes;
-    s.table = s.tokens + n_tokens * tb;
-
-    // Document starts: strictly increasing below n_tokens, then n_tokens.
-    uint64_t prev = 0;
-    for (uint64_t k = 0; k < n_docs; ++k) {
-      uint64_t off = s.doc_offset(int64_t(k));
-      if (off >= n_tokens || (k > 0 && off <= prev))
-        fail(ErrorKind::Data, "shard '", s.path, "' has a bad document table: document ", k, " starts at ", off,
-             " (previous start ", prev, ", ", n_tokens, " tokens)");
-      prev = off;
-    }
-    if (s.doc_offset(int64_t(n_docs)) != n_tokens)
-      fail(ErrorKind::Data, "shard '", s.path, "' has a bad document table: its last entry is ",
-           s.doc_offset(int64_t(n_docs)), " (expected ", n_tokens, ")");
-    // Only a later shard may begin with the tail of a previous document.
-    if (ds.shards_.empty() && n_tokens > 0 && (n_docs == 0 || s.doc_offset(0) != 0))
-      fail(ErrorKind::Data, "shard '", s.path, "' is the first shard but does not start with a document");
-
+    Shard s = map_shard(join(dir, info.file), index_path);
+    check_shard_header(s, ds.index_, tb, index_path);
+    read_shard_counts(s, info, tb, index_path);
+    check_document_table(s, /*first=*/ds.shards_.empty());
     ds.shard_starts_.push_back(ds.shard_starts_.back() + s.n_tokens);
     ds.shard_doc_starts_.push_back(ds.shard_doc_starts_.back() + s.n_documents);
     ds.shards_.push_back(std::move(s));
@@ -549,8 +470,8 @@ void TokenDataset::verify_checksums() const {
   for (const Shard& s : shards_) {
     uint64_t h = fnv1a64(s.tokens, size_t(s.n_tokens) * tb);
     if (h != s.checksum)
-      fail(ErrorKind::Data, "shard '", s.path, "' is corrupt: checksum mismatch (its tokens hash to ", hex64(h),
-           ", its header records ", hex64(s.checksum), ")");
+      fail(ErrorKind::Data, "shard '", s.path, "' is corrupt: checksum mismatch (its tokens hash to ", checksum_hex(h),
+           ", its header records ", checksum_hex(s.checksum), ")");
   }
 }
 

@@ -44,13 +44,16 @@ size_t next_safe_cut(std::string_view text, size_t target) {
   return text.size();
 }
 
-std::vector<std::vector<int32_t>> encode_parallel(const Tokenizer& tok, const std::vector<std::string_view>& texts,
-                                                  int threads, const std::function<void(size_t)>& progress,
-                                                  size_t piece_bytes) {
-  struct Piece {
-    size_t text;           // index into texts
-    std::string_view str;  // a safe-cut slice of it
-  };
+namespace {
+
+struct Piece {
+  size_t text;           // index into texts
+  std::string_view str;  // a safe-cut slice of it
+};
+
+// Every text in pieces of about piece_bytes, cut where encoding the pieces
+// gives the ids of the whole (next_safe_cut); an empty text is one empty piece.
+std::vector<Piece> cut_pieces(const std::vector<std::string_view>& texts, size_t piece_bytes) {
   std::vector<Piece> pieces;
   for (size_t t = 0; t < texts.size(); ++t) {
     std::string_view s = texts[t];
@@ -60,6 +63,13 @@ std::vector<std::vector<int32_t>> encode_parallel(const Tokenizer& tok, const st
       s.remove_prefix(cut);
     } while (!s.empty());
   }
+  return pieces;
+}
+
+// Encodes every piece on up to `threads` threads, reporting progress from
+// the calling thread; rethrows the first worker's error.
+std::vector<std::vector<int32_t>> encode_pieces(const Tokenizer& tok, const std::vector<Piece>& pieces, int threads,
+                                                const std::function<void(size_t)>& progress) {
   std::vector<std::vector<int32_t>> piece_ids(pieces.size());
   std::atomic<size_t> next{0}, bytes_done{0};
   std::exception_ptr error;
@@ -96,7 +106,17 @@ std::vector<std::vector<int32_t>> encode_parallel(const Tokenizer& tok, const st
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);
   if (progress) progress(bytes_done.load());
+  return piece_ids;
+}
 
+}  // namespace
+
+std::vector<std::vector<int32_t>> encode_parallel(const Tokenizer& tok, const std::vector<std::string_view>& texts,
+                                                  int threads, const std::function<void(size_t)>& progress,
+                                                  size_t piece_bytes) {
+  const std::vector<Piece> pieces = cut_pieces(texts, piece_bytes);
+  std::vector<std::vector<int32_t>> piece_ids = encode_pieces(tok, pieces, threads, progress);
+  // Each text's ids are its pieces' ids, concatenated in order.
   std::vector<std::vector<int32_t>> ids(texts.size());
   for (size_t k = 0; k < pieces.size(); ++k) {
     std::vector<int32_t>& out = ids[pieces[k].text];
