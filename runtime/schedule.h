@@ -55,8 +55,6 @@ struct PipeInstr {
 // others need v == 1).
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v);
 
-// The model chunk (0 .. p*v-1) of local chunk `chunk` on `rank`.
-
 // Most microbatches whose activations a local chunk holds at once under this list.
 int max_in_flight(const std::vector<PipeInstr>& list, int v);
 
