@@ -12,6 +12,7 @@
 #include "kernels/embedding.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "models/gpt2/gpt2_files.h"
 
 namespace xirang {
 
@@ -109,6 +110,7 @@ ModelArch gpt2_arch() {
   a.parameters = [](const ModelDims& d, const ChunkPlacement& at, int tp, int tp_rank) {
     return gpt2_parameters(d, at, tp, tp_rank);
   };
+  a.files = &gpt2_file_adapter();
   return a;
 }
 
