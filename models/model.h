@@ -44,6 +44,7 @@
 #include "comm/communicator.h"
 #include "core/arena.h"
 #include "kernels/context.h"
+#include "models/file_adapter.h"
 #include "models/parameter.h"
 #include "models/placement.h"
 
@@ -194,6 +195,9 @@ struct ModelArch {
   // in make_chunk's order, without storage (value and grad are null views
   // of the local shapes, F32).
   std::function<std::vector<Parameter>(const ModelDims&, const ChunkPlacement&, int tp, int tp_rank)> parameters;
+  // Its names, layouts and config for Hugging Face and llm.c model files
+  // (models/file_adapter.h); null when it has none (no export or import).
+  const ModelFileAdapter* files = nullptr;
 };
 
 // The architecture named `name`; a Config error listing the known ones otherwise.

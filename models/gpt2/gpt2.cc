@@ -4,6 +4,7 @@
 
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
+#include "models/gpt2/gpt2_files.h"
 
 namespace xirang {
 
@@ -90,6 +91,7 @@ ModelArch gpt2_arch() {
   a.parameters = [](const ModelDims& d, const ChunkPlacement& at, int tp, int tp_rank) {
     return gpt2_parameters(d, at, tp, tp_rank);
   };
+  a.files = &gpt2_file_adapter();
   return a;
 }
 

@@ -330,11 +330,12 @@ ConvertResult export_hf_safetensors(const std::string& src, const std::string& d
   check_destination(src, config_json.string(), o.overwrite, /*root=*/false);
   const CheckpointReader r = CheckpointReader::open(step_dir);
   const ModelDims dims = model_dims(checkpoint_config(r).model);
+  const ModelFileAdapter& files = file_adapter(model_arch(dims.arch));
   const std::vector<Parameter> params = rank_parameters(dims, CheckpointLayout{}, 0);
   check_checkpoint_model(r, params);
   fs::create_directories(out.parent_path());
   ConvertResult res;
-  res.tensors = write_hf_safetensors(out.string(), config_json.string(), dims, params, dtype, r.step(),
+  res.tensors = write_hf_safetensors(out.string(), config_json.string(), dims, files, params, dtype, r.step(),
                                      [&](const Parameter& p, std::vector<float>& values) {
                                        // A 16-bit run's fp32 master weights are the exact values.
                                        const char* group = r.has("master", p.name) ? "master" : "params";
@@ -353,6 +354,7 @@ ConvertResult import_model_file(const std::string& src, const Config& config, co
   if (format == ModelFormat::Checkpoint)
     fail(ErrorKind::Usage, "'", src, "' is a xirang checkpoint, not a model file to import (reshard it instead)");
   const ModelDims dims = model_dims(config.model);
+  const ModelFileAdapter& files = file_adapter(model_arch(dims.arch));
   const CheckpointLayout layout = o.layout.value_or(CheckpointLayout{});
   check_checkpoint_layout(dims, layout);
   const DType dtype = o.dtype.value_or(DType::F32);
@@ -361,8 +363,8 @@ ConvertResult import_model_file(const std::string& src, const Config& config, co
 
   // The whole model in host memory, in our layout, as f32 (exact for f32, bf16 and f16 files).
   HostModel m{rank_parameters(dims, CheckpointLayout{}, 0), {}};
-  if (format == ModelFormat::Safetensors) read_hf_safetensors(src, config.model, m);
-  else read_llmc_model(src, config.model, m);
+  if (format == ModelFormat::Safetensors) read_hf_safetensors(src, config.model, files, m);
+  else read_llmc_model(src, config.model, files, m);
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < m.params.size(); ++i) index[m.params[i].name] = i;
 

@@ -7,11 +7,13 @@
 //     whole or split over the dp ranks under ZeRO-1), read through
 //     CheckpointReader so only the slices each rank needs are read;
 //   - changing the stored parameter dtype, dropping the optimizer state;
-//   - exporting the parameters as a Hugging Face GPT-2 safetensors file
-//     (GPT2LMHeadModel names, Conv1D (in, out) matrices, the vocabulary
-//     unpadded) with its config.json;
+//   - exporting the parameters as a Hugging Face safetensors file with its
+//     config.json;
 //   - importing such a file, or an llm.c model file, checked against a
 //     config, as a parameters-only checkpoint at step 0.
+// Names, stored shapes and layouts in those files are the architecture's
+// (ModelArch::files, models/file_adapter.h); an architecture without an
+// adapter can be resharded but not exported or imported.
 // Destinations appear complete or not at all (a staged directory or a
 // temporary file, renamed into place); an existing destination is replaced
 // only on request, and never when it is, holds or lies inside the source.
@@ -21,7 +23,7 @@
 //   o.layout = CheckpointLayout{.dp = 2, .tp = 2, .pp = 2, .zero = 1};
 //   reshard_checkpoint("runs/ck", "runs/ck_8ranks", o);              // newest step of runs/ck
 //   export_hf_safetensors("runs/ck/step_00000100", "hf/model.safetensors", {});  // + hf/config.json
-//   import_model_file("gpt2_124M.bin", load_config("configs/gpt2_124m.yaml"), "runs/imported", {});
+//   import_model_file("llmc/model.bin", load_config("run.yaml"), "runs/imported", {});
 #pragma once
 
 #include <cstdint>
@@ -38,7 +40,7 @@ namespace xirang {
 enum class ModelFormat {
   Checkpoint,   // a Xirang checkpoint: a step directory or a root
   Safetensors,  // Hugging Face safetensors
-  LlmC,         // llm.c's model file (gpt2_124M.bin)
+  LlmC,         // llm.c's model file (256 int32 of header, then raw values)
 };
 const char* model_format_name(ModelFormat f);
 
@@ -62,8 +64,8 @@ void check_checkpoint_layout(const ModelDims& dims, const CheckpointLayout& layo
 // The parameters world rank `rank` of `layout` holds, in its trainer's order
 // (local chunks in order): names, ShardSpecs and local shapes from the
 // architecture's parameter list (ModelArch::parameters) with the trainer's
-// own chunk split; value and grad have no storage. The last stage's copy of
-// the tied token table is included, marked tied_copy.
+// own chunk split; value and grad have no storage. A later chunk's copy of
+// a tied parameter is included, marked tied_copy.
 std::vector<Parameter> rank_parameters(const ModelDims& dims, const CheckpointLayout& layout, int rank);
 
 struct ConvertOptions {
@@ -86,13 +88,15 @@ struct ConvertResult {
 // and scalars) in options.layout.
 ConvertResult reshard_checkpoint(const std::string& src, const std::string& dst, const ConvertOptions& options);
 
-// Writes the parameters of checkpoint `src` as Hugging Face GPT-2 safetensors
+// Writes the parameters of checkpoint `src` as Hugging Face safetensors
 // `dst` (dtype f32, bf16 or f16), and config.json in the same directory.
+// A Config error when the checkpoint's model.arch has no file adapter.
 ConvertResult export_hf_safetensors(const std::string& src, const std::string& dst, const ConvertOptions& options);
 
 // Reads a safetensors or llm.c model file (detect_model_format), checks every
 // tensor against `config`'s model and writes it as a parameters-only
 // checkpoint root `dst` at step 0, with config.yaml as its configuration.
+// A Config error when config's model.arch has no file adapter.
 ConvertResult import_model_file(const std::string& src, const Config& config, const std::string& dst,
                                 const ConvertOptions& options);
 

@@ -7,12 +7,11 @@
 
 #include <algorithm>
 #include <bit>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 
-#include "kernels/layernorm.h"  // kLayerNormEps, for config.json
 #include "runtime/config/model_layout.h"
 
 namespace xirang {
@@ -106,28 +105,9 @@ class AtomicFile {
   int fd_ = -1;
 };
 
-constexpr char kHfPrefix[] = "transformer.";
 constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // safetensors' own limit
-constexpr uint64_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
-
-// Conv1D keeps the block matrices as (in, out): ours transposed.
-bool hf_transposed(const Parameter& p) { return p.layer >= 0 && p.shard.global.rank() == 2; }
-
-// The shape Hugging Face stores parameter p in.
-Shape hf_shape(const Parameter& p, const ModelDims& s) {
-  const Shape& g = p.shard.global;
-  if (p.name == "wte.weight") return {s.vocab_size, g[1]};
-  if (hf_transposed(p)) return {g[1], g[0]};
-  return g;
-}
-
-// (rows, cols) row-major -> (cols, rows).
-std::vector<float> transposed(const std::vector<float>& a, int64_t rows, int64_t cols) {
-  std::vector<float> t(a.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = a[size_t(r * cols + c)];
-  return t;
-}
+constexpr uint64_t kLlmcHeaderBytes = sizeof(LlmcHeader);
+static_assert(kLlmcHeaderBytes == 1024, "llm.c headers are 256 int32");
 
 const char* st_dtype_name(DType t) {
   switch (t) {
@@ -161,25 +141,9 @@ std::string config_hint(const ModelConfig& m) {
                  ", seq_len=", m.seq_len, ", vocab_size=", m.vocab_size);
 }
 
-size_t find_param(const HostModel& m, const std::string& name) {
-  for (size_t i = 0; i < m.params.size(); ++i)
-    if (m.params[i].name == name) return i;
-  return m.params.size();
-}
-
 void init_values(HostModel& m) {
   m.values.assign(m.params.size(), {});
   for (size_t i = 0; i < m.params.size(); ++i) m.values[i].assign(size_t(m.params[i].shard.global.numel()), 0.0f);
-}
-
-// Hugging Face's causal-mask buffers: h.<l>.attn.bias and h.<l>.attn.masked_bias.
-bool is_attention_buffer(const std::string& name) {
-  if (name.rfind("h.", 0) != 0) return false;
-  size_t i = 2;
-  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
-  if (i == 2 || i >= name.size() || name[i] != '.') return false;
-  const std::string rest = name.substr(i + 1);
-  return rest == "attn.bias" || rest == "attn.masked_bias";
 }
 
 struct StTensor {
@@ -251,6 +215,118 @@ std::vector<float> load(const InFile& f, uint64_t data_start, const StTensor& t)
   return v;
 }
 
+// The tensors of a safetensors file matched to the parameters of a HostModel.
+struct HfMatch {
+  struct Copy {
+    const StTensor* tensor;
+    size_t param;
+    std::string what;  // the parameter, in messages
+  };
+  std::vector<ForeignTensor> foreign;   // per parameter: how the adapter stores it
+  std::vector<const StTensor*> source;  // per parameter: the tensor that holds it
+  std::vector<Copy> copies;             // tied copies, checked against their parameter once it is read
+};
+
+size_t param_index(const std::vector<Parameter>& params, const std::string& name) {
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].name == name) return i;
+  fail(ErrorKind::Internal, "the file adapter names parameter '", name, "', which the model lacks");
+}
+
+// A stored tensor whose name is no parameter's: a tied copy (its shape
+// checked as its parameter's), an ignored buffer, or an error.
+void match_extra(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files, const HostModel& m,
+                 const StTensor& t, HfMatch& match) {
+  const ExtraTensor x = files.hf_extra(t.name);
+  if (x.kind == ExtraTensor::Kind::Ignored) return;
+  if (x.kind == ExtraTensor::Kind::Unknown)
+    fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' is no parameter of the ", files.model_name(),
+         " the config describes (", config_hint(mc), ")");
+  const size_t i = param_index(m.params, x.param);
+  const ForeignTensor& want = match.foreign[i];
+  if (!foreign_accepts(want, m.params[i].shard.global, t.shape))
+    fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' has shape ", t.shape.str(), ", expected ",
+         want.shape.str(), " (", x.what, "'s)");
+  match.copies.push_back({&t, i, x.what});
+}
+
+// Every parameter's tensor, by the adapter's names, with its shape checked
+// against the config before any data is read.
+HfMatch match_hf_tensors(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files,
+                         const HostModel& m, const std::vector<StTensor>& tensors) {
+  const ModelDims dims = model_dims(mc);
+  HfMatch match;
+  std::map<std::string, size_t, std::less<>> by_name;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    match.foreign.push_back(files.hf_tensor(m.params[i], dims));
+    for (const std::string& n : match.foreign.back().names)
+      XR_CHECK(by_name.emplace(n, i).second, "the file adapter gives two parameters the name '", n, "'");
+  }
+  match.source.assign(m.params.size(), nullptr);
+  for (const StTensor& t : tensors) {
+    const auto it = by_name.find(t.name);
+    if (it == by_name.end()) {
+      match_extra(path, mc, files, m, t, match);
+      continue;
+    }
+    const size_t i = it->second;
+    const ForeignTensor& want = match.foreign[i];
+    if (match.source[i])
+      fail(ErrorKind::Data, "'", path, "' holds '", m.params[i].name, "' twice: '", match.source[i]->name, "' and '",
+           t.name, "'");
+    if (!foreign_accepts(want, m.params[i].shard.global, t.shape))
+      fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' has shape ", t.shape.str(), ", expected ",
+           want.shape.str(), " (", config_hint(mc), ")");
+    match.source[i] = &t;
+  }
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    if (match.source[i]) continue;
+    const std::vector<std::string>& names = match.foreign[i].names;
+    std::string others;
+    for (size_t k = 1; k < names.size(); ++k) others += str_cat(k == 1 ? " (nor '" : ", '", names[k], "'");
+    if (!others.empty()) others += ")";
+    fail(ErrorKind::Data, "'", path, "' has no tensor '", names.at(0), "'", others,
+         ", which the config's model needs (", config_hint(mc), ")");
+  }
+  return match;
+}
+
+// Reads an llm.c header after checking its magic number, its length and
+// its version; returns the dtype of the values that follow.
+DType read_llmc_header(const InFile& f, LlmcHeader& h) {
+  const std::string& path = f.path();
+  // The magic first: a file of another kind is named as such, not as a short llm.c file.
+  f.read(0, h.data(), std::min<uint64_t>(f.size(), sizeof(int32_t)), "the magic number");
+  if (h[0] != kLlmcMagic)
+    fail(ErrorKind::Data, "'", path, "' is not an llm.c model file: magic number ", h[0], ", expected ", kLlmcMagic);
+  if (f.size() < kLlmcHeaderBytes)
+    fail(ErrorKind::Data, "'", path, "' is truncated: ", f.size(), " bytes, less than the 1024-byte llm.c header");
+  f.read(0, h.data(), kLlmcHeaderBytes, "the header");
+  if (h[1] != 3 && h[1] != 5)
+    fail(ErrorKind::Data, "'", path, "': llm.c model file version ", h[1], " is not supported (3: fp32, 5: bf16)");
+  return h[1] == 3 ? DType::F32 : DType::BF16;
+}
+
+// The JSON header of a safetensors file holding `tensors` in `dtype`, padded
+// with spaces so that the data section starts 8-byte aligned.
+std::string st_header_text(const std::vector<ForeignTensor>& tensors, DType dtype, int64_t step) {
+  nlohmann::json header;
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "xirang ckpt convert"}, {"step", std::to_string(step)}};
+  uint64_t offset = 0;
+  for (const ForeignTensor& t : tensors) {
+    std::vector<int64_t> dims;
+    for (int d = 0; d < t.shape.rank(); ++d) dims.push_back(t.shape[d]);
+    const uint64_t bytes = uint64_t(t.shape.numel()) * dtype_size(dtype);
+    header[t.names.at(0)] = {{"dtype", st_dtype_name(dtype)},
+                             {"shape", dims},
+                             {"data_offsets", std::vector<uint64_t>{offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
 }  // namespace
 
 void sync_directory(const std::string& dir) {
@@ -275,106 +351,44 @@ std::optional<ModelFormat> sniff_model_file(const std::string& path) {
   return std::nullopt;
 }
 
-void read_hf_safetensors(const std::string& path, const ModelConfig& mc, HostModel& m) {
-  const ModelDims s = model_dims(mc);
+void read_hf_safetensors(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files,
+                         HostModel& m) {
   init_values(m);
   InFile f(path);
   uint64_t data_start = 0;
   const std::vector<StTensor> tensors = read_st_header(f, data_start);
-  // Match every stored tensor to a parameter and check its shape before reading any data.
-  std::vector<const StTensor*> source(m.params.size(), nullptr);
-  const StTensor* lm_head = nullptr;
-  for (const StTensor& t : tensors) {
-    const bool prefixed = t.name.rfind(kHfPrefix, 0) == 0;
-    const std::string name = prefixed ? t.name.substr(sizeof kHfPrefix - 1) : t.name;
-    if (name == "lm_head.weight") {
-      lm_head = &t;
-      continue;
-    }
-    if (is_attention_buffer(name)) continue;
-    const size_t i = find_param(m, name);
-    if (i == m.params.size())
-      fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' is no parameter of the GPT-2 the config describes (",
-           config_hint(mc), ")");
-    if (source[i])
-      fail(ErrorKind::Data, "'", path, "' holds '", name, "' twice: '", source[i]->name, "' and '", t.name, "'");
-    const Shape want = hf_shape(m.params[i], s);
-    const bool padded_wte = name == "wte.weight" && t.shape == Shape{s.padded_vocab(), s.d_model};
-    if (t.shape != want && !padded_wte)
-      fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' has shape ", t.shape.str(), ", expected ", want.str(),
-           " (", config_hint(mc), ")");
-    source[i] = &t;
-  }
-  for (size_t i = 0; i < m.params.size(); ++i)
-    if (!source[i])
-      fail(ErrorKind::Data, "'", path, "' has no tensor '", kHfPrefix, m.params[i].name, "' (nor '", m.params[i].name,
-           "'), which the config's model needs (", config_hint(mc), ")");
-
-  const size_t wte = find_param(m, "wte.weight");
-  const size_t real = size_t(s.vocab_size) * size_t(s.d_model);  // the unpadded rows' elements
+  const HfMatch match = match_hf_tensors(path, mc, files, m, tensors);
   for (size_t i = 0; i < m.params.size(); ++i) {
-    const StTensor& t = *source[i];
-    std::vector<float> v = load(f, data_start, t);
-    if (i == wte) std::copy(v.begin(), v.begin() + real, m.values[i].begin());  // padding rows stay zero
-    else if (hf_transposed(m.params[i])) m.values[i] = transposed(v, t.shape[0], t.shape[1]);
-    else m.values[i] = std::move(v);
+    const StTensor& t = *match.source[i];
+    from_foreign(match.foreign[i], t.shape, load(f, data_start, t), m.params[i].shard.global, m.values[i]);
   }
-  if (lm_head) {
-    // Tied, as GPT-2 is: the head is the token table, kept once.
-    if (lm_head->shape != Shape{s.vocab_size, s.d_model} && lm_head->shape != Shape{s.padded_vocab(), s.d_model})
-      fail(ErrorKind::Data, "'", path, "': tensor '", lm_head->name, "' has shape ", lm_head->shape.str(),
-           ", expected ", Shape{s.vocab_size, s.d_model}.str(), " (the token table's)");
-    const std::vector<float> head = load(f, data_start, *lm_head);
-    if (std::memcmp(head.data(), m.values[wte].data(), real * sizeof(float)) != 0)
-      fail(ErrorKind::Data, "'", path, "': '", lm_head->name,
-           "' differs from the token table; only a head tied to wte is supported");
+  for (const HfMatch::Copy& c : match.copies) {
+    std::vector<float> copy(m.values[c.param].size(), 0.0f);
+    from_foreign(match.foreign[c.param], c.tensor->shape, load(f, data_start, *c.tensor),
+                 m.params[c.param].shard.global, copy);
+    if (std::memcmp(copy.data(), m.values[c.param].data(), copy.size() * sizeof(float)) != 0)
+      fail(ErrorKind::Data, "'", path, "': '", c.tensor->name, "' differs from ", c.what, "; ", files.model_name(),
+           " supports only a copy tied to it");
   }
 }
 
-void read_llmc_model(const std::string& path, const ModelConfig& mc, HostModel& m) {
+void read_llmc_model(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files, HostModel& m) {
+  const ModelDims dims = model_dims(mc);
   init_values(m);
   InFile f(path);
-  int32_t h[256] = {};
-  // The magic first: a file of another kind is named as such, not as a short llm.c file.
-  f.read(0, h, std::min<uint64_t>(f.size(), sizeof(int32_t)), "the magic number");
-  if (h[0] != kLlmcMagic)
-    fail(ErrorKind::Data, "'", path, "' is not an llm.c model file: magic number ", h[0], ", expected ", kLlmcMagic);
-  if (f.size() < kLlmcHeaderBytes)
-    fail(ErrorKind::Data, "'", path, "' is truncated: ", f.size(), " bytes, less than the 1024-byte llm.c header");
-  f.read(0, h, kLlmcHeaderBytes, "the header");
-  if (h[1] != 3 && h[1] != 5)
-    fail(ErrorKind::Data, "'", path, "': llm.c model file version ", h[1], " is not supported (3: fp32, 5: bf16)");
-  const DType stored = h[1] == 3 ? DType::F32 : DType::BF16;
-  struct Field {
-    int at;
-    const char *header, *key;
-    int config;
-  };
-  for (const Field& x : {Field{2, "max_seq_len", "model.seq_len", mc.seq_len},
-                         Field{3, "vocab_size", "model.vocab_size", mc.vocab_size},
-                         Field{4, "n_layer", "model.n_layer", mc.n_layer}, Field{5, "n_head", "model.n_head", mc.n_head},
-                         Field{6, "channels", "model.d_model", mc.d_model}})
-    if (h[x.at] != x.config)
-      fail(ErrorKind::Data, "'", path, "': the llm.c header has ", x.header, " ", h[x.at], " but the config has ", x.key,
-           "=", x.config);
-  const int64_t V = mc.vocab_size, Vp = h[7], C = mc.d_model, L = mc.n_layer;
-  if (Vp < V) fail(ErrorKind::Data, "'", path, "': the llm.c header has padded_vocab_size ", Vp, " < vocab_size ", V);
-
-  // File order: wte (Vp, C), wpe, then each block tensor for all layers at once, then ln_f.
-  static constexpr const char* kBlockTensors[] = {
-      "ln_1.weight",      "ln_1.bias",      "attn.c_attn.weight", "attn.c_attn.bias",
-      "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",      "ln_2.bias",
-      "mlp.c_fc.weight",  "mlp.c_fc.bias",  "mlp.c_proj.weight", "mlp.c_proj.bias"};
-  std::vector<size_t> order{find_param(m, "wpe.weight")};
-  for (const char* t : kBlockTensors)
-    for (int64_t l = 0; l < L; ++l) order.push_back(find_param(m, str_cat("h.", l, ".", t)));
-  order.push_back(find_param(m, "ln_f.weight"));
-  order.push_back(find_param(m, "ln_f.bias"));
-  uint64_t count = uint64_t(Vp * C);
-  for (size_t i : order) {
-    XR_CHECK(i < m.params.size(), "llm.c tensor order names a parameter the model lacks");
-    count += uint64_t(m.params[i].shard.global.numel());
+  LlmcHeader h{};
+  const DType stored = read_llmc_header(f, h);
+  const std::string problem = files.llmc_header_problem(h, dims);
+  if (!problem.empty()) fail(ErrorKind::Data, "'", path, "': ", problem);
+  const std::vector<LlmcTensor> tensors = files.llmc_tensors(h, m.params, dims);
+  std::vector<int> filled(m.params.size(), 0);
+  uint64_t count = 0;
+  for (const LlmcTensor& t : tensors) {
+    XR_CHECK(t.param < m.params.size() && ++filled[t.param] == 1, "llm.c tensor order: parameter ", t.param);
+    count += uint64_t(t.stored.shape.numel());
   }
+  XR_CHECK(std::count(filled.begin(), filled.end(), 1) == ptrdiff_t(m.params.size()),
+           "llm.c tensor order leaves parameters out");
   const uint64_t es = dtype_size(stored), want = kLlmcHeaderBytes + count * es;
   if (f.size() < want)
     fail(ErrorKind::Data, "'", path, "' is truncated: ", f.size(), " bytes, but the ", count,
@@ -384,70 +398,41 @@ void read_llmc_model(const std::string& path, const ModelConfig& mc, HostModel& 
 
   uint64_t at = kLlmcHeaderBytes;
   std::vector<unsigned char> raw;
-  auto next = [&](int64_t n, std::vector<float>& out, const std::string& what) {
+  for (const LlmcTensor& t : tensors) {
+    const Parameter& p = m.params[t.param];
+    const int64_t n = t.stored.shape.numel();
     raw.resize(size_t(n) * es);
-    f.read(at, raw.data(), raw.size(), what);
+    f.read(at, raw.data(), raw.size(), p.name);
     at += raw.size();
-    out.resize(size_t(n));
-    convert_elements(raw.data(), stored, out.data(), DType::F32, n);
-  };
-  std::vector<float> wte;
-  next(Vp * C, wte, "wte");
-  const size_t wi = find_param(m, "wte.weight");
-  std::copy(wte.begin(), wte.begin() + V * C, m.values[wi].begin());  // our padding rows stay zero
-  for (size_t i : order) next(m.params[i].shard.global.numel(), m.values[i], m.params[i].name);
+    std::vector<float> v(static_cast<size_t>(n));
+    convert_elements(raw.data(), stored, v.data(), DType::F32, n);
+    from_foreign(t.stored, t.stored.shape, std::move(v), p.shard.global, m.values[t.param]);
+  }
 }
 
-int64_t write_hf_safetensors(const std::string& path, const std::string& config_json, const ModelDims& shape,
-                             const std::vector<Parameter>& params, DType dtype, int64_t step,
-                             const std::function<void(const Parameter&, std::vector<float>&)>& read_global) {
+int64_t write_hf_safetensors(const std::string& path, const std::string& config_json, const ModelDims& dims,
+                             const ModelFileAdapter& files, const std::vector<Parameter>& params, DType dtype,
+                             int64_t step, const std::function<void(const Parameter&, std::vector<float>&)>& read_global) {
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
     fail(ErrorKind::Usage, "safetensors export in ", dtype_name(dtype), ": expected f32, bf16 or f16");
-  nlohmann::json header;
-  header["__metadata__"] = {{"format", "pt"}, {"producer", "xirang ckpt convert"}, {"step", std::to_string(step)}};
-  uint64_t offset = 0;
-  for (const Parameter& p : params) {
-    const Shape hs = hf_shape(p, shape);
-    std::vector<int64_t> dims;
-    for (int d = 0; d < hs.rank(); ++d) dims.push_back(hs[d]);
-    const uint64_t bytes = uint64_t(hs.numel()) * dtype_size(dtype);
-    header[kHfPrefix + p.name] = {{"dtype", st_dtype_name(dtype)},
-                                  {"shape", dims},
-                                  {"data_offsets", std::vector<uint64_t>{offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+  std::vector<ForeignTensor> foreign;
+  for (const Parameter& p : params) foreign.push_back(files.hf_tensor(p, dims));
+  const std::string text = st_header_text(foreign, dtype, step);
   AtomicFile out(path);
   const uint64_t n = text.size();
   out.write(&n, 8);
   out.write(text.data(), text.size());
   std::vector<float> values;
   std::vector<unsigned char> bytes;
-  for (const Parameter& p : params) {
-    read_global(p, values);
-    const Shape& g = p.shard.global;
-    if (p.name == "wte.weight") values.resize(size_t(shape.vocab_size) * size_t(g[1]));  // the real rows come first
-    else if (hf_transposed(p)) values = transposed(values, g[0], g[1]);
+  for (size_t i = 0; i < params.size(); ++i) {
+    read_global(params[i], values);
+    values = to_foreign(foreign[i], params[i].shard.global, std::move(values));
     bytes.resize(values.size() * dtype_size(dtype));
     convert_elements(values.data(), DType::F32, bytes.data(), dtype, int64_t(values.size()));
     out.write(bytes.data(), bytes.size());
   }
-  const char* torch_dtype = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
-  const nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
-                                 {"model_type", "gpt2"},
-                                 {"n_embd", shape.d_model},
-                                 {"n_layer", shape.n_layer},
-                                 {"n_head", shape.n_head},
-                                 {"n_positions", shape.max_seq_len},
-                                 {"n_ctx", shape.max_seq_len},
-                                 {"vocab_size", shape.vocab_size},
-                                 {"activation_function", "gelu_new"},
-                                 {"layer_norm_epsilon", kLayerNormEps},
-                                 {"tie_word_embeddings", true},
-                                 {"torch_dtype", torch_dtype}};
   AtomicFile cfg(config_json);
-  const std::string config_text = config.dump(2) + "\n";
+  const std::string config_text = files.hf_config_json(dims, dtype);
   cfg.write(config_text.data(), config_text.size());
   out.commit();
   cfg.commit();

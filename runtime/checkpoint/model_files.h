@@ -3,18 +3,20 @@
 //
 // Hugging Face safetensors: an 8-byte little-endian header length, a JSON
 // header {name: {dtype, shape, data_offsets}} (plus "__metadata__"), then the
-// raw little-endian data. GPT2LMHeadModel's names are ours with a
-// "transformer." prefix; its Conv1D matrices (c_attn, attn.c_proj, c_fc,
-// mlp.c_proj weights) are (in, out), ours (out, in); its token table has
-// vocab_size rows, ours the padded vocabulary.
+// raw little-endian data.
 //
 // llm.c model files: 256 int32 of header (magic 20240326, version 3 = fp32
-// or 5 = bf16, max_seq_len, vocab_size, n_layer, n_head, channels,
-// padded_vocab_size), then every parameter in a fixed order, matrices
-// (out, in) as ours.
+// or 5 = bf16, then fields of the model), then every parameter's raw values
+// in the model's order.
+//
+// These functions own the containers only. Which tensor is which parameter,
+// in which shape and layout, what the llm.c header fields mean and what
+// config.json says come from the architecture's adapter (ModelArch::files,
+// models/file_adapter.h).
 //
 //   HostModel m{rank_parameters(dims, CheckpointLayout{}, 0), {}};   // one-rank order
-//   read_hf_safetensors("model.safetensors", cfg.model, m);           // m.values: our global layout, f32
+//   const ModelFileAdapter& files = file_adapter(model_arch(dims.arch));
+//   read_hf_safetensors("model.safetensors", cfg.model, files, m);    // m.values: our global layout, f32
 #pragma once
 
 #include <cstdint>
@@ -41,22 +43,24 @@ struct HostModel {
 // Safetensors or llm.c, when the first bytes say so; nullopt otherwise.
 std::optional<ModelFormat> sniff_model_file(const std::string& path);
 
-// Fills m.values from a Hugging Face GPT-2 safetensors file, checking every
-// tensor's shape against `model` (Data errors name the tensor, its shape and
-// the one expected). Names with and without "transformer." are accepted,
-// attention mask buffers are ignored, and lm_head.weight must equal the
-// token table. The vocabulary is padded with zero rows.
-void read_hf_safetensors(const std::string& path, const ModelConfig& model, HostModel& m);
+// Fills m.values from a Hugging Face safetensors file, checking every
+// tensor's shape against `model` before reading any data (Data errors name
+// the tensor, its shape and the one expected). Every parameter must be
+// stored once under one of its adapter names; a tensor the adapter calls a
+// tied copy must equal its parameter, one it ignores is skipped, any other
+// is an error. Padding rows the file lacks are zero.
+void read_hf_safetensors(const std::string& path, const ModelConfig& model, const ModelFileAdapter& files,
+                         HostModel& m);
 // Fills m.values from an llm.c model file whose header must match `model`.
-void read_llmc_model(const std::string& path, const ModelConfig& model, HostModel& m);
+void read_llmc_model(const std::string& path, const ModelConfig& model, const ModelFileAdapter& files, HostModel& m);
 
 // Writes `params` (the one-rank list; read_global fills a parameter's global
 // f32 values) as Hugging Face safetensors in `dtype` (f32, bf16, f16) at
-// `path`, and the matching config.json at `config_json`; both appear
-// atomically. Returns the number of tensors written.
-int64_t write_hf_safetensors(const std::string& path, const std::string& config_json, const ModelDims& shape,
-                             const std::vector<Parameter>& params, DType dtype, int64_t step,
-                             const std::function<void(const Parameter&, std::vector<float>&)>& read_global);
+// `path`, named and laid out by `files`, and its config.json at
+// `config_json`; both appear atomically. Returns the number of tensors written.
+int64_t write_hf_safetensors(const std::string& path, const std::string& config_json, const ModelDims& dims,
+                             const ModelFileAdapter& files, const std::vector<Parameter>& params, DType dtype,
+                             int64_t step, const std::function<void(const Parameter&, std::vector<float>&)>& read_global);
 
 // fsyncs a directory (after a rename inside it); errors are ignored.
 void sync_directory(const std::string& dir);
