@@ -47,14 +47,17 @@ TokenDataset open_split(const std::string& dir, const char* key, const Config& c
 // The model's dtype: F64 when the caller asks for exactness runs, else precision.dtype.
 DType model_dtype_of(const Config& c, DType requested) {
   if (requested == DType::F64) return DType::F64;
-  if (c.precision.dtype == "bf16") return DType::BF16;
-  if (c.precision.dtype == "fp16") return DType::F16;
+  switch (c.precision.dtype) {
+    case Precision::BF16: return DType::BF16;
+    case Precision::FP16: return DType::F16;
+    case Precision::FP32: break;
+  }
   return DType::F32;
 }
 
 // device.backend=cuda is refused with the reason when it cannot run here.
 void check_backend(const Config& c) {
-  if (c.device.backend != "cuda") return;
+  if (c.device.backend != Backend::CUDA) return;
 #ifndef XIRANG_HAVE_CUDA
   fail(ErrorKind::Config, "device.backend=cuda: this build has no CUDA backend (configure with -DXIRANG_CUDA=ON "
                           "on a machine with the CUDA toolkit)");
@@ -155,7 +158,7 @@ void Trainer::init_device() {
   }
   dev_ = std::make_unique<DeviceState>();
 #ifdef XIRANG_HAVE_CUDA
-  if (cfg_.device.backend == "cuda") {
+  if (cfg_.device.backend == Backend::CUDA) {
     if (model_dtype_ == DType::F64) fail(ErrorKind::Config, "device.backend=cuda does not run f64 models");
     device_ = Device::CUDA;
     const bool alone = grid_->shape().world() == 1;
@@ -417,7 +420,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
       e.data = copy;
     }
   }
-  const bool kill = cfg_.faults.kind == "kill_in_save" && cfg_.faults.step == steps_done &&
+  const bool kill = cfg_.faults.kind == FaultKind::KillInSave && cfg_.faults.step == steps_done &&
                     cfg_.faults.rank == grid_->world_rank();
   // The dynamic loss scale's state (nothing when there is none to continue).
   const double scale = loss_scale_.dynamic() ? loss_scale_.scale() : 0.0;
@@ -502,16 +505,15 @@ Trainer::~Trainer() {
 }
 
 void Trainer::resume() {
-  const std::string& how = cfg_.checkpoint.resume;
   std::string path;
-  if (how == "none") return;
-  if (how == "auto") {
+  if (cfg_.checkpoint.resume == ResumeMode::None) return;
+  if (cfg_.checkpoint.resume == ResumeMode::Auto) {
     if (cfg_.checkpoint.dir.empty()) return;
     auto latest = CheckpointDir(cfg_.checkpoint.dir).latest();
     if (!latest) return;  // a fresh run
     path = *latest;
   } else {
-    path = how;
+    path = cfg_.checkpoint.resume_path;
   }
   CheckpointReader r = CheckpointReader::open(path);
   // A checkpoint of another model is refused before anything is overwritten.
@@ -579,13 +581,14 @@ void Trainer::read_checkpoint(const CheckpointReader& r, std::string_view group,
 
 void Trainer::inject_fault(int step) {
   const FaultConfig& f = cfg_.faults;
-  if (f.kind == "none" || f.kind == "kill_in_save" || f.step != step || f.rank != grid_->world_rank()) return;
-  std::fprintf(stderr, "rank %d: injecting fault '%s' at step %d\n", f.rank, f.kind.c_str(), step);
+  if (f.kind == FaultKind::None || f.kind == FaultKind::KillInSave || f.step != step || f.rank != grid_->world_rank())
+    return;
+  std::fprintf(stderr, "rank %d: injecting fault '%s' at step %d\n", f.rank, config_name(f.kind), step);
   std::fflush(stderr);
-  if (f.kind == "kill") std::raise(SIGKILL);
-  if (f.kind == "hang")
+  if (f.kind == FaultKind::Kill) std::raise(SIGKILL);
+  if (f.kind == FaultKind::Hang)
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // a peer that stops answering
-  if (f.kind == "fail_transfer") {
+  if (f.kind == FaultKind::FailTransfer) {
     if (device_ != Device::CPU)
       fail(ErrorKind::Config, "faults.kind=fail_transfer fails the simulated MPI link of the dp channel; "
                               "device.backend=cuda moves gradients over NCCL");

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <span>
 #include <sstream>
 #include <variant>
 
@@ -27,7 +28,45 @@
 namespace xirang {
 namespace {
 
-using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*>;
+// checkpoint.resume: a mode and, for a path, the path itself.
+struct ResumeRef {
+  ResumeMode* mode;
+  std::string* path;
+};
+
+using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*, ResumeRef>;
+
+// Each named value's spellings, in enum order.
+constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
+constexpr const char* kBackendNames[] = {"cpu", "cuda"};
+constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save"};
+
+std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
+std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
+std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
+
+template <class T>
+constexpr bool is_named_v = std::is_enum_v<T>;
+
+std::string join_names(std::span<const char* const> names) {
+  std::string out;
+  for (const char* n : names) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
+
+// The text a field holds, as the emitted YAML spells it (named values by name).
+template <class E>
+const char* spelling(const E* v) {
+  return spellings(v)[size_t(*v)];
+}
+std::string spelling(const ResumeRef& r) {
+  switch (*r.mode) {
+    case ResumeMode::Auto: return "auto";
+    case ResumeMode::None: return "none";
+    case ResumeMode::Path: break;
+  }
+  return *r.path;
+}
 
 struct Field {
   const char* key;
@@ -73,7 +112,7 @@ std::vector<Section> schema(Config& c) {
       {"device", {{"backend", &c.device.backend}}},
       {"checkpoint",
        {{"dir", &c.checkpoint.dir}, {"every", &c.checkpoint.every}, {"keep", &c.checkpoint.keep},
-        {"resume", &c.checkpoint.resume}, {"async", &c.checkpoint.async}}},
+        {"resume", ResumeRef{&c.checkpoint.resume, &c.checkpoint.resume_path}}, {"async", &c.checkpoint.async}}},
       {"comm",
        {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
         {"bandwidth_gbps", &c.comm.bandwidth_gbps}, {"ordered_p2p", &c.comm.ordered_p2p}}},
@@ -143,25 +182,55 @@ bool parse_double(std::string_view text, double* out) {
   return true;
 }
 
-const char* expected_name(const FieldPtr& ptr) {
+std::string expected_name(const FieldPtr& ptr) {
   struct {
-    const char* operator()(int*) const { return "an integer"; }
-    const char* operator()(uint64_t*) const { return "a non-negative integer"; }
-    const char* operator()(double*) const { return "a finite number"; }
-    const char* operator()(std::string*) const { return "a string"; }
-    const char* operator()(bool*) const { return "true or false"; }
+    std::string operator()(int*) const { return "an integer"; }
+    std::string operator()(uint64_t*) const { return "a non-negative integer"; }
+    std::string operator()(double*) const { return "a finite number"; }
+    std::string operator()(std::string*) const { return "a string"; }
+    std::string operator()(bool*) const { return "true or false"; }
+    std::string operator()(Precision* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(Backend* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(FaultKind* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
   return std::visit(v, ptr);
+}
+
+// A named value: the spelling's index is the enum value.
+template <class E>
+bool parse_named(std::string_view text, E* out) {
+  const auto names = spellings(out);
+  for (size_t i = 0; i < names.size(); ++i)
+    if (text == names[i]) {
+      *out = E(i);
+      return true;
+    }
+  return false;
+}
+
+// Any text is a path but the two words; an empty one is validate()'s to refuse.
+void parse_resume(const std::string& text, ResumeRef r) {
+  *r.mode = text == "auto" ? ResumeMode::Auto : text == "none" ? ResumeMode::None : ResumeMode::Path;
+  *r.path = *r.mode == ResumeMode::Path ? text : "";
 }
 
 // Assigns scalar `text` to the field, or fails naming the key, the value and
 // the type. `where` is "file:line" or "override 'a.b=c'".
 void assign(const Field& f, const std::string& dotted, const std::string& text, const std::string& where) {
+  if (const ResumeRef* r = std::get_if<ResumeRef>(&f.ptr)) return parse_resume(text, *r);
   bool ok = std::visit(
-      [&](auto* p) {
+      [&](auto p) {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, std::string>) {
+        if constexpr (std::is_same_v<T, ResumeRef>) {
+          return true;  // handled above
+        } else if constexpr (std::is_same_v<T, std::string>) {
           *p = text;
+          return true;
+        } else if constexpr (is_named_v<T>) {
+          // Same words as the other rules' messages: key='value' and what it may be.
+          if (!parse_named(text, p))
+            config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_names(spellings(p))));
           return true;
         } else if constexpr (std::is_same_v<T, double>) {
           return parse_double(text, p);
@@ -177,6 +246,13 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
       f.ptr);
   if (!ok)
     config_fail(str_cat(where, ": key '", dotted, "' has value '", text, "', expected ", expected_name(f.ptr)));
+}
+
+// Strings and named values read an empty value as the empty text.
+bool takes_text(const FieldPtr& ptr) {
+  return std::holds_alternative<std::string*>(ptr) || std::holds_alternative<ResumeRef>(ptr) ||
+         std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
+         std::holds_alternative<FaultKind*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {
@@ -247,8 +323,8 @@ void apply_yaml(Config& c, const YAML::Node& root, const std::string& source) {
       const std::string where = where_of(source, key_node);
       const Field& f = find_field(sections, name, key, where);
       if (!seen_keys.insert(key).second) config_fail(str_cat(where, ": key '", dotted, "' appears twice"));
-      if (value.IsNull() && std::holds_alternative<std::string*>(f.ptr)) {
-        *std::get<std::string*>(f.ptr) = "";  // "val:" or "val: ~" reads as unset
+      if (value.IsNull() && takes_text(f.ptr)) {
+        assign(f, dotted, "", where);  // "val:" or "val: ~" reads as unset
         continue;
       }
       if (!value.IsScalar())
@@ -280,10 +356,11 @@ std::string emit_yaml(const Config& config) {
     for (const Field& f : s.fields) {
       out << YAML::Key << f.key << YAML::Value;
       std::visit(
-          [&](auto* p) {
+          [&](auto p) {
             using T = std::remove_pointer_t<decltype(p)>;
             // Quoted so that a path spelled "null" or "~" does not read back as unset.
-            if constexpr (std::is_same_v<T, double>) out << format_double(*p);
+            if constexpr (std::is_same_v<T, ResumeRef> || is_named_v<T>) out << YAML::DoubleQuoted << spelling(p);
+            else if constexpr (std::is_same_v<T, double>) out << format_double(*p);
             else if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
             else out << *p;
           },
@@ -338,6 +415,10 @@ ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
   if (name == "interleaved") return ScheduleKind::Interleaved;
   fail(ErrorKind::Config, where, "='", name, "' is not a schedule (expected gpipe, 1f1b or interleaved)");
 }
+
+const char* config_name(Precision v) { return spelling(&v); }
+const char* config_name(Backend v) { return spelling(&v); }
+const char* config_name(FaultKind v) { return spelling(&v); }
 
 const char* schedule_name(ScheduleKind k) {
   switch (k) {
@@ -485,12 +566,6 @@ void validate(Config& c, int world_size) {
   v.positive("comm.timeout_s", c.comm.timeout_s);
   v.non_negative("comm.latency_us", c.comm.latency_us);
   v.non_negative("comm.bandwidth_gbps", c.comm.bandwidth_gbps, " (0 is no limit)");
-  const std::string& fk = c.faults.kind;
-  if (fk != "none" && fk != "kill" && fk != "hang" && fk != "fail_transfer" && fk != "kill_in_save")
-    v.fail_rule(str_cat("faults.kind='", fk, "' is not one of none, kill, hang, fail_transfer, kill_in_save"));
-  const std::string& pd = c.precision.dtype;
-  if (pd != "fp32" && pd != "bf16" && pd != "fp16")
-    v.fail_rule(str_cat("precision.dtype='", pd, "' is not one of fp32, bf16, fp16"));
   v.non_negative("precision.loss_scale", c.precision.loss_scale, " (0 is dynamic under fp16, off otherwise)");
   v.positive("precision.initial_scale", c.precision.initial_scale);
   v.at_least("precision.growth_interval", c.precision.growth_interval, 1);
@@ -499,13 +574,11 @@ void validate(Config& c, int world_size) {
   if (c.precision.min_scale > c.precision.initial_scale)
     v.fail_rule(str_cat("precision.min_scale=", c.precision.min_scale, " is above precision.initial_scale=",
                         c.precision.initial_scale));
-  const std::string& be = c.device.backend;
-  if (be != "cpu" && be != "cuda") v.fail_rule(str_cat("device.backend='", be, "' is not one of cpu, cuda"));
   v.at_least("checkpoint.every", c.checkpoint.every, 0, " (0 saves only at the end)");
   v.at_least("checkpoint.keep", c.checkpoint.keep, 1);
-  if (c.checkpoint.resume.empty())
+  if (c.checkpoint.resume == ResumeMode::Path && c.checkpoint.resume_path.empty())
     v.fail_rule("checkpoint.resume is empty: use auto, none, or the path of a checkpoint step directory");
-  if (fk != "none") {
+  if (c.faults.kind != FaultKind::None) {
     if (c.faults.rank < 0 || c.faults.rank >= world_size)
       v.fail_rule(str_cat("faults.rank=", c.faults.rank, " is not a rank of this world (0..", world_size - 1, ")"));
     v.at_least("faults.step", c.faults.step, 1);
