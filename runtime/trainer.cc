@@ -284,6 +284,8 @@ void Trainer::build_loader() {
     spec.need_tokens = need_tokens;
     spec.need_targets = need_targets;
     spec.first_step = start_step_;
+    spec.device = device_;
+    spec.staging_buffers = chunks_.front()->batch().activation_slots;
     LoaderOptions lo;
     lo.enabled = cfg_.data.prefetch;
     lo.prefetch_min = cfg_.data.prefetch_min;
@@ -333,7 +335,8 @@ void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   // Under fp16 it is scaled up so that small gradients survive 16-bit storage.
   const double dloss = loss_scale_.scale() / (double(B) * T * micro * cfg_.parallel.dp);
   PipelineStats st;
-  exec_->run(ctx_, schedule_, [&](int mb, int32_t* tk, int32_t* tg) { loader_->next(step, mb, tk, tg); }, dloss, st);
+  const auto feed = [&](int mb, const Tensor& tk, const Tensor& tg) { loader_->next(step, mb, tk, tg, ctx_.cuda_stream); };
+  exec_->run(ctx_, schedule_, feed, dloss, st);
   // A tied copy (the last stage's token table) is final once its head
   // passes are done. Its reduction waits for the original's chunk to
   // finish, and so does the barrier after it on every stage: a stage that
