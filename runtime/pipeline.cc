@@ -1,7 +1,6 @@
 #include "runtime/pipeline.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/clock.h"
 #include "core/device_memory.h"
@@ -111,14 +110,10 @@ void PipelineExecutor::layout(Arena& a) {
     const int slots = c.model->batch().activation_slots;
     c.tokens.clear();
     c.targets.clear();
-    c.staging.clear();
     c.free_slots.clear();
     for (int s = 0; s < slots; ++s) {
       if (c.first) c.tokens.push_back(a.alloc({B_, T_}, DType::I32, "pipeline tokens"));
       if (c.last) c.targets.push_back(a.alloc({B_, T_}, DType::I32, "pipeline targets"));
-      // Staging is host memory outside the arenas, made once the real (device) slots exist.
-      if (!a.is_measuring() && a.device() != Device::CPU && (c.first || c.last))
-        c.staging.emplace_back(size_t(2) * B_ * T_ * sizeof(int32_t), a.device());
       c.free_slots.push_back(slots - 1 - s);  // pop_back hands out slot 0 first
     }
     c.slot_send.assign(size_t(slots), nullptr);
@@ -202,92 +197,88 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
     Chunk& c = chunks_[size_t(in.chunk)];
     switch (in.op) {
       case PipeOp::RecvActivation:
-        // Normally posted ahead; a receive is posted here at the latest.
-        if (!posted_.count({0, in.microbatch, in.chunk})) {
-          post_cursor_ = i;
-          post_receives(list, i, stats);
-        }
-        wait_recv(in.op, in.microbatch, in.chunk, stats);
-        break;
-      case PipeOp::RecvGradient:
-        if (!posted_.count({1, in.microbatch, in.chunk})) {
-          post_cursor_ = i;
-          post_receives(list, i, stats);
-        }
-        wait_recv(in.op, in.microbatch, in.chunk, stats);
-        break;
-      case PipeOp::Forward: {
-        if (c.first) c.slot_of[in.microbatch] = take_slot(c, stats);
-        const int s = c.slot_of.at(in.microbatch);
-        Tensor tokens = c.first ? c.tokens[size_t(s)] : Tensor();
-        Tensor targets = c.last ? c.targets[size_t(s)] : Tensor();
-        if (c.first || c.last) {
-          Stopwatch sw;
-          // Device slots are filled through the slot's pinned staging buffer and copied asynchronously.
-          const bool device = (c.first ? tokens : targets).device() != Device::CPU;
-          const size_t n = size_t(B_) * size_t(T_);
-          HostStaging* st = device ? &c.staging[size_t(s)] : nullptr;
-          if (st) st->wait_reusable();  // the copy of the slot's previous microbatch has been read
-          int32_t* host = st ? static_cast<int32_t*>(st->data()) : nullptr;
-          int32_t* tk = c.first ? (st ? host : tokens.data<int32_t>()) : nullptr;
-          int32_t* tg = c.last ? (st ? host + n : targets.data<int32_t>()) : nullptr;
-          feed(in.microbatch, tk, tg);
-          if (st) {
-            if (tk) st->upload(tokens.raw(), 0, n * 4, ctx.cuda_stream);
-            if (tg) st->upload(targets.raw(), n * 4, n * 4, ctx.cuda_stream);
-          }
-          stats.data_ms += sw.ms();
-        }
-        spans_.begin(stream_);
-        c.model->forward(ctx, s, tokens, targets, dloss);
-        spans_.end(stream_, ComputeSpans::Forward);
-        break;
-      }
-      case PipeOp::SendActivation: {
-        const int s = c.slot_of.at(in.microbatch);
-        c.slot_send[size_t(s)] =
-            ch_.act_send->send_async(c.model->stage_output(s), (rank_ + 1) % p_, tag(0, in.microbatch, c.g + 1));
-        break;
-      }
-      case PipeOp::Backward: {
-        const int s = c.slot_of.at(in.microbatch);
-        Tensor out_grad;
-        int gb = -1;
-        if (!c.last) {
-          gb = c.grad_of.at(in.microbatch);
-          out_grad = c.grad_bufs[size_t(gb)];
-        }
-        // Backwards run in microbatch order per chunk, so the last one makes the gradients final.
-        const GradPhase phase = in.microbatch == m_ - 1 ? GradPhase::Final : GradPhase::Accumulate;
-        spans_.begin(stream_);
-        c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad);
-        spans_.end(stream_, ComputeSpans::Backward);
-        if (gb >= 0) {
-          c.grad_of.erase(in.microbatch);
-          c.free_grad.push_back(gb);
-        }
-        c.slot_of.erase(in.microbatch);
-        c.free_slots.push_back(s);
-        break;
-      }
-      case PipeOp::SendGradient: {
-        const size_t b = size_t(c.next_send);
-        c.next_send = (c.next_send + 1) % int(c.send_bufs.size());
-        if (c.send_work[b]) {
-          Stopwatch sw;
-          c.send_work[b]->join(stream_);
-          stats.comm_exposed_ms += sw.ms();
-        }
-        // Copied on the compute stream; the send's input-ready wait orders it after the copy.
-        copy_tensor(c.send_bufs[b], c.model->input_grad(), ctx.cuda_stream, false);
-        c.send_work[b] = ch_.grad_send->send_async(c.send_bufs[b], (rank_ + p_ - 1) % p_, tag(1, in.microbatch, c.g - 1));
-        break;
-      }
+      case PipeOp::RecvGradient: receive(list, i, stats); break;
+      case PipeOp::Forward: forward(ctx, c, in.microbatch, feed, dloss, stats); break;
+      case PipeOp::SendActivation: send_activation(c, in.microbatch); break;
+      case PipeOp::Backward: backward(ctx, c, in.microbatch); break;
+      case PipeOp::SendGradient: send_gradient(ctx, c, in.microbatch, stats); break;
       default: break;
     }
   }
-  // Every send must be delivered before its buffer is written again: on the
-  // host the step waits for them; on a device the compute stream does.
+  join_sends(stats);
+  XR_CHECK(posted_.empty(), "pipeline: ", posted_.size(), " receive(s) left posted at the end of the step");
+  if (!stream_) spans_.take(stats);
+}
+
+void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i, PipelineStats& stats) {
+  const PipeInstr& in = list[i];
+  // Normally posted ahead; a receive is posted here at the latest.
+  if (!posted_.count({in.op == PipeOp::RecvActivation ? 0 : 1, in.microbatch, in.chunk})) {
+    post_cursor_ = i;
+    post_receives(list, i, stats);
+  }
+  wait_recv(in.op, in.microbatch, in.chunk, stats);
+}
+
+void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss,
+                               PipelineStats& stats) {
+  if (c.first) c.slot_of[mb] = take_slot(c, stats);
+  const int s = c.slot_of.at(mb);
+  Tensor tokens = c.first ? c.tokens[size_t(s)] : Tensor();
+  Tensor targets = c.last ? c.targets[size_t(s)] : Tensor();
+  if (c.first || c.last) {
+    // The feed fills the slot wherever it lives (a device slot through the loader's staging upload).
+    Stopwatch sw;
+    feed(mb, tokens, targets);
+    stats.data_ms += sw.ms();
+  }
+  spans_.begin(stream_);
+  c.model->forward(ctx, s, tokens, targets, dloss);
+  spans_.end(stream_, ComputeSpans::Forward);
+}
+
+void PipelineExecutor::send_activation(Chunk& c, int mb) {
+  const int s = c.slot_of.at(mb);
+  c.slot_send[size_t(s)] = ch_.act_send->send_async(c.model->stage_output(s), (rank_ + 1) % p_, tag(0, mb, c.g + 1));
+}
+
+void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb) {
+  const int s = c.slot_of.at(mb);
+  Tensor out_grad;
+  int gb = -1;
+  if (!c.last) {
+    gb = c.grad_of.at(mb);
+    out_grad = c.grad_bufs[size_t(gb)];
+  }
+  // Backwards run in microbatch order per chunk, so the last one makes the gradients final.
+  const GradPhase phase = mb == m_ - 1 ? GradPhase::Final : GradPhase::Accumulate;
+  spans_.begin(stream_);
+  c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad);
+  spans_.end(stream_, ComputeSpans::Backward);
+  if (gb >= 0) {
+    c.grad_of.erase(mb);
+    c.free_grad.push_back(gb);
+  }
+  c.slot_of.erase(mb);
+  c.free_slots.push_back(s);
+}
+
+void PipelineExecutor::send_gradient(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats) {
+  const size_t b = size_t(c.next_send);
+  c.next_send = (c.next_send + 1) % int(c.send_bufs.size());
+  if (c.send_work[b]) {
+    Stopwatch sw;
+    c.send_work[b]->join(stream_);
+    stats.comm_exposed_ms += sw.ms();
+  }
+  // Copied on the compute stream; the send's input-ready wait orders it after the copy.
+  copy_tensor(c.send_bufs[b], c.model->input_grad(), ctx.cuda_stream, false);
+  c.send_work[b] = ch_.grad_send->send_async(c.send_bufs[b], (rank_ + p_ - 1) % p_, tag(1, mb, c.g - 1));
+}
+
+// Every send must be delivered before its buffer is written again: on the
+// host the step waits for them; on a device the compute stream does.
+void PipelineExecutor::join_sends(PipelineStats& stats) {
   Stopwatch sw;
   in_flight_.clear();
   for (Chunk& c : chunks_) {
@@ -300,8 +291,6 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
         }
   }
   stats.comm_exposed_ms += sw.ms();
-  XR_CHECK(posted_.empty(), "pipeline: ", posted_.size(), " receive(s) left posted at the end of the step");
-  if (!stream_) spans_.take(stats);
 }
 
 }  // namespace xirang

@@ -40,7 +40,6 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "core/device_memory.h"
 #include "core/arena.h"
 #include "models/model.h"
 #include "runtime/schedule.h"
@@ -102,10 +101,12 @@ class ComputeSpans {
 
 class PipelineExecutor {
  public:
-  // Fills the (B, T) tokens and targets of microbatch `mb`; either may be
-  // null when this rank's chunks do not need it (only the first stage reads
-  // tokens, only the last reads targets).
-  using Feed = std::function<void(int mb, int32_t* tokens, int32_t* targets)>;
+  // Fills the (B, T) int32 tokens and targets of microbatch `mb` where they
+  // live (an activation slot, on the chunks' device); either is undefined
+  // when this rank's chunks do not need it (only the first stage reads
+  // tokens, only the last reads targets). The loader does the upload
+  // (PrefetchLoader::next with tensors): the executor only schedules.
+  using Feed = std::function<void(int mb, const Tensor& tokens, const Tensor& targets)>;
 
   // `chunks[c]` is local chunk c (model chunk c * p + rank); m microbatches per step.
   PipelineExecutor(std::vector<ModelChunk*> chunks, const PipeChannels& channels, int p, int rank, int v, int m);
@@ -135,7 +136,6 @@ class PipelineExecutor {
     int g;  // model chunk index
     bool first, last;
     std::vector<Tensor> tokens, targets;  // per slot, (B, T) int32
-    std::vector<HostStaging> staging;     // per slot, when the slots are on a device: [tokens | targets] on the host
     std::vector<WorkPtr> slot_send;       // activation send in flight from each slot
     std::vector<int> free_slots;
     std::map<int, int> slot_of;           // microbatch -> slot
@@ -149,6 +149,13 @@ class PipelineExecutor {
   struct Posted {
     WorkPtr work;
   };
+  // One per instruction kind.
+  void receive(const std::vector<PipeInstr>& list, size_t i, PipelineStats& stats);
+  void forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss, PipelineStats& stats);
+  void send_activation(Chunk& c, int mb);
+  void backward(const KernelContext& ctx, Chunk& c, int mb);
+  void send_gradient(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats);
+  void join_sends(PipelineStats& stats);
   int take_slot(Chunk& c, PipelineStats& stats);
   void post_receives(const std::vector<PipeInstr>& list, size_t from, PipelineStats& stats);
   void wait_recv(PipeOp op, int mb, int chunk, PipelineStats& stats);

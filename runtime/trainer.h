@@ -12,32 +12,37 @@
 // cosine decay, validation every train.eval_every steps, metrics per step.
 // Every rank computes the same global loss; world rank 0 prints and logs.
 //
+// The trainer owns the arenas, the model and the step; the rest is
+// delegated: communication groups and the device context to CommGroups
+// (runtime/comm_groups.h), saving and resuming to Checkpointer
+// (runtime/checkpointer.h), fault injection to FaultInjector
+// (runtime/faults.h), device-ready input to PrefetchLoader.
+//
 //   Config cfg = load_config(path, overrides);
 //   validate(cfg, world_size);
 //   Trainer trainer(cfg, TrainerOptions{}, grid.get());   // grid: nullptr for one rank
 //   TrainResult r = trainer.run();   // r.losses[i] is step i + 1's loss
 #pragma once
 
-#include <atomic>
-#include <exception>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "comm/process_grid.h"
 #include "core/arena.h"
 #include "models/model.h"
+#include "runtime/checkpointer.h"
+#include "runtime/comm_groups.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
-#include "runtime/grad_sync.h"
 #include "runtime/data/loader.h"
+#include "runtime/data/sampler.h"
+#include "runtime/faults.h"
+#include "runtime/grad_sync.h"
 #include "runtime/metrics.h"
 #include "runtime/optimizer.h"
 #include "runtime/pipeline.h"
-#include "runtime/data/sampler.h"
 #include "runtime/schedule.h"
 
 namespace xirang {
@@ -80,57 +85,63 @@ class Trainer {
   const AdamW& optimizer() const { return *opt_; }
 
  private:
-  // Construction, in order: the CUDA context and NCCL groups (device.backend=cuda);
-  // this rank's model chunks; every arena (measured, planned, checked
-  // against memory.limit_gb, allocated) with the parameters initialised;
-  // the loader (after resume(), which sets the first step); the MFU peak.
-  void init_device();
+  // Arena sizes, measured by running the carving code against measuring arenas.
+  struct ArenaSizes {
+    size_t params = 0, grads = 0, opt_state = 0, shard = 0, acts = 0, io = 0;
+  };
+  // Construction, in order: the communication groups (with the CUDA context
+  // and NCCL groups under device.backend=cuda); the schedule; the datasets;
+  // this rank's model chunks and executor; every arena (measured, planned,
+  // checked against memory.limit_gb, allocated) with the parameters
+  // initialised; the checkpoint to resume; the loader (after the resume,
+  // which sets the first step); the MFU peak.
+  void build_schedule();
+  void open_data();
   void build_chunks();
   void build_arenas();
+  void collect_parameters();
+  void build_optimizer(Arena& measure_shard, Arena& measure_state);
+  void plan_memory(const ArenaSizes& sizes);
+  void allocate_arenas(const ArenaSizes& sizes);
+  void init_parameters();
   void build_loader();
   void choose_peak();
+
+  // The step, in the order run() calls them.
+  void zero_gradients();
   // Runs the step's schedule (its losses collect in the head chunk's loss
-  // sum) and fills the step's pipeline timings.
+  // sum), then the tied copies' reductions and the pipeline drain; fills
+  // the step's pipeline and data timings.
   void accumulate_gradients(int step, StepMetrics& m);
+  // On a device: timed host waits for the transfers the compute stream
+  // joined, before the step's untimed stream synchronization.
+  void wait_step_transfers();
+  double take_local_loss();
+  void take_device_times(StepMetrics& m);
+  // Under loss scaling: whether the step overflowed (a vote over the world), updating the scale.
+  bool skip_step(double grad_norm);
+  void update_parameters(double lr, double grad_norm, double scale);
+  double global_loss(double local_loss);
+  void take_comm_times(StepMetrics& m);
+  void save_checkpoint(StepMetrics& m);
+  void take_rates(StepMetrics& m, double step_ms) const;
+  bool eval_due(int step) const;
+
   // Sums a tied parameter's gradient over the chunks that hold it (the
   // pipeline's embedding group: first and last stage).
   void reduce_tied(Parameter& p);
-  void inject_fault(int step);
-  // Writes the checkpoint of `steps_done` completed steps (every rank takes
-  // part). Asynchronous: the tensors are copied to the snapshot arena and a
-  // background thread writes them while training goes on.
-  void save_checkpoint(int64_t steps_done);
-  // An asynchronous save is committed once every rank's file is written:
-  // poll_save() checks (one small all-reduce) and commits when all are done;
-  // finish_save() waits for it.
-  void poll_save();
-  void finish_save();
-  void commit_save();
-  // Loads checkpoint.resume (auto: the newest under checkpoint.dir) into the
-  // parameters and optimizer state, whatever layout saved it; sets start_step_.
-  void resume();
+  void print_run() const;
+  int last_step() const;
+  double tokens_per_step() const { return double(cfg_.train.global_batch) * cfg_.seq_len(); }
   bool is_logger() const { return grid_->world_rank() == 0; }
-
-  // Reads checkpoint tensor elements into `dst`, through host memory when it lives on a device.
-  void read_checkpoint(const class CheckpointReader& r, std::string_view group, const Parameter& p, int64_t begin,
-                       int64_t end, Tensor dst);
 
   Config cfg_;
   TrainerOptions opts_;
-  struct DeviceState;  // defined in trainer.cc; dev_ is the last member
-  Device device_ = Device::CPU;
-  // The groups that move device tensors: the grid's own on the CPU, NCCL's on CUDA.
-  Communicator* tp_comm_ = nullptr;
-  Communicator* dp_grads_comm_ = nullptr;
-  Communicator* embedding_comm_ = nullptr;
-  // The pipeline's transfer queues (runtime/pipeline.h): the grid's pp
-  // group for all four on the CPU, order-matched NCCL channels on CUDA,
-  // OrderedLinks (owned by ordered_links_) with comm.ordered_p2p.
-  PipeChannels pipe_;
   std::unique_ptr<ProcessGrid> own_grid_;
   ProcessGrid* grid_;
-  std::vector<std::unique_ptr<Communicator>> ordered_links_;  // after the grid: released before it
-  KernelContext ctx_;
+  std::unique_ptr<FaultInjector> faults_;
+  Device device_ = Device::CPU;
+  KernelContext ctx_;  // the communication groups' kernel context
   DType model_dtype_ = DType::F32;
   LossScale loss_scale_;
   MemoryPlan plan_;
@@ -146,26 +157,15 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;
   Arena params_arena_, grads_, opt_state_, shard_, acts_, io_;
-  Arena snapshot_;  // host copy of what this rank saves (asynchronous checkpoints)
-  struct SaveEntry {
-    std::string group, name;
-    ShardSpec shard;
-    int64_t begin = 0, end = 0;
-    Tensor data;
-  };
-  std::thread saver_;
-  std::atomic<bool> save_done_{false};
-  std::exception_ptr save_error_;
-  int64_t pending_step_ = -1;  // the step of the save in flight, -1 when none
+  // After the state it saves: its saver thread is joined before that goes.
+  std::unique_ptr<Checkpointer> ckpt_;
   std::optional<TokenDataset> train_data_, val_data_;
   std::unique_ptr<PrefetchLoader> loader_;  // null on middle pipeline stages: they read no input
   int64_t start_step_ = 0;                  // completed steps at start (a resumed run's checkpoint step)
   std::unique_ptr<SequenceSampler> val_sampler_;
-  // The CUDA stream, cuBLASLt handle and NCCL channels of device.backend=cuda
-  // (null on the CPU). Declared last so that it is released first: the NCCL
-  // channels drain or abort before the arenas' cudaFree, which waits for the
-  // whole device and would hang behind a channel still waiting on a dead peer.
-  std::unique_ptr<DeviceState> dev_;
+  // Declared last so that it is released first: its NCCL channels drain or
+  // abort before the arenas' cudaFree (runtime/comm_groups.h).
+  std::unique_ptr<CommGroups> comm_;
 };
 
 }  // namespace xirang

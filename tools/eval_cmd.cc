@@ -66,7 +66,8 @@ int evaluate(const EvalArgs& args, MpiRuntime* mpi) {
   const int64_t step = read_checkpoint_meta(step_dir).step;
   // Load exactly this checkpoint, never save one, and accept its step whatever train.steps says.
   cfg.checkpoint.dir.clear();
-  cfg.checkpoint.resume = step_dir;
+  cfg.checkpoint.resume = ResumeMode::Path;
+  cfg.checkpoint.resume_path = step_dir;
   cfg.train.steps = int(std::max<int64_t>({int64_t(cfg.train.steps), step, 1}));
   validate(cfg, world);
 

@@ -75,7 +75,7 @@ int train(const TrainArgs& args, MpiRuntime* mpi) {
   if (mpi) {
     LinkModel link{cfg.comm.latency_us, cfg.comm.bandwidth_gbps};
     // A transfer-failure fault is injected by the link decorator, so it must be present.
-    if (cfg.faults.kind == "fail_transfer" && !link.active()) link.latency_us = 1e-3;
+    if (cfg.faults.kind == FaultKind::FailTransfer && !link.active()) link.latency_us = 1e-3;
     grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
                                    CommOptions{cfg.comm.timeout_s}, link);
   }

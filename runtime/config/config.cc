@@ -1,4 +1,5 @@
-// runtime/config.cc: YAML -> Config, overrides, and the rules between fields.
+// runtime/config/config.cc: YAML -> Config, overrides, named values. The
+// rules between fields are in validate.cc.
 //
 // One table (schema()) lists every section and key with a pointer to its
 // field; parsing, overrides, error messages and the emitted YAML all walk it,
@@ -18,16 +19,82 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <span>
 #include <sstream>
 #include <variant>
 
 #include "core/error.h"
+#include "runtime/config/config_text.h"
 #include "runtime/config/model_layout.h"
 
 namespace xirang {
+
+// The promise is one line per error; a value from a block scalar or a
+// multi-line yaml-cpp message must not break it.
+[[noreturn]] void config_fail(const std::string& msg) {
+  std::string line;
+  line.reserve(msg.size());
+  for (char ch : msg) {
+    if (ch == '\n') line += "\\n";
+    else if (ch == '\r') line += "\\r";
+    else line += ch;
+  }
+  fail(ErrorKind::Config, line);
+}
+
+// Shortest text that reads back to the same double (to_chars' guarantee), so
+// the emitted YAML round-trips exactly and 6e-4 does not print as 0.00059999...
+// YAML 1.1 readers (PyYAML) take "6e-04" for a string; "6.0e-04" reads as a float everywhere.
+std::string format_double(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  std::string text(buf, res.ptr);
+  size_t e = text.find('e');
+  if (e != std::string::npos && text.find('.') == std::string::npos) text.insert(e, ".0");
+  return text;
+}
+
 namespace {
 
-using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*>;
+// checkpoint.resume: a mode and, for a path, the path itself.
+struct ResumeRef {
+  ResumeMode* mode;
+  std::string* path;
+};
+
+using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*, ResumeRef>;
+
+// Each named value's spellings, in enum order.
+constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
+constexpr const char* kBackendNames[] = {"cpu", "cuda"};
+constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save"};
+
+std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
+std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
+std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
+
+template <class T>
+constexpr bool is_named_v = std::is_enum_v<T>;
+
+std::string join_names(std::span<const char* const> names) {
+  std::string out;
+  for (const char* n : names) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
+
+// The text a field holds, as the emitted YAML spells it (named values by name).
+template <class E>
+const char* spelling(const E* v) {
+  return spellings(v)[size_t(*v)];
+}
+std::string spelling(const ResumeRef& r) {
+  switch (*r.mode) {
+    case ResumeMode::Auto: return "auto";
+    case ResumeMode::None: return "none";
+    case ResumeMode::Path: break;
+  }
+  return *r.path;
+}
 
 struct Field {
   const char* key;
@@ -73,37 +140,12 @@ std::vector<Section> schema(Config& c) {
       {"device", {{"backend", &c.device.backend}}},
       {"checkpoint",
        {{"dir", &c.checkpoint.dir}, {"every", &c.checkpoint.every}, {"keep", &c.checkpoint.keep},
-        {"resume", &c.checkpoint.resume}, {"async", &c.checkpoint.async}}},
+        {"resume", ResumeRef{&c.checkpoint.resume, &c.checkpoint.resume_path}}, {"async", &c.checkpoint.async}}},
       {"comm",
        {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
         {"bandwidth_gbps", &c.comm.bandwidth_gbps}, {"ordered_p2p", &c.comm.ordered_p2p}}},
       {"faults", {{"kind", &c.faults.kind}, {"rank", &c.faults.rank}, {"step", &c.faults.step}}},
   };
-}
-
-// The promise is one line per error; a value from a block scalar or a
-// multi-line yaml-cpp message must not break it.
-[[noreturn]] void config_fail(const std::string& msg) {
-  std::string line;
-  line.reserve(msg.size());
-  for (char ch : msg) {
-    if (ch == '\n') line += "\\n";
-    else if (ch == '\r') line += "\\r";
-    else line += ch;
-  }
-  fail(ErrorKind::Config, line);
-}
-
-// Shortest text that reads back to the same double (to_chars' guarantee), so
-// the emitted YAML round-trips exactly and 6e-4 does not print as 0.00059999...
-// YAML 1.1 readers (PyYAML) take "6e-04" for a string; "6.0e-04" reads as a float everywhere.
-std::string format_double(double v) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  std::string text(buf, res.ptr);
-  size_t e = text.find('e');
-  if (e != std::string::npos && text.find('.') == std::string::npos) text.insert(e, ".0");
-  return text;
 }
 
 std::string join_keys(const Section& s) {
@@ -143,25 +185,55 @@ bool parse_double(std::string_view text, double* out) {
   return true;
 }
 
-const char* expected_name(const FieldPtr& ptr) {
+std::string expected_name(const FieldPtr& ptr) {
   struct {
-    const char* operator()(int*) const { return "an integer"; }
-    const char* operator()(uint64_t*) const { return "a non-negative integer"; }
-    const char* operator()(double*) const { return "a finite number"; }
-    const char* operator()(std::string*) const { return "a string"; }
-    const char* operator()(bool*) const { return "true or false"; }
+    std::string operator()(int*) const { return "an integer"; }
+    std::string operator()(uint64_t*) const { return "a non-negative integer"; }
+    std::string operator()(double*) const { return "a finite number"; }
+    std::string operator()(std::string*) const { return "a string"; }
+    std::string operator()(bool*) const { return "true or false"; }
+    std::string operator()(Precision* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(Backend* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(FaultKind* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
   return std::visit(v, ptr);
+}
+
+// A named value: the spelling's index is the enum value.
+template <class E>
+bool parse_named(std::string_view text, E* out) {
+  const auto names = spellings(out);
+  for (size_t i = 0; i < names.size(); ++i)
+    if (text == names[i]) {
+      *out = E(i);
+      return true;
+    }
+  return false;
+}
+
+// Any text is a path but the two words; an empty one is validate()'s to refuse.
+void parse_resume(const std::string& text, ResumeRef r) {
+  *r.mode = text == "auto" ? ResumeMode::Auto : text == "none" ? ResumeMode::None : ResumeMode::Path;
+  *r.path = *r.mode == ResumeMode::Path ? text : "";
 }
 
 // Assigns scalar `text` to the field, or fails naming the key, the value and
 // the type. `where` is "file:line" or "override 'a.b=c'".
 void assign(const Field& f, const std::string& dotted, const std::string& text, const std::string& where) {
+  if (const ResumeRef* r = std::get_if<ResumeRef>(&f.ptr)) return parse_resume(text, *r);
   bool ok = std::visit(
-      [&](auto* p) {
+      [&](auto p) {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, std::string>) {
+        if constexpr (std::is_same_v<T, ResumeRef>) {
+          return true;  // handled above
+        } else if constexpr (std::is_same_v<T, std::string>) {
           *p = text;
+          return true;
+        } else if constexpr (is_named_v<T>) {
+          // Same words as the other rules' messages: key='value' and what it may be.
+          if (!parse_named(text, p))
+            config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_names(spellings(p))));
           return true;
         } else if constexpr (std::is_same_v<T, double>) {
           return parse_double(text, p);
@@ -177,6 +249,13 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
       f.ptr);
   if (!ok)
     config_fail(str_cat(where, ": key '", dotted, "' has value '", text, "', expected ", expected_name(f.ptr)));
+}
+
+// Strings and named values read an empty value as the empty text.
+bool takes_text(const FieldPtr& ptr) {
+  return std::holds_alternative<std::string*>(ptr) || std::holds_alternative<ResumeRef>(ptr) ||
+         std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
+         std::holds_alternative<FaultKind*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {
@@ -247,8 +326,8 @@ void apply_yaml(Config& c, const YAML::Node& root, const std::string& source) {
       const std::string where = where_of(source, key_node);
       const Field& f = find_field(sections, name, key, where);
       if (!seen_keys.insert(key).second) config_fail(str_cat(where, ": key '", dotted, "' appears twice"));
-      if (value.IsNull() && std::holds_alternative<std::string*>(f.ptr)) {
-        *std::get<std::string*>(f.ptr) = "";  // "val:" or "val: ~" reads as unset
+      if (value.IsNull() && takes_text(f.ptr)) {
+        assign(f, dotted, "", where);  // "val:" or "val: ~" reads as unset
         continue;
       }
       if (!value.IsScalar())
@@ -280,10 +359,11 @@ std::string emit_yaml(const Config& config) {
     for (const Field& f : s.fields) {
       out << YAML::Key << f.key << YAML::Value;
       std::visit(
-          [&](auto* p) {
+          [&](auto p) {
             using T = std::remove_pointer_t<decltype(p)>;
             // Quoted so that a path spelled "null" or "~" does not read back as unset.
-            if constexpr (std::is_same_v<T, double>) out << format_double(*p);
+            if constexpr (std::is_same_v<T, ResumeRef> || is_named_v<T>) out << YAML::DoubleQuoted << spelling(p);
+            else if constexpr (std::is_same_v<T, double>) out << format_double(*p);
             else if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
             else out << *p;
           },
@@ -339,6 +419,10 @@ ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
   fail(ErrorKind::Config, where, "='", name, "' is not a schedule (expected gpipe, 1f1b or interleaved)");
 }
 
+const char* config_name(Precision v) { return spelling(&v); }
+const char* config_name(Backend v) { return spelling(&v); }
+const char* config_name(FaultKind v) { return spelling(&v); }
+
 const char* schedule_name(ScheduleKind k) {
   switch (k) {
     case ScheduleKind::GPipe: return "gpipe";
@@ -346,179 +430,6 @@ const char* schedule_name(ScheduleKind k) {
     case ScheduleKind::Interleaved: return "interleaved";
   }
   return "?";
-}
-
-// ---------------------------------------------------------------------------
-// validate()
-
-namespace {
-
-class Validator {
- public:
-  explicit Validator(const Config& c) : prefix_(c.source.empty() ? "" : c.source + ": ") {}
-
-  [[noreturn]] void fail_rule(const std::string& msg) const { config_fail(prefix_ + msg); }
-
-  void at_least(const char* key, int64_t v, int64_t min, const char* why = "") const {
-    if (v < min) fail_rule(str_cat(key, "=", v, " must be >= ", min, why));
-  }
-  // Written as !(ok) so that a NaN set from code fails too.
-  void positive(const char* key, double v) const {
-    if (!(v > 0)) fail_rule(str_cat(key, "=", format_double(v), " must be > 0"));
-  }
-  void non_negative(const char* key, double v, const char* why = "") const {
-    if (!(v >= 0)) fail_rule(str_cat(key, "=", format_double(v), " must be >= 0", why));
-  }
-  void half_open_unit(const char* key, double v) const {
-    if (!(v >= 0 && v < 1)) fail_rule(str_cat(key, "=", format_double(v), " must be in [0, 1)"));
-  }
-  void divisible(const char* key, int64_t v, const char* by_key, int64_t by) const {
-    if (v % by != 0) fail_rule(str_cat(key, "=", v, " is not divisible by ", by_key, "=", by));
-  }
-
-  // A split directory is what `xirang data prepare` writes: index.json plus shards.
-  void dataset(const char* key, const std::string& dir) const {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    if (!fs::is_directory(dir, ec))
-      fail_rule(str_cat(key, "='", dir, "': no such directory (write one with `xirang data prepare`)"));
-    fs::path index = fs::path(dir) / "index.json";
-    if (!fs::is_regular_file(index, ec))
-      fail_rule(str_cat(key, "='", dir, "': no dataset there (missing ", index.string(), ")"));
-  }
-
- private:
-  std::string prefix_;
-};
-
-}  // namespace
-
-void validate(Config& c, int world_size) {
-  Validator v(c);
-  const ModelConfig& m = c.model;
-  const TrainConfig& t = c.train;
-  ParallelConfig& p = c.parallel;
-
-  if (!model_arch_known(m.arch))
-    v.fail_rule(str_cat("model.arch='", m.arch, "' is not supported (supported: ", model_arch_names(), ")"));
-  v.at_least("model.n_layer", m.n_layer, 1);
-  v.at_least("model.n_head", m.n_head, 1);
-  v.at_least("model.d_model", m.d_model, 1);
-  v.at_least("model.seq_len", m.seq_len, 1);
-  v.at_least("model.vocab_size", m.vocab_size, 1);
-  v.at_least("model.vocab_multiple", m.vocab_multiple, 1);
-  v.divisible("model.d_model", m.d_model, "model.n_head", m.n_head);
-
-  v.at_least("train.steps", t.steps, 1);
-  v.at_least("train.global_batch", t.global_batch, 1);
-  v.at_least("train.micro_batch", t.micro_batch, 1);
-  v.at_least("train.seq_len", t.seq_len, 0, " (0 means model.seq_len)");
-  if (t.seq_len > m.seq_len)
-    v.fail_rule(str_cat("train.seq_len=", t.seq_len, " exceeds model.seq_len=", m.seq_len,
-                        " (the size of the position table)"));
-
-  // Layout: world = dp x tp x pp, with dp inferred when 0.
-  if (world_size < 1) v.fail_rule(str_cat("world size ", world_size, " must be >= 1"));
-  v.at_least("parallel.tp", p.tp, 1);
-  v.at_least("parallel.pp", p.pp, 1);
-  v.at_least("parallel.dp", p.dp, 0, " (0 infers it from the world size)");
-  const int64_t model_ranks = int64_t{p.tp} * p.pp;
-  if (p.dp == 0) {
-    if (world_size % model_ranks != 0)
-      v.fail_rule(str_cat("world size ", world_size, " is not divisible by parallel.tp (", p.tp,
-                          ") x parallel.pp (", p.pp, ") = ", model_ranks, ", so parallel.dp cannot be inferred"));
-    p.dp = static_cast<int>(world_size / model_ranks);
-  }
-  if (int64_t{p.dp} * model_ranks != world_size)
-    v.fail_rule(str_cat("world size ", world_size, " != parallel.dp (", p.dp, ") x parallel.tp (", p.tp,
-                        ") x parallel.pp (", p.pp, ")"));
-
-  v.at_least("parallel.virtual_stages", p.virtual_stages, 1);
-  const ScheduleKind kind = parse_schedule(p.schedule, str_cat(c.source.empty() ? "" : c.source + ": ", "parallel.schedule"));
-  // What the layout must split evenly (heads, vocabulary, layers), stated once for every architecture.
-  if (const std::string problem = layout_problem(model_dims(m), parallel_layout(p)); !problem.empty())
-    v.fail_rule(problem);
-  if (kind != ScheduleKind::Interleaved && p.virtual_stages != 1)
-    v.fail_rule(str_cat("parallel.virtual_stages=", p.virtual_stages, " needs parallel.schedule=interleaved (got ",
-                        p.schedule, ")"));
-  if (kind == ScheduleKind::Interleaved && p.virtual_stages < 2)
-    v.fail_rule("parallel.schedule=interleaved needs parallel.virtual_stages >= 2");
-
-  const int64_t per_micro = int64_t{t.micro_batch} * p.dp;
-  if (t.global_batch % per_micro != 0)
-    v.fail_rule(str_cat("train.global_batch=", t.global_batch, " is not divisible by train.micro_batch (",
-                        t.micro_batch, ") x parallel.dp (", p.dp, ")"));
-  if (kind == ScheduleKind::Interleaved && (t.global_batch / per_micro) % p.pp != 0)
-    v.fail_rule(str_cat("parallel.schedule=interleaved needs the microbatches per step (train.global_batch ",
-                        t.global_batch, " / (train.micro_batch ", t.micro_batch, " x parallel.dp ", p.dp, ") = ",
-                        t.global_batch / per_micro, ") to be a multiple of parallel.pp=", p.pp));
-
-  v.positive("train.lr", t.lr);
-  v.at_least("train.warmup_steps", t.warmup_steps, 0);
-  v.non_negative("train.weight_decay", t.weight_decay);
-  v.half_open_unit("train.beta1", t.beta1);
-  v.half_open_unit("train.beta2", t.beta2);
-  v.positive("train.eps", t.eps);
-  v.non_negative("train.grad_clip", t.grad_clip, " (0 disables clipping)");
-  if (!(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1))
-    v.fail_rule(str_cat("train.min_lr_ratio=", format_double(t.min_lr_ratio), " must be in [0, 1]"));
-  v.at_least("train.eval_every", t.eval_every, 0, " (0 disables validation)");
-  v.at_least("train.eval_batches", t.eval_batches, 1);
-  v.at_least("train.stop_after", t.stop_after, 0, " (0 runs to train.steps)");
-  v.non_negative("metrics.peak_tflops", c.metrics.peak_tflops, " (0 measures it at start)");
-  v.at_least("metrics.log_every", c.metrics.log_every, 1);
-  v.non_negative("memory.limit_gb", c.memory.limit_gb, " (0 is no limit)");
-  if (p.zero != 0 && p.zero != 1) v.fail_rule(str_cat("parallel.zero=", p.zero, " must be 0 or 1"));
-  v.positive("parallel.bucket_mb", p.bucket_mb);
-  if (p.sequence_parallel) {
-    const int64_t rows = int64_t{t.micro_batch} * c.seq_len();
-    if (rows % p.tp != 0)
-      v.fail_rule(str_cat("parallel.sequence_parallel splits the ", rows, " token rows of a microbatch (train.micro_batch ",
-                          t.micro_batch, " x seq_len ", c.seq_len(), ") over parallel.tp=", p.tp,
-                          ", which does not divide them"));
-  }
-  v.at_least("data.prefetch_min", c.data.prefetch_min, 1);
-  if (c.data.prefetch_max < c.data.prefetch_min)
-    v.fail_rule(str_cat("data.prefetch_max=", c.data.prefetch_max, " is below data.prefetch_min=", c.data.prefetch_min));
-  v.at_least("data.loader_threads", c.data.loader_threads, 1);
-  v.non_negative("data.read_delay_ms", c.data.read_delay_ms);
-  v.positive("comm.timeout_s", c.comm.timeout_s);
-  v.non_negative("comm.latency_us", c.comm.latency_us);
-  v.non_negative("comm.bandwidth_gbps", c.comm.bandwidth_gbps, " (0 is no limit)");
-  const std::string& fk = c.faults.kind;
-  if (fk != "none" && fk != "kill" && fk != "hang" && fk != "fail_transfer" && fk != "kill_in_save")
-    v.fail_rule(str_cat("faults.kind='", fk, "' is not one of none, kill, hang, fail_transfer, kill_in_save"));
-  const std::string& pd = c.precision.dtype;
-  if (pd != "fp32" && pd != "bf16" && pd != "fp16")
-    v.fail_rule(str_cat("precision.dtype='", pd, "' is not one of fp32, bf16, fp16"));
-  v.non_negative("precision.loss_scale", c.precision.loss_scale, " (0 is dynamic under fp16, off otherwise)");
-  v.positive("precision.initial_scale", c.precision.initial_scale);
-  v.at_least("precision.growth_interval", c.precision.growth_interval, 1);
-  v.positive("precision.min_scale", c.precision.min_scale);
-  v.at_least("precision.hysteresis", c.precision.hysteresis, 1);
-  if (c.precision.min_scale > c.precision.initial_scale)
-    v.fail_rule(str_cat("precision.min_scale=", c.precision.min_scale, " is above precision.initial_scale=",
-                        c.precision.initial_scale));
-  const std::string& be = c.device.backend;
-  if (be != "cpu" && be != "cuda") v.fail_rule(str_cat("device.backend='", be, "' is not one of cpu, cuda"));
-  v.at_least("checkpoint.every", c.checkpoint.every, 0, " (0 saves only at the end)");
-  v.at_least("checkpoint.keep", c.checkpoint.keep, 1);
-  if (c.checkpoint.resume.empty())
-    v.fail_rule("checkpoint.resume is empty: use auto, none, or the path of a checkpoint step directory");
-  if (fk != "none") {
-    if (c.faults.rank < 0 || c.faults.rank >= world_size)
-      v.fail_rule(str_cat("faults.rank=", c.faults.rank, " is not a rank of this world (0..", world_size - 1, ")"));
-    v.at_least("faults.step", c.faults.step, 1);
-  }
-
-  // Data last: the checks above need no filesystem.
-  if (c.data.train.empty())
-    v.fail_rule("data.train is empty: set it to a dataset directory written by `xirang data prepare`");
-  v.dataset("data.train", c.data.train);
-  if (!c.data.val.empty()) v.dataset("data.val", c.data.val);
-  if (t.eval_every > 0 && c.data.val.empty())
-    v.fail_rule(str_cat("train.eval_every=", t.eval_every,
-                        " needs data.val (a validation split); set data.val or train.eval_every=0"));
 }
 
 }  // namespace xirang

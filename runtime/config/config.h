@@ -22,6 +22,20 @@ enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
 ScheduleKind parse_schedule(std::string_view name, std::string_view where);
 const char* schedule_name(ScheduleKind k);
 
+// The named values of the config, parsed once when the YAML is read (an
+// unknown spelling is a Config error naming the key, the value and the
+// accepted spellings); code past runtime/config compares enums, not text.
+enum class Precision { FP32, BF16, FP16 };  // precision.dtype: fp32, bf16, fp16
+enum class Backend { CPU, CUDA };           // device.backend: cpu, cuda
+// faults.kind: none, kill, hang, fail_transfer, kill_in_save
+enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave };
+// checkpoint.resume: auto, none, or the path of a step directory
+enum class ResumeMode { Auto, None, Path };
+// The config spelling of a value ("bf16", "cuda", "kill_in_save"), for messages.
+const char* config_name(Precision v);
+const char* config_name(Backend v);
+const char* config_name(FaultKind v);
+
 struct ModelConfig {
   std::string arch = "gpt2";
   int n_layer = 12;
@@ -60,7 +74,7 @@ struct CommConfig {
 // (fail_transfer); kill_in_save kills it halfway through writing the
 // checkpoint of `step`.
 struct FaultConfig {
-  std::string kind = "none";
+  FaultKind kind = FaultKind::None;
   int rank = 0;
   int step = 0;
 };
@@ -102,12 +116,13 @@ struct MetricsConfig {
 
 // Checkpoints (runtime/checkpoint/checkpoint_io.h): every `every` steps into `dir`,
 // keeping the newest `keep`; resume = auto (the newest under dir, if any),
-// none, or the path of a step directory.
+// none, or the path of a step directory (resume_path).
 struct CheckpointConfig {
   std::string dir;             // empty: no checkpoints
   int every = 0;               // 0: only at the end of training (when dir is set)
   int keep = 3;
-  std::string resume = "auto";
+  ResumeMode resume = ResumeMode::Auto;
+  std::string resume_path;     // resume = Path: the checkpoint step directory to load
   bool async = true;           // snapshot to host memory, write on a background thread while training goes on
 };
 
@@ -119,7 +134,7 @@ struct CheckpointConfig {
 // growth_interval clean steps in a row) and off otherwise; a positive value
 // is a fixed scale.
 struct PrecisionConfig {
-  std::string dtype = "fp32";
+  Precision dtype = Precision::FP32;
   double loss_scale = 0;
   double initial_scale = 65536;
   int growth_interval = 1000;
@@ -129,7 +144,7 @@ struct PrecisionConfig {
 
 // Where the kernels run: cpu, or cuda (needs a CUDA build and a visible GPU).
 struct DeviceConfig {
-  std::string backend = "cpu";
+  Backend backend = Backend::CPU;
 };
 
 struct MemoryConfig {

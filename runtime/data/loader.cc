@@ -55,11 +55,15 @@ PrefetchLoader::PrefetchLoader(const TokenDataset& data, const LoaderSpec& spec,
     r.scratch_tokens.resize(size_t(s.seq_len));
     r.scratch_targets.resize(size_t(s.seq_len));
   }
+  const size_t n = size_t(s.micro_batch) * size_t(s.seq_len);
+  if (s.device != Device::CPU) {
+    if (s.staging_buffers < 1) fail(ErrorKind::Config, "loader: staging_buffers ", s.staging_buffers, " must be >= 1");
+    for (int i = 0; i < s.staging_buffers; ++i) staging_.emplace_back(2 * n * sizeof(int32_t), s.device);
+  }
   depth_ = opts_.enabled ? opts_.prefetch_min : 0;
   stats_.depth = depth_;
   if (!opts_.enabled) return;
 
-  const size_t n = size_t(s.micro_batch) * size_t(s.seq_len);
   slots_.resize(size_t(opts_.prefetch_max));
   for (Slot& slot : slots_) {
     if (s.need_tokens) slot.tokens.resize(n);
@@ -185,23 +189,7 @@ void PrefetchLoader::next(int64_t step, int mb, int32_t* tokens, int32_t* target
   XR_CHECK(!targets || spec_.need_targets, "loader: targets requested from a loader built without need_targets");
   const double entry = now_seconds();
   const size_t n = size_t(spec_.micro_batch) * size_t(spec_.seq_len);
-
-  if (!opts_.enabled) {
-    // The read is the wait: nothing was read ahead.
-    Stopwatch sw;
-    load(readers_[0], next_take_, tokens, targets, false);
-    const double ms = sw.ms();
-    std::lock_guard<std::mutex> lk(mu_);
-    if (last_return_ >= 0) average_in(stats_.mean_consume_interval_ms, 1e3 * (entry - last_return_), intervals_++ == 0);
-    average_in(stats_.mean_load_ms, ms, stats_.loaded == 0);
-    ++stats_.loaded;
-    ++stats_.waits;
-    stats_.wait_ms += ms;
-    wait_pending_ms_ += ms;
-    ++next_take_;
-    last_return_ = now_seconds();
-    return;
-  }
+  if (!opts_.enabled) return next_unbuffered(tokens, targets, entry);
 
   Slot& slot = slots_[size_t(next_take_ % int64_t(slots_.size()))];
   bool waited = false;
@@ -237,6 +225,41 @@ void PrefetchLoader::next(int64_t step, int mb, int32_t* tokens, int32_t* target
   }
   // notify_all: the depth may have grown by more than one slot.
   work_cv_.notify_all();
+}
+
+void PrefetchLoader::next_unbuffered(int32_t* tokens, int32_t* targets, double entry) {
+  // The read is the wait: nothing was read ahead.
+  Stopwatch sw;
+  load(readers_[0], next_take_, tokens, targets, false);
+  const double ms = sw.ms();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (last_return_ >= 0) average_in(stats_.mean_consume_interval_ms, 1e3 * (entry - last_return_), intervals_++ == 0);
+  average_in(stats_.mean_load_ms, ms, stats_.loaded == 0);
+  ++stats_.loaded;
+  ++stats_.waits;
+  stats_.wait_ms += ms;
+  wait_pending_ms_ += ms;
+  ++next_take_;
+  last_return_ = now_seconds();
+}
+
+void PrefetchLoader::next(int64_t step, int mb, const Tensor& tokens, const Tensor& targets, void* stream) {
+  const int64_t n = int64_t(spec_.micro_batch) * spec_.seq_len;
+  for (const Tensor* t : {&tokens, &targets})
+    XR_CHECK(!t->defined() || (t->dtype() == DType::I32 && t->numel() == n && t->device() == spec_.device),
+             "loader: a microbatch goes into (B, T) = (", spec_.micro_batch, ", ", spec_.seq_len, ") int32 on ",
+             device_name(spec_.device), ", got ", t->str());
+  if (spec_.device == Device::CPU)
+    return next(step, mb, tokens.defined() ? tokens.data<int32_t>() : nullptr,
+                targets.defined() ? targets.data<int32_t>() : nullptr);
+  HostStaging& st = staging_[next_staging_];
+  next_staging_ = (next_staging_ + 1) % staging_.size();
+  st.wait_reusable();  // its previous microbatch's upload has read it
+  int32_t* host = static_cast<int32_t*>(st.data());
+  next(step, mb, tokens.defined() ? host : nullptr, targets.defined() ? host + n : nullptr);
+  const size_t bytes = size_t(n) * sizeof(int32_t);
+  if (tokens.defined()) st.upload(tokens.raw(), 0, bytes, stream);
+  if (targets.defined()) st.upload(targets.raw(), bytes, bytes, stream);
 }
 
 double PrefetchLoader::take_wait_ms() {

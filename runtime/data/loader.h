@@ -21,6 +21,15 @@
 //   for (int mb = 0; mb < m; ++mb) loader.next(step, mb, tokens, targets);  // (B, T) each, either may be null
 //   metrics.data_wait_ms = loader.take_wait_ms();
 //
+// Device-ready microbatches: with spec.device a GPU, the tensor form of
+// next() fills (B, T) int32 tensors in device memory, so that the pipeline
+// executor only schedules. Each microbatch goes through the next of
+// spec.staging_buffers pinned host buffers (HostStaging) and is uploaded
+// asynchronously on the caller's stream; a buffer is refilled only once its
+// previous upload has been read.
+//
+//   loader.next(step, mb, slot_tokens, slot_targets, stream);  // either tensor may be undefined
+//
 // Checkpoints: the order is a pure function of (seed, step) (the epoch
 // permutation depends on (seed, epoch) only), so the loader's whole state is
 // the next (step, mb) it will hand out, and a run resumes exactly by
@@ -57,6 +66,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/device_memory.h"
+#include "core/tensor.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/sampler.h"
 
@@ -74,6 +85,8 @@ struct LoaderSpec {
   bool need_tokens = true;     // first pipeline stage
   bool need_targets = true;    // last pipeline stage
   int64_t first_step = 0;      // the step to produce first (resume)
+  Device device = Device::CPU; // where the tensor form of next() delivers
+  int staging_buffers = 1;     // a GPU's uploads in flight at once (one per activation slot never waits)
 };
 
 struct LoaderOptions {
@@ -113,6 +126,10 @@ class PrefetchLoader {
   // until it is read. A read error on a worker is rethrown here, as the same
   // exception, when its microbatch comes up (and again on every later call).
   void next(int64_t step, int mb, int32_t* tokens, int32_t* targets);
+  // The same into (B, T) int32 tensors on spec.device (either undefined when
+  // not needed); on a GPU the upload is queued on `stream` (a cudaStream_t)
+  // and next() returns without waiting for it.
+  void next(int64_t step, int mb, const Tensor& tokens, const Tensor& targets, void* stream);
   // Time next() spent blocked since the last call, in ms; resets it.
   double take_wait_ms();
 
@@ -137,6 +154,8 @@ class PrefetchLoader {
     std::vector<int32_t> scratch_tokens, scratch_targets;  // (T)
   };
 
+  // next() without prefetching: the read is the wait.
+  void next_unbuffered(int32_t* tokens, int32_t* targets, double entry);
   // Reads microbatch `seq` into tokens/targets (null: not needed). Returns
   // false when the loader stopped during an injected delay.
   bool load(Reader& r, int64_t seq, int32_t* tokens, int32_t* targets, bool interruptible);
@@ -151,6 +170,8 @@ class PrefetchLoader {
   std::vector<Reader> readers_;  // one per worker, or one for the synchronous path
   std::vector<Slot> slots_;      // ring of prefetch_max, slot of seq = seq % prefetch_max
   std::vector<std::thread> threads_;
+  std::vector<HostStaging> staging_;  // spec.device a GPU: [tokens | targets] of a microbatch, a ring
+  size_t next_staging_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;   // workers: a slot or depth opened up, or stop

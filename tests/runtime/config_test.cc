@@ -232,6 +232,31 @@ TEST(ConfigParse, CollectionWhereScalarExpected) {
   expect_parse_error("- model\n- train\n", {"top level", "mapping"});
 }
 
+// Named values become enums as they are read: a bad one fails at parse time
+// with the same words validate() uses for its rules.
+TEST(ConfigParse, NamedValues) {
+  Config c = parse_config("precision: {dtype: bf16}\ndevice: {backend: cuda}\nfaults: {kind: kill_in_save}\n",
+                          {"checkpoint.resume=none"});
+  EXPECT_EQ(c.precision.dtype, Precision::BF16);
+  EXPECT_EQ(c.device.backend, Backend::CUDA);
+  EXPECT_EQ(c.faults.kind, FaultKind::KillInSave);
+  EXPECT_EQ(c.checkpoint.resume, ResumeMode::None);
+  EXPECT_EQ(parse_config("").checkpoint.resume, ResumeMode::Auto);
+  Config p = parse_config("", {"checkpoint.resume=runs/a/step_00000010"});
+  EXPECT_EQ(p.checkpoint.resume, ResumeMode::Path);
+  EXPECT_EQ(p.checkpoint.resume_path, "runs/a/step_00000010");
+  EXPECT_NE(p.yaml.find("resume: \"runs/a/step_00000010\""), std::string::npos) << p.yaml;
+  EXPECT_NE(c.yaml.find("dtype: \"bf16\""), std::string::npos) << c.yaml;
+  EXPECT_EQ(config_name(FaultKind::FailTransfer), std::string("fail_transfer"));
+
+  expect_parse_error("", {"faults.kind='explode'", "kill, hang, fail_transfer, kill_in_save"},
+                     {"faults.kind=explode", "faults.step=1"});
+  expect_parse_error("", {"precision.dtype='fp8'", "fp32, bf16, fp16"}, {"precision.dtype=fp8"});
+  expect_parse_error("", {"device.backend='tpu'", "cpu, cuda"}, {"device.backend=tpu"});
+  expect_parse_error("device:\n  backend: tpu\n", {"test.yaml:2", "device.backend='tpu'", "cpu, cuda"});
+  expect_parse_error("precision:\n  dtype:\n", {"precision.dtype=''", "fp32, bf16, fp16"});
+}
+
 TEST(ConfigParse, RepeatedKeysAreErrors) {
   expect_parse_error("train:\n  steps: 5\n  steps: 6\n", {"train.steps", "twice"});
   expect_parse_error("train:\n  steps: 5\ntrain:\n  lr: 1\n", {"section 'train'", "twice"});
@@ -393,17 +418,14 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
        {"parallel.sequence_parallel", "30 token rows", "parallel.tp=4"}},
       {{"comm.timeout_s=0"}, 1, {"comm.timeout_s=0 must be > 0"}},
       {{"comm.latency_us=-1"}, 1, {"comm.latency_us=-1 must be >= 0"}},
-      {{"faults.kind=explode", "faults.step=1"}, 1, {"faults.kind='explode'", "kill, hang, fail_transfer, kill_in_save"}},
       {{"faults.kind=kill", "faults.rank=3", "faults.step=1"}, 2, {"faults.rank=3", "0..1"}},
       {{"faults.kind=hang", "faults.step=0"}, 1, {"faults.step=0 must be >= 1"}},
-      {{"precision.dtype=fp8"}, 1, {"precision.dtype='fp8'", "fp32, bf16, fp16"}},
       {{"precision.loss_scale=-2"}, 1, {"precision.loss_scale", "must be >= 0"}},
       {{"precision.initial_scale=0"}, 1, {"precision.initial_scale=0 must be > 0"}},
       {{"precision.growth_interval=0"}, 1, {"precision.growth_interval=0 must be >= 1"}},
       {{"precision.min_scale=0"}, 1, {"precision.min_scale=0 must be > 0"}},
       {{"precision.hysteresis=0"}, 1, {"precision.hysteresis=0 must be >= 1"}},
       {{"precision.min_scale=131072"}, 1, {"precision.min_scale=131072 is above precision.initial_scale=65536"}},
-      {{"device.backend=tpu"}, 1, {"device.backend='tpu'", "cpu, cuda"}},
   };
   for (const Case& c : cases) expect_invalid(c.overrides, c.world, c.needles);
   // Messages start with the config's source so a multi-file run says which file.
@@ -420,6 +442,10 @@ TEST_F(ConfigValidate, BooleansAreTrueOrFalse) {
     EXPECT_EQ(e.kind(), ErrorKind::Config);
     EXPECT_NE(std::string(e.what()).find("expected true or false"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(ConfigValidate, EmptyResumePath) {
+  expect_invalid({"checkpoint.resume="}, 1, {"checkpoint.resume is empty", "auto, none"});
 }
 
 TEST_F(ConfigValidate, EvalDisabledNeedsNoValidationSplit) {

@@ -160,6 +160,35 @@ TEST(Loader, MatchesSamplerAcrossEpochBoundary) {
   }
 }
 
+// The tensor form of next() delivers the same microbatches; on the host it
+// fills the tensors directly, and a tensor of the wrong shape or dtype is refused.
+TEST(Loader, FillsTensors) {
+  TokenDataset ds = make_dataset(fresh_dir());
+  LoaderSpec s = spec_for(/*B=*/2, /*GB=*/8, /*dp=*/1, /*rank=*/0);
+  SequenceSampler sampler(ds, kT, s.seed);
+  PrefetchLoader loader(ds, s, options(true, 2));
+  std::vector<int32_t> tokens(size_t(s.micro_batch) * kT), targets(tokens.size());
+  const Tensor tk(tokens.data(), {s.micro_batch, kT}, DType::I32), tg(targets.data(), {s.micro_batch, kT}, DType::I32);
+  for (int64_t step = 0; step < 3; ++step)
+    for (int mb = 0; mb < s.microbatches; ++mb) {
+      loader.next(step, mb, mb % 2 ? Tensor() : tk, tg, nullptr);
+      const Micro want = reference(sampler, s, step, mb);
+      if (mb % 2 == 0) {
+        EXPECT_EQ(tokens, want.tokens) << "step " << step << " mb " << mb;
+      }
+      EXPECT_EQ(targets, want.targets) << "step " << step << " mb " << mb;
+    }
+  std::vector<float> wrong(tokens.size());
+  try {
+    loader.next(3, 0, Tensor(wrong.data(), {s.micro_batch, kT}, DType::F32), tg, nullptr);
+    FAIL() << "a float tensor was filled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("int32"), std::string::npos) << e.what();
+  }
+  loader.next(3, 0, tk, tg, nullptr);  // the refused call consumed nothing
+  EXPECT_EQ(tokens, reference(sampler, s, 3, 0).tokens);
+}
+
 TEST(Loader, DpRanksCoverAnEpochExactlyOnce) {
   TokenDataset ds = make_dataset(fresh_dir());
   // Every sample's T + 1 tokens identify its start (random ids from a large vocabulary).

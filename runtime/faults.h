@@ -1,0 +1,43 @@
+// runtime/faults.h: fault injection for the fault tests.
+//
+// The config's faults.{kind,rank,step} pick one fault on one rank at the
+// start of one step (1-based): the rank dies (kill), stops answering
+// without dying (hang), or fails its next data-parallel transfer
+// (fail_transfer, through the simulated link on the dp channel); or it dies
+// halfway through writing its file of the checkpoint of that step
+// (kill_in_save). The tests check that the job then ends with a clear
+// error, not a hang, and that no checkpoint is damaged.
+//
+//   FaultInjector faults(cfg.faults, grid, device);
+//   faults.at_step(step + 1);                            // before the step runs
+//   if (faults.kills_save(steps_done)) ... faults.kill_in_save(steps_done);  // the saver, halfway
+#pragma once
+
+#include <cstdint>
+
+#include "comm/process_grid.h"
+#include "core/tensor.h"
+#include "runtime/config/config.h"
+
+namespace xirang {
+
+class FaultInjector {
+ public:
+  // `grid` must outlive the injector; `device` is where gradients move
+  // (fail_transfer fails a simulated MPI link, which a device run does not use).
+  FaultInjector(const FaultConfig& faults, ProcessGrid& grid, Device device);
+  // Injects kill, hang or fail_transfer when `step` is the configured step on this rank.
+  void at_step(int step);
+  // Whether this rank dies halfway through writing the checkpoint of `steps_done`.
+  bool kills_save(int64_t steps_done) const;
+  // Dies now (the saver calls it halfway through its file). Thread-safe.
+  [[noreturn]] void kill_in_save(int64_t steps_done) const;
+
+ private:
+  FaultConfig f_;
+  ProcessGrid& grid_;
+  Device device_;
+  int rank_;  // world rank, read once: kill_in_save runs on the saver thread
+};
+
+}  // namespace xirang
