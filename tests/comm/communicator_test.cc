@@ -13,35 +13,15 @@
 #include "comm/simulated_link.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "tests/comm/completing_group.h"
 #include "tests/core/expect_error.h"
 
 namespace xirang {
 namespace {
 
 // Rank 1 of a group of four that counts the hook calls it receives.
-class RecordingGroup final : public Communicator {
- public:
-  int rank() const override { return 1; }
-  int size() const override { return 4; }
-  const std::string& name() const override { return name_; }
-  WorkPtr all_reduce_async(Tensor, ReduceOp) override { return completed_work(); }
-  WorkPtr broadcast_async(Tensor, int) override { return completed_work(); }
-  WorkPtr send_async(const Tensor&, int, int) override { return completed_work(); }
-  WorkPtr recv_async(Tensor, int, int) override { return completed_work(); }
-  void barrier() override {}
-
-  int hook_calls = 0;
-
- protected:
-  WorkPtr do_reduce_scatter(const Tensor&, Tensor, ReduceOp) override { return hook(); }
-  WorkPtr do_all_gather(const Tensor&, Tensor) override { return hook(); }
-
- private:
-  WorkPtr hook() {
-    ++hook_calls;
-    return completed_work();
-  }
-  std::string name_ = "rec4";
+struct RecordingGroup : CompletingGroup {
+  RecordingGroup() : CompletingGroup(1, 4, "rec4") {}
 };
 
 Tensor view(std::vector<float>& v) { return Tensor(v.data(), {int64_t(v.size())}, DType::F32); }

@@ -15,6 +15,7 @@
 
 #include "comm/communicator.h"
 #include "comm/simulated_link.h"
+#include "tests/comm/completing_group.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -36,27 +37,6 @@ Tensor view(std::vector<float>& v) { return Tensor(v.data(), {int64_t(v.size())}
 SimulatedLink local_link(LinkModel model, double timeout_s = 60, const std::string& name = "dp") {
   return SimulatedLink(std::make_unique<LocalCommunicator>(name), model, timeout_s);
 }
-
-// A group of four whose operations complete at once without touching data:
-// lets the ring formula for n > 1 be checked on one process.
-class FakeGroup final : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 4; }
-  const std::string& name() const override { return name_; }
-  WorkPtr all_reduce_async(Tensor, ReduceOp) override { return completed_work(); }
-  WorkPtr broadcast_async(Tensor, int) override { return completed_work(); }
-  WorkPtr send_async(const Tensor&, int, int) override { return completed_work(); }
-  WorkPtr recv_async(Tensor, int, int) override { return completed_work(); }
-  void barrier() override {}
-
- protected:
-  WorkPtr do_reduce_scatter(const Tensor&, Tensor, ReduceOp) override { return completed_work(); }
-  WorkPtr do_all_gather(const Tensor&, Tensor) override { return completed_work(); }
-
- private:
-  std::string name_ = "fake4";
-};
 
 // Keeps the core busy for `ms` of wall time, standing in for a backward pass.
 double busy_compute(double ms) {
@@ -176,7 +156,8 @@ TEST(SimulatedLink, DurationRunsFromSubmissionToDelivery) {
 TEST(SimulatedLink, WireBytesFollowTheRingFormula) {
   // 4 MB over a group of four at 1 GB/s: all-reduce sends 2 * 3/4 of it,
   // reduce-scatter and all-gather 3/4, broadcast and point-to-point all of it.
-  SimulatedLink link(std::make_unique<FakeGroup>(), {.latency_us = 0, .bandwidth_gbps = 1}, 60);
+  // A group of four whose operations complete at once: the formula for n > 1 on one process.
+  SimulatedLink link(std::make_unique<CompletingGroup>(0, 4, "fake4"), {.latency_us = 0, .bandwidth_gbps = 1}, 60);
   auto full = random_values(1'000'000, 7);
   auto chunk = random_values(250'000, 8);
   auto check = [](WorkPtr w, double ms) {
