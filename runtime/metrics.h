@@ -41,6 +41,10 @@ struct StepMetrics {
   double loss_scale = 1;          // the fp16 loss scale the step ran with (1: none)
   bool skipped = false;           // gradients overflowed: no update this step
   std::optional<double> val_loss;
+  // Set by the step observers (runtime/step_observer.h) on the steps they check:
+  int slowest_rank = -1;          // world rank with the longest compute time at the last straggler check (-1: none yet)
+  double straggler_ratio = 0;     // its compute time over the median rank's (0: not checked yet)
+  bool below_baseline = false;    // tokens/s has stayed below metrics.baseline's tolerance band
 };
 
 // Measures this process's fp32 matrix rate (sgemm of n x n) for about `seconds`.

@@ -94,6 +94,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   start_step_ = ckpt_->resume(model_dtype_);
   build_loader();
   choose_peak();
+  build_observers();
 }
 
 Trainer::~Trainer() = default;
@@ -264,6 +265,10 @@ void Trainer::build_loader() {
   loader_ = std::make_unique<PrefetchLoader>(*train_data_, spec, lo);
 }
 
+// The metrics' exporters and monitors (runtime/step_observer.h), in the
+// order they see each step.
+void Trainer::build_observers() { observers_.clear(); }
+
 void Trainer::choose_peak() {
   if (opts_.peak) peak_ = *opts_.peak;
   else if (cfg_.metrics.peak_tflops > 0) peak_ = {cfg_.metrics.peak_tflops * 1e12, "config metrics.peak_tflops"};
@@ -310,11 +315,13 @@ TrainResult Trainer::run() {
     if (ckpt_->due(m.step, last)) save_checkpoint(m);  // its stall is part of step_ms
     take_rates(m, sw.ms());
     if (eval_due(m.step)) result.final_val_loss = m.val_loss = evaluate();
+    for (auto& o : observers_) o->on_step(m);
     record(result, m);
     log.write(m);
     if (opts_.print) progress.update(m, elapsed.seconds());
   }
   ckpt_->finish();
+  for (auto& o : observers_) o->on_finish();
   if (opts_.print) progress.finish();
   return result;
 }

@@ -44,6 +44,7 @@
 #include "runtime/optimizer.h"
 #include "runtime/pipeline.h"
 #include "runtime/schedule.h"
+#include "runtime/step_observer.h"
 
 namespace xirang {
 
@@ -106,6 +107,7 @@ class Trainer {
   void init_parameters();
   void build_loader();
   void choose_peak();
+  void build_observers();
 
   // The step, in the order run() calls them.
   void zero_gradients();
@@ -140,6 +142,7 @@ class Trainer {
   std::unique_ptr<ProcessGrid> own_grid_;
   ProcessGrid* grid_;
   std::unique_ptr<FaultInjector> faults_;
+  std::vector<std::unique_ptr<StepObserver>> observers_;  // called at the end of every step
   Device device_ = Device::CPU;
   KernelContext ctx_;  // the communication groups' kernel context
   DType model_dtype_ = DType::F32;

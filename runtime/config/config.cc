@@ -67,7 +67,7 @@ using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Pre
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
 constexpr const char* kBackendNames[] = {"cpu", "cuda"};
-constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save"};
+constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank"};
 
 std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
 std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
@@ -131,7 +131,11 @@ std::vector<Section> schema(Config& c) {
         {"loader_threads", &c.data.loader_threads}, {"read_delay_ms", &c.data.read_delay_ms}}},
       {"metrics",
        {{"jsonl", &c.metrics.jsonl}, {"peak_tflops", &c.metrics.peak_tflops},
-        {"log_every", &c.metrics.log_every}}},
+        {"log_every", &c.metrics.log_every}, {"job", &c.metrics.job}, {"prometheus", &c.metrics.prometheus},
+        {"prometheus_per_rank", &c.metrics.prometheus_per_rank}, {"straggler_every", &c.metrics.straggler_every},
+        {"straggler_ratio", &c.metrics.straggler_ratio}, {"straggler_checks", &c.metrics.straggler_checks},
+        {"baseline", &c.metrics.baseline}, {"baseline_tolerance", &c.metrics.baseline_tolerance},
+        {"baseline_steps", &c.metrics.baseline_steps}}},
       {"memory", {{"limit_gb", &c.memory.limit_gb}}},
       {"precision",
        {{"dtype", &c.precision.dtype}, {"loss_scale", &c.precision.loss_scale},
@@ -144,7 +148,9 @@ std::vector<Section> schema(Config& c) {
       {"comm",
        {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
         {"bandwidth_gbps", &c.comm.bandwidth_gbps}, {"ordered_p2p", &c.comm.ordered_p2p}}},
-      {"faults", {{"kind", &c.faults.kind}, {"rank", &c.faults.rank}, {"step", &c.faults.step}}},
+      {"faults",
+       {{"kind", &c.faults.kind}, {"rank", &c.faults.rank}, {"step", &c.faults.step},
+        {"delay_ms", &c.faults.delay_ms}}},
   };
 }
 

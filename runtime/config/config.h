@@ -27,8 +27,8 @@ const char* schedule_name(ScheduleKind k);
 // accepted spellings); code past runtime/config compares enums, not text.
 enum class Precision { FP32, BF16, FP16 };  // precision.dtype: fp32, bf16, fp16
 enum class Backend { CPU, CUDA };           // device.backend: cpu, cuda
-// faults.kind: none, kill, hang, fail_transfer, kill_in_save
-enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave };
+// faults.kind: none, kill, hang, fail_transfer, kill_in_save, slow_rank
+enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank };
 // checkpoint.resume: auto, none, or the path of a step directory
 enum class ResumeMode { Auto, None, Path };
 // The config spelling of a value ("bf16", "cuda", "kill_in_save"), for messages.
@@ -77,6 +77,7 @@ struct FaultConfig {
   FaultKind kind = FaultKind::None;
   int rank = 0;
   int step = 0;
+  double delay_ms = 0;  // slow_rank: extra compute time of that rank in every step from `step` on
 };
 
 struct TrainConfig {
@@ -112,6 +113,22 @@ struct MetricsConfig {
   std::string jsonl;          // per-step JSON lines; empty disables
   double peak_tflops = 0;     // MFU denominator per rank; 0 measures the sgemm rate at start
   int log_every = 1;          // progress line cadence when not on a terminal
+  std::string job = "xirang";  // the job's name: the `job` label of exported metrics
+  // Prometheus text endpoint /metrics on world rank 0 ("HOST:PORT"; empty: none),
+  // and one per rank at PORT + local rank when prometheus_per_rank is set.
+  std::string prometheus;
+  bool prometheus_per_rank = false;
+  // Straggler detection: every straggler_every steps (0: never) the ranks
+  // exchange their step and compute times; a rank slower than
+  // straggler_ratio x the median for straggler_checks checks in a row is named.
+  int straggler_every = 0;
+  double straggler_ratio = 1.3;
+  int straggler_checks = 3;
+  // A metrics.jsonl of an earlier run of the same config: tokens/s more than
+  // baseline_tolerance below its median for baseline_steps steps in a row is flagged.
+  std::string baseline;
+  double baseline_tolerance = 0.1;
+  int baseline_steps = 5;
 };
 
 // Checkpoints (runtime/checkpoint/checkpoint_io.h): every `every` steps into `dir`,

@@ -131,9 +131,28 @@ void check_optimizer(const Validator& v, const TrainConfig& t) {
   v.at_least("train.stop_after", t.stop_after, 0, " (0 runs to train.steps)");
 }
 
+// "HOST:PORT" with a port in 1..65535.
+void check_endpoint(const Validator& v, const char* key, const std::string& value) {
+  const size_t colon = value.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : value.substr(colon + 1);
+  const bool digits = !port.empty() && port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+  if (colon == 0 || !digits || std::stol(port) < 1 || std::stol(port) > 65535)
+    v.fail_rule(str_cat(key, "='", value, "' is not HOST:PORT with a port in 1..65535 (e.g. 127.0.0.1:9400)"));
+}
+
 void check_metrics_memory(const Validator& v, const Config& c) {
-  v.non_negative("metrics.peak_tflops", c.metrics.peak_tflops, " (0 measures it at start)");
-  v.at_least("metrics.log_every", c.metrics.log_every, 1);
+  const MetricsConfig& m = c.metrics;
+  v.non_negative("metrics.peak_tflops", m.peak_tflops, " (0 measures it at start)");
+  v.at_least("metrics.log_every", m.log_every, 1);
+  if (m.job.empty()) v.fail_rule("metrics.job is empty: it names the job in exported metrics");
+  if (!m.prometheus.empty()) check_endpoint(v, "metrics.prometheus", m.prometheus);
+  v.at_least("metrics.straggler_every", m.straggler_every, 0, " (0 disables straggler detection)");
+  if (!(m.straggler_ratio > 1))
+    v.fail_rule(str_cat("metrics.straggler_ratio=", format_double(m.straggler_ratio), " must be > 1"));
+  v.at_least("metrics.straggler_checks", m.straggler_checks, 1);
+  if (!(m.baseline_tolerance > 0 && m.baseline_tolerance < 1))
+    v.fail_rule(str_cat("metrics.baseline_tolerance=", format_double(m.baseline_tolerance), " must be in (0, 1)"));
+  v.at_least("metrics.baseline_steps", m.baseline_steps, 1);
   v.non_negative("memory.limit_gb", c.memory.limit_gb, " (0 is no limit)");
 }
 
@@ -187,6 +206,9 @@ void check_faults(const Validator& v, const FaultConfig& f, int world_size) {
   if (f.rank < 0 || f.rank >= world_size)
     v.fail_rule(str_cat("faults.rank=", f.rank, " is not a rank of this world (0..", world_size - 1, ")"));
   v.at_least("faults.step", f.step, 1);
+  v.non_negative("faults.delay_ms", f.delay_ms);
+  if (f.kind == FaultKind::SlowRank && !(f.delay_ms > 0))
+    v.fail_rule("faults.kind=slow_rank needs faults.delay_ms > 0 (the extra compute time per step)");
 }
 
 // Last: the checks above need no filesystem.

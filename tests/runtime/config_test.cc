@@ -339,6 +339,12 @@ class ConfigValidate : public ::testing::Test {
 TEST_F(ConfigValidate, ValidConfigPasses) {
   Config c = base();
   validate(c, 1);
+  Config observed = base({"metrics.prometheus=127.0.0.1:9400", "metrics.straggler_every=5", "metrics.job=run7",
+                          "faults.kind=slow_rank", "faults.step=2", "faults.delay_ms=40"});
+  validate(observed, 1);
+  EXPECT_EQ(observed.metrics.prometheus, "127.0.0.1:9400");
+  EXPECT_EQ(observed.faults.kind, FaultKind::SlowRank);
+  EXPECT_EQ(observed.faults.delay_ms, 40);
   EXPECT_EQ(c.parallel.dp, 1);
   EXPECT_EQ(c.microbatches(), 8);
   EXPECT_EQ(c.seq_len(), 64);
@@ -405,6 +411,17 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"train.eval_batches=0"}, 1, {"train.eval_batches=0 must be >= 1"}},
       {{"metrics.peak_tflops=-1"}, 1, {"metrics.peak_tflops=-1 must be >= 0"}},
       {{"metrics.log_every=0"}, 1, {"metrics.log_every=0 must be >= 1"}},
+      {{"metrics.job="}, 1, {"metrics.job is empty"}},
+      {{"metrics.prometheus=localhost"}, 1, {"metrics.prometheus='localhost' is not HOST:PORT"}},
+      {{"metrics.prometheus=127.0.0.1:70000"}, 1, {"metrics.prometheus='127.0.0.1:70000'", "1..65535"}},
+      {{"metrics.prometheus=:9400"}, 1, {"metrics.prometheus=':9400' is not HOST:PORT"}},
+      {{"metrics.straggler_every=-1"}, 1, {"metrics.straggler_every=-1 must be >= 0"}},
+      {{"metrics.straggler_ratio=1"}, 1, {"metrics.straggler_ratio=1 must be > 1"}},
+      {{"metrics.straggler_checks=0"}, 1, {"metrics.straggler_checks=0 must be >= 1"}},
+      {{"metrics.baseline_tolerance=1"}, 1, {"metrics.baseline_tolerance=1 must be in (0, 1)"}},
+      {{"metrics.baseline_steps=0"}, 1, {"metrics.baseline_steps=0 must be >= 1"}},
+      {{"faults.kind=slow_rank", "faults.step=1"}, 1, {"faults.kind=slow_rank needs faults.delay_ms > 0"}},
+      {{"faults.kind=slow_rank", "faults.step=1", "faults.delay_ms=-3"}, 1, {"faults.delay_ms=-3 must be >= 0"}},
       {{"memory.limit_gb=-2"}, 1, {"memory.limit_gb=-2 must be >= 0"}},
       {{"data.train="}, 1, {"data.train is empty: set it to a dataset directory written by `xirang data prepare`"}},
       {{"data.train=/nonexistent/xirang"}, 1, {"data.train='/nonexistent/xirang'", "no such directory"}},

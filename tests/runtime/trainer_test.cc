@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -156,11 +157,12 @@ TEST(Trainer, PrefetchHidesSlowReads) {
   struct Waits {
     double share = 0;        // of the step time, after warm-up
     double per_step_ms = 0;  // mean, after warm-up
+    double step_ms = 0;      // mean, after warm-up
   };
-  auto measure = [](bool prefetch) {
+  auto measure = [](bool prefetch, double delay_ms) {
     // A deeper minimum queue absorbs scheduling hiccups when ctest runs other tests beside this one.
-    Trainer t(debug_config({"train.steps=6", "data.read_delay_ms=20", "data.loader_threads=2", "data.prefetch_min=4",
-                            std::string("data.prefetch=") + (prefetch ? "true" : "false")}),
+    Trainer t(debug_config({"train.steps=6", "data.read_delay_ms=" + std::to_string(delay_ms), "data.loader_threads=2",
+                            "data.prefetch_min=4", std::string("data.prefetch=") + (prefetch ? "true" : "false")}),
               quiet());
     TrainResult r = t.run();
     double wait = 0, total = 0;
@@ -168,12 +170,21 @@ TEST(Trainer, PrefetchHidesSlowReads) {
       wait += r.steps[i].data_wait_ms;
       total += r.steps[i].step_ms;
     }
-    return Waits{wait / total, wait / double(r.steps.size() - 2)};
+    const double n = double(r.steps.size() - 2);
+    return Waits{wait / total, wait / n, total / n};
   };
-  const Waits on = measure(true), off = measure(false);
-  EXPECT_LT(on.share, 0.02) << "prefetching left " << 100 * on.share << "% of the step waiting for data";
-  EXPECT_GT(off.per_step_ms, 0.95 * 8 * 20) << "reading on demand waited only " << off.per_step_ms
-                                           << " ms a step: the test's delay did not bite";
+  // Prefetching can hide reads only while the loader keeps up: its two
+  // threads read a step's 8 sequences in 8 x delay / 2 ms, which must stay
+  // well inside the step's compute time. The delay is sized from this
+  // machine's step time (at most 20 ms a sequence), so that it bites
+  // without prefetching and fits the loader's capacity with it.
+  const double compute_ms = measure(true, 0).step_ms;
+  const double delay_ms = std::clamp(0.4 * compute_ms * 2 / 8, 1.0, 20.0);
+  const Waits on = measure(true, delay_ms), off = measure(false, delay_ms);
+  EXPECT_LT(on.share, 0.02) << "prefetching left " << 100 * on.share << "% of the step waiting for data (reads of "
+                            << delay_ms << " ms a sequence, compute " << compute_ms << " ms a step)";
+  EXPECT_GT(off.per_step_ms, 0.95 * 8 * delay_ms) << "reading on demand waited only " << off.per_step_ms
+                                                 << " ms a step: the test's delay did not bite";
   EXPECT_LT(on.per_step_ms, 0.25 * off.per_step_ms) << "prefetching hid less than 75% of the reads";
 }
 
