@@ -4,6 +4,7 @@
 //   xirang eval CONFIG --checkpoint PATH [--set section.key=value ...]
 //   xirang data prepare --tokenizer bytes --out DIR FILE...
 //   xirang ckpt inspect PATH | convert SRC DST [...]
+//   xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [...]
 //
 // Only this layer exits: library errors arrive as xirang::Error and leave as
 // one line on stderr ("xirang: config error: ...") and exit code 1; usage
@@ -30,7 +31,11 @@ const char* kUsage =
     "  ckpt inspect PATH                             list a checkpoint's tensors and verify their checksums\n"
     "  ckpt convert SRC DST [--layout dp=2,tp=2,pp=2,zero=1] [--dtype f32|bf16] [--params-only] [--to hf]\n"
     "               [--config CFG.yaml] [--force]    reshard a checkpoint, export/import Hugging Face safetensors,\n"
-    "                                                import an llm.c model file\n";
+    "                                                import an llm.c model file\n"
+    "  report RUN [--baseline RUN2] [--plot DIR] [--json] [--config CFG.yaml [--set ...]] [--tolerance F]\n"
+    "             [--fail-on-regression]             summarise a run's metrics.jsonl: throughput, step-time split,\n"
+    "                                                bottleneck and advice, deltas against a baseline (exit 3 on a\n"
+    "                                                regression with --fail-on-regression), plots\n";
 
 }  // namespace
 
@@ -46,7 +51,8 @@ int main(int argc, char** argv) {
     if (cmd == "data") return xirang::tools::data_command(argc - 1, argv + 1);
     if (cmd == "ckpt") return xirang::tools::ckpt_command(argc - 1, argv + 1);
     if (cmd == "eval") return xirang::tools::eval_command(argc - 1, argv + 1);
-    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, eval, data or ckpt)\n", cmd.c_str());
+    if (cmd == "report") return xirang::tools::report_command(argc - 1, argv + 1);
+    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt or report)\n", cmd.c_str());
     return 2;
   } catch (const xirang::Error& e) {
     std::fprintf(stderr, "xirang: %s: %s\n", xirang::error_kind_name(e.kind()), e.what());

@@ -1,0 +1,97 @@
+// tools/report/report.h: `xirang report`, a run's metrics.jsonl summarised:
+// throughput, the step's time split into named components, the dominant
+// bottleneck with advice computed from the run, a comparison with a baseline
+// run, and plots through gnuplot.
+//
+//   Run run = load_run("runs/demo");                 // dir or metrics.jsonl
+//   Summary s = summarise(run);                       // skips step 1 (warm-up)
+//   Advice a = advise(s, run.config ? &*run.config : nullptr);
+//   Comparison c = compare(s, summarise(load_run("runs/base")), 0.05);
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/config/config.h"
+
+namespace xirang::tools::report {
+
+// The parts a step's time is split into. Unaccounted is step_ms minus the
+// named ones: host work the trainer does not time (bookkeeping, logging).
+enum class Part { Compute, Optimizer, DataWait, DpExposed, TpComm, PpBubble, PpExposed, CkptStall, Unaccounted };
+inline constexpr int kParts = 9;
+const char* part_name(Part p);   // "data wait"
+const char* part_key(Part p);    // "data_wait" (JSON, plots)
+
+struct StepRow {
+  int step = 0;
+  double loss = 0, tokens_per_s = 0, step_ms = 0, mfu = 0;
+  double dp_comm_ms = 0;            // all dp communication, hidden or not
+  std::array<double, kParts> ms{};  // per Part; Unaccounted may be negative here
+  std::optional<double> val_loss;
+};
+
+struct Run {
+  std::string metrics_path;
+  std::string config_path;        // empty: none found or given
+  std::optional<Config> config;   // loaded (not validated) when config_path is set
+  std::vector<StepRow> steps;
+};
+
+// Reads RUN (a metrics.jsonl file or a directory holding one). The config is
+// `config_path` when given, else a config.yaml beside the metrics when there
+// is one. Throws ErrorKind::Data on a missing file, a line that is not a JSON
+// object, or a file without steps.
+Run load_run(const std::string& path, const std::string& config_path = {},
+             const std::vector<std::string>& overrides = {});
+
+struct Summary {
+  int steps = 0;            // in the file
+  int used = 0;             // after skipping the warm-up
+  bool warmup_skipped = false;
+  double tps_median = 0, tps_p10 = 0, tps_p90 = 0;
+  double mfu_median = 0;
+  double step_ms = 0;                 // mean over the used steps
+  std::array<double, kParts> ms{};    // mean per part; Unaccounted clamped at 0
+  std::array<double, kParts> share{}; // of the shown total: sums to 1
+  double unaccounted_raw_ms = 0;      // before clamping (negative: named parts overlap)
+  double dp_comm_ms = 0;              // mean dp communication, hidden or not
+};
+Summary summarise(const Run& run);
+
+struct Advice {
+  Part bottleneck = Part::Unaccounted;
+  bool significant = false;          // its share is worth acting on
+  std::vector<std::string> lines;    // concrete suggestions from the run and its config
+};
+Advice advise(const Summary& s, const Config* cfg);
+
+struct PartDelta {
+  Part part;
+  double base_ms = 0, run_ms = 0, delta_ms = 0, delta_pct = 0;
+  bool regression = false;
+};
+struct Comparison {
+  double tolerance = 0.05;
+  double base_tps = 0, run_tps = 0, tps_delta_pct = 0;
+  double base_step_ms = 0, run_step_ms = 0, step_delta_pct = 0;
+  bool tps_regression = false;
+  std::vector<PartDelta> parts;
+  bool any_regression() const;
+};
+// A part regresses when it grew by more than `tolerance` of the baseline's
+// step time (so a tiny part doubling is not flagged); tokens/s when its
+// median fell by more than `tolerance`.
+Comparison compare(const Summary& run, const Summary& base, double tolerance);
+
+// Plots (tools/report/plot.cc): PNGs through gnuplot. Returns the files
+// written, or sets `skipped` to the reason nothing was plotted.
+struct PlotResult {
+  std::vector<std::string> files;
+  std::string skipped;
+};
+PlotResult write_plots(const Run& run, const std::string& dir);
+
+}  // namespace xirang::tools::report

@@ -1,0 +1,208 @@
+// xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [--config FILE [--set k=v ...]]
+//                   [--tolerance F] [--fail-on-regression]
+//
+// Summarises a run's metrics.jsonl: throughput, the step's time split into
+// parts, the dominant bottleneck with advice computed from the run (and its
+// config, for the pipeline simulator), a comparison with a baseline run, and
+// plots through gnuplot. The work lives in tools/report/; this file parses
+// the arguments and prints text or one JSON object.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "tools/commands.h"
+#include "tools/report/report.h"
+
+namespace xirang::tools {
+
+namespace {
+
+using namespace report;
+
+const char* kReportUsage =
+    "usage: xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [--config FILE [--set k=v ...]]\n"
+    "                         [--tolerance F] [--fail-on-regression]\n"
+    "  RUN                   a metrics.jsonl file or a directory holding one (and maybe its config.yaml)\n"
+    "  --baseline RUN2       compare with another run: per-part deltas, regressions beyond the tolerance\n"
+    "  --tolerance F         regression threshold as a fraction (default 0.05): tokens/s falling by more,\n"
+    "                        or a part growing by more than F of the baseline's step time\n"
+    "  --fail-on-regression  exit with 3 when a regression is flagged (otherwise the exit code is 0)\n"
+    "  --config FILE         the run's training config (pipeline advice needs pp, schedule, microbatches);\n"
+    "  --set section.key=v   overrides applied to it, as for `xirang train`\n"
+    "  --plot DIR            write step_breakdown.png, tokens_per_s.png and loss.png through gnuplot\n"
+    "  --json                print one JSON object instead of the text tables\n";
+
+struct ReportArgs {
+  std::string run, baseline, plot_dir, config;
+  std::vector<std::string> overrides;
+  double tolerance = 0.05;
+  bool json = false, fail_on_regression = false;
+};
+
+double parse_tolerance(const std::string& v) {
+  char* end = nullptr;
+  const double t = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end || !(t >= 0 && t < 1))
+    fail(ErrorKind::Usage, "report: --tolerance '", v, "' is not a fraction in [0, 1) (e.g. 0.05 for 5%)");
+  return t;
+}
+
+ReportArgs parse_args(int argc, char** argv) {
+  ReportArgs a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(ErrorKind::Usage, "report: ", s, " needs a value");
+      return argv[++i];
+    };
+    if (s == "--baseline") a.baseline = value();
+    else if (s == "--plot") a.plot_dir = value();
+    else if (s == "--config") a.config = value();
+    else if (s == "--set") a.overrides.push_back(value());
+    else if (s == "--tolerance") a.tolerance = parse_tolerance(value());
+    else if (s == "--json") a.json = true;
+    else if (s == "--fail-on-regression") a.fail_on_regression = true;
+    else if (!s.empty() && s[0] == '-')
+      fail(ErrorKind::Usage, "report: unknown option '", s, "' (see xirang report --help)");
+    else if (a.run.empty()) a.run = s;
+    else fail(ErrorKind::Usage, "report: more than one run given ('", a.run, "' and '", s, "')");
+  }
+  if (a.run.empty()) fail(ErrorKind::Usage, "report: no run given (usage: xirang report RUN [options])");
+  if (!a.overrides.empty() && a.config.empty()) fail(ErrorKind::Usage, "report: --set needs --config FILE");
+  return a;
+}
+
+std::string pct(double v) {
+  if (std::isnan(v)) return "n/a";
+  char b[32];
+  std::snprintf(b, sizeof b, "%+.1f%%", v);
+  return b;
+}
+
+void print_summary(const Run& run, const Summary& s) {
+  std::printf("run: %s (config: %s)\n", run.metrics_path.c_str(),
+              run.config_path.empty() ? "none beside it; --config FILE gives one" : run.config_path.c_str());
+  std::printf("steps: %d", s.steps);
+  if (s.warmup_skipped) std::printf(" (step 1 skipped as warm-up; %d summarised)", s.used);
+  else std::printf(" (one step only: nothing skipped as warm-up)");
+  std::printf("\n\n%-12s %12s %12s %12s\n", "throughput", "median", "p10", "p90");
+  std::printf("%-12s %12.1f %12.1f %12.1f\n", "tokens/s", s.tps_median, s.tps_p10, s.tps_p90);
+  std::printf("%-12s %11.2f%%\n\n", "MFU", 100 * s.mfu_median);
+  std::printf("step time (mean over %d steps)\n%-24s %10s %8s\n", s.used, "part", "ms", "share");
+  double total = 0;
+  for (int p = 0; p < kParts; ++p) {
+    std::printf("%-24s %10.3f %7.1f%%\n", part_name(Part(p)), s.ms[p], 100 * s.share[p]);
+    total += s.ms[p];
+  }
+  std::printf("%-24s %10.3f %7.1f%%\n", "total", total, 100.0);
+  std::printf("%-24s %10.3f\n", "step_ms (measured)", s.step_ms);
+  if (s.unaccounted_raw_ms < 0)
+    std::printf("note: the named parts exceed step_ms by %.3f ms (unaccounted is negative: they overlap); "
+                "unaccounted is shown as 0 and shares are of their sum\n",
+                -s.unaccounted_raw_ms);
+}
+
+void print_advice(const Summary& s, const Advice& a) {
+  if (a.significant)
+    std::printf("\nbottleneck: %s (%.1f%% of the step)\n", part_name(a.bottleneck), 100 * s.share[int(a.bottleneck)]);
+  else
+    std::printf("\nbottleneck: none (compute-bound)\n");
+  for (const std::string& l : a.lines) std::printf("  - %s\n", l.c_str());
+}
+
+void print_comparison(const std::string& base_path, const Comparison& c) {
+  std::printf("\nbaseline: %s (regression: beyond %.1f%%)\n", base_path.c_str(), 100 * c.tolerance);
+  std::printf("%-24s %10s %10s %10s %9s\n", "part", "base ms", "run ms", "delta ms", "delta");
+  for (const PartDelta& d : c.parts)
+    std::printf("%-24s %10.3f %10.3f %+10.3f %9s%s\n", part_name(d.part), d.base_ms, d.run_ms, d.delta_ms,
+                pct(d.delta_pct).c_str(), d.regression ? "  REGRESSION" : "");
+  std::printf("%-24s %10.3f %10.3f %+10.3f %9s\n", "step_ms", c.base_step_ms, c.run_step_ms,
+              c.run_step_ms - c.base_step_ms, pct(c.step_delta_pct).c_str());
+  std::printf("%-24s %10.1f %10.1f %+10.1f %9s%s\n", "tokens/s (median)", c.base_tps, c.run_tps, c.run_tps - c.base_tps,
+              pct(c.tps_delta_pct).c_str(), c.tps_regression ? "  REGRESSION" : "");
+  std::string flagged;
+  for (const PartDelta& d : c.parts)
+    if (d.regression) flagged += std::string(flagged.empty() ? "" : ", ") + part_name(d.part);
+  if (c.tps_regression) flagged += std::string(flagged.empty() ? "" : ", ") + "tokens/s";
+  std::printf("regressions: %s\n", flagged.empty() ? "none" : flagged.c_str());
+}
+
+void print_plots(const PlotResult& p) {
+  if (!p.skipped.empty()) std::printf("\nplots skipped: %s\n", p.skipped.c_str());
+  else for (const std::string& f : p.files) std::printf("%s%s\n", &f == &p.files[0] ? "\nplots: " : "       ", f.c_str());
+}
+
+nlohmann::ordered_json summary_json(const Run& run, const Summary& s, const Advice& a) {
+  nlohmann::ordered_json j = {{"metrics", run.metrics_path},
+                              {"config", run.config_path.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(run.config_path)},
+                              {"steps", s.steps},
+                              {"steps_summarised", s.used},
+                              {"warmup_skipped", s.warmup_skipped},
+                              {"tokens_per_s", {{"median", s.tps_median}, {"p10", s.tps_p10}, {"p90", s.tps_p90}}},
+                              {"mfu_median", s.mfu_median},
+                              {"step_ms", s.step_ms},
+                              {"unaccounted_ms_raw", s.unaccounted_raw_ms},
+                              {"unaccounted_negative", s.unaccounted_raw_ms < 0}};
+  for (int p = 0; p < kParts; ++p)
+    j["breakdown"][part_key(Part(p))] = {{"ms", s.ms[p]}, {"share", s.share[p]}};
+  j["bottleneck"] = {{"part", a.significant ? nlohmann::ordered_json(part_key(a.bottleneck)) : nlohmann::ordered_json()},
+                     {"share", s.share[int(a.bottleneck)]},
+                     {"advice", a.lines}};
+  return j;
+}
+
+nlohmann::ordered_json comparison_json(const std::string& base_path, const Comparison& c) {
+  nlohmann::ordered_json j = {{"run", base_path}, {"tolerance", c.tolerance}};
+  for (const PartDelta& d : c.parts)
+    j["parts"][part_key(d.part)] = {{"base_ms", d.base_ms}, {"run_ms", d.run_ms}, {"delta_ms", d.delta_ms},
+                                    {"delta_pct", d.delta_pct}, {"regression", d.regression}};
+  j["step_ms"] = {{"base", c.base_step_ms}, {"run", c.run_step_ms}, {"delta_pct", c.step_delta_pct}};
+  j["tokens_per_s"] = {{"base", c.base_tps}, {"run", c.run_tps}, {"delta_pct", c.tps_delta_pct},
+                       {"regression", c.tps_regression}};
+  j["regression"] = c.any_regression();
+  return j;
+}
+
+int run_report(const ReportArgs& args) {
+  const Run run = load_run(args.run, args.config, args.overrides);
+  const Summary s = summarise(run);
+  const Advice a = advise(s, run.config ? &*run.config : nullptr);
+  std::optional<Comparison> cmp;
+  std::string base_path;
+  if (!args.baseline.empty()) {
+    const Run base = load_run(args.baseline);
+    base_path = base.metrics_path;
+    cmp = compare(s, summarise(base), args.tolerance);
+  }
+  std::optional<PlotResult> plots;
+  if (!args.plot_dir.empty()) plots = write_plots(run, args.plot_dir);
+  if (args.json) {
+    nlohmann::ordered_json j = summary_json(run, s, a);
+    if (cmp) j["baseline"] = comparison_json(base_path, *cmp);
+    if (plots) j["plots"] = {{"files", plots->files}, {"skipped", plots->skipped}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    print_summary(run, s);
+    print_advice(s, a);
+    if (cmp) print_comparison(base_path, *cmp);
+    if (plots) print_plots(*plots);
+  }
+  return cmp && cmp->any_regression() && args.fail_on_regression ? 3 : 0;
+}
+
+}  // namespace
+
+int report_command(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
+      std::fputs(kReportUsage, stdout);
+      return 0;
+    }
+  return run_report(parse_args(argc, argv));
+}
+
+}  // namespace xirang::tools
