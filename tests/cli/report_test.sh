@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# `xirang report` on real runs of gpt2_debug and on hand-written metrics:
+# the tables, shares that add up, the unaccounted time, --json, the
+# bottleneck and its advice on a run slowed on purpose, the baseline
+# comparison and its exit code, the plots, and bad input.
+# Usage: report_test.sh XIRANG_BINARY SOURCE_DIR WORK_DIR CASE
+set -uo pipefail
+xirang=$1 src=$2 work=$3 case=$4
+mkdir -p "$work"
+cd "$work" || exit 1
+
+. "$src/tests/cli/lib.sh"
+
+cfg=$src/configs/gpt2_debug.yaml
+# Two short runs the cases share: a normal one, and one whose loader reads
+# each sample 30 ms late with nothing prefetched, so it waits for data.
+prepare_runs() {
+  [ -f normal/metrics.jsonl ] && [ -f slow/metrics.jsonl ] && return
+  [ -f data/debug/train/index.json ] ||
+    "$xirang" data prepare --tokenizer bytes --out data/debug --force "$src/tests/assets/text/english.txt" >/dev/null ||
+    die "data prepare failed"
+  local common=(--set data.train=data/debug/train)
+  "$xirang" train "$cfg" "${common[@]}" --set train.steps=6 --set metrics.jsonl=normal/metrics.jsonl \
+    >/dev/null 2>err.txt || die "normal run failed: $(cat err.txt)"
+  "$xirang" train "$cfg" "${common[@]}" --set train.steps=4 --set data.read_delay_ms=30 --set data.prefetch=false \
+    --set metrics.jsonl=slow/metrics.jsonl >/dev/null 2>err.txt || die "slow run failed: $(cat err.txt)"
+}
+
+# json_eval FILE JS_EXPR PY_EXPR: prints the expression evaluated on the JSON
+# object `j` in FILE, with node (tools/setup.sh installs it) or python3.
+json_eval() {
+  if command -v node >/dev/null; then
+    node -e "const j = JSON.parse(require('fs').readFileSync('$1', 'utf8')); console.log($2)"
+  elif command -v python3 >/dev/null; then
+    python3 -c "import json; j = json.load(open('$1')); print($3)"
+  else
+    echo "SKIP [$case]: neither node nor python3"; exit 77
+  fi
+}
+
+# The part rows of the step-time table: name, ms, share.
+part_rows() { sed -n '/^part  *ms  *share$/,/^total /p' "$1" | sed '1d;$d'; }
+
+# Metrics whose numbers are known: step 1 (warm-up) is odd on purpose; steps
+# 2-3 split 100 ms as 60 compute, 10 optimizer, 5 data, 4 dp, 3 tp, 2 bubble,
+# 1 pp sends, 0 checkpoint: 15 ms unaccounted. An unknown field is ignored.
+write_known() {
+  local l='"loss":3,"lr":1e-3,"grad_norm":1,"mfu":0.1,"forward_ms":20,"backward_ms":40,"optimizer_ms":10'
+  l+=',"data_wait_ms":5,"dp_comm_ms":8,"dp_comm_exposed_ms":4,"tp_comm_ms":3,"pp_bubble_ms":2'
+  l+=',"pp_comm_exposed_ms":1,"ckpt_stall_ms":0,"loss_scale":1,"skipped":false,"peak_tflops":1,"peak_source":"x"'
+  l+=',"some_future_field":{"a":1}'
+  {
+    echo "{\"step\":1,\"tokens_per_s\":10,\"step_ms\":900,${l}}"
+    echo "{\"step\":2,\"tokens_per_s\":1000,\"step_ms\":100,${l}}"
+    echo "{\"step\":3,\"tokens_per_s\":1000,\"step_ms\":100,${l}}"
+  } >known.jsonl
+}
+
+case $case in
+  summary)
+    prepare_runs
+    "$xirang" report normal >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    for l in '^steps: 6 \(step 1 skipped as warm-up; 5 summarised\)' '^tokens/s +[0-9.]+ +[0-9.]+ +[0-9.]+$' \
+             '^MFU +[0-9.]+%' '^compute \(fwd\+bwd\) ' '^data wait ' '^dp comm \(exposed\) ' '^pipeline bubble ' \
+             '^checkpoint stall ' '^unaccounted ' '^bottleneck: '; do
+      grep -qE "$l" out.txt || die "no line /$l/ in: $(cat out.txt)"
+    done
+    [ "$(part_rows out.txt | wc -l)" = 9 ] || die "expected 9 parts: $(part_rows out.txt)"
+    part_rows out.txt | awk '{s += $NF} END {if (s < 99.5 || s > 100.5) {print "shares sum to " s; exit 1}}' ||
+      die "the shares do not add up to 100%"
+    # Unaccounted = step_ms - the named parts (when not negative, the total row is step_ms).
+    part_rows out.txt | awk '/^unaccounted/ {u = $(NF-1); next} {n += $(NF-1)} END {print n, u}' >sums.txt
+    read -r named unacc <sums.txt
+    step_ms=$(sed -n 's/^step_ms (measured) *//p' out.txt)
+    awk -v n="$named" -v u="$unacc" -v s="$step_ms" 'BEGIN {d = s - n; if (d < 0) d = 0; exit !(d - u < 0.005 && u - d < 0.005)}' ||
+      die "unaccounted $unacc ms is not step_ms $step_ms - named $named"
+    echo "ok [$case]: 9 parts, shares sum to 100%, unaccounted $unacc ms" ;;
+  known_numbers)
+    write_known
+    "$xirang" report known.jsonl >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    grep -qE '^unaccounted +15\.000 +15\.0%$' out.txt || die "unaccounted is not 15 ms / 15%: $(part_rows out.txt)"
+    grep -qE '^compute \(fwd\+bwd\) +60\.000 +60\.0%$' out.txt || die "compute is not 60 ms: $(part_rows out.txt)"
+    grep -qE '^tokens/s +1000\.0 +1000\.0 +1000\.0$' out.txt || die "the warm-up step was not skipped: $(cat out.txt)"
+    grep -qE '^bottleneck: unaccounted \(15\.0%' out.txt || die "wrong bottleneck: $(grep bottleneck out.txt)"
+    # Named parts over step_ms: unaccounted shown as 0, said to be negative, shares still sum to 100%.
+    sed 's/"step_ms":100,/"step_ms":80,/' known.jsonl >over.jsonl
+    "$xirang" report over.jsonl >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    grep -qE '^unaccounted +0\.000 +0\.0%$' out.txt || die "a negative unaccounted time is shown: $(part_rows out.txt)"
+    grep -q 'exceed step_ms by 5.000 ms (unaccounted is negative' out.txt || die "no note on the negative time"
+    part_rows out.txt | awk '{s += $NF} END {exit !(s >= 99.5 && s <= 100.5)}' || die "shares do not sum to 100%"
+    echo "ok [$case]" ;;
+  json)
+    prepare_runs
+    "$xirang" report normal --json >out.json 2>err.txt || die "report --json failed: $(cat err.txt)"
+    sum=$(json_eval out.json "Object.values(j.breakdown).reduce((s, p) => s + p.share, 0)" \
+                             "sum(p['share'] for p in j['breakdown'].values())") || die "--json does not parse"
+    awk -v s="$sum" 'BEGIN {exit !(s > 0.999999 && s < 1.000001)}' || die "shares sum to $sum, not 1"
+    [ "$(json_eval out.json "j.steps + ' ' + j.warmup_skipped + ' ' + (j.tokens_per_s.median > 0)" \
+         "'%d %s %s' % (j['steps'], str(j['warmup_skipped']).lower(), str(j['tokens_per_s']['median'] > 0).lower())")" \
+       = "6 true true" ] || die "unexpected steps, warm-up or tokens/s: $(head -c 400 out.json)"
+    echo "ok [$case]: shares sum to $sum" ;;
+  slow_bottleneck)
+    prepare_runs
+    "$xirang" report slow >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    grep -qE '^bottleneck: data wait' out.txt || die "data wait is not the bottleneck: $(sed -n '/^step time/,$p' out.txt)"
+    grep -q 'data.loader_threads' out.txt || die "no loader advice: $(cat out.txt)"
+    # With the run's config, the advice reads its settings: prefetching is off.
+    "$xirang" report slow --config "$cfg" --set data.prefetch=false >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    grep -q 'set data.prefetch=true' out.txt || die "no prefetch advice from the config: $(cat out.txt)"
+    echo "ok [$case]" ;;
+  bubble_advice)
+    # A bubble-bound run: the simulator's numbers for the config's layout (1f1b, pp=4, 8 microbatches).
+    write_known
+    sed 's/"pp_bubble_ms":2,/"pp_bubble_ms":30,/; s/"step_ms":100,/"step_ms":128,/' known.jsonl >bubble.jsonl
+    "$xirang" report bubble.jsonl >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    grep -q 'needs parallel.pp, parallel.schedule and the microbatch count' out.txt || die "no note on the config: $(cat out.txt)"
+    "$xirang" report bubble.jsonl --config "$cfg" --set parallel.pp=4 --set parallel.dp=1 >out.txt 2>err.txt ||
+      die "report failed: $(cat err.txt)"
+    grep -qE '^bottleneck: pipeline bubble' out.txt || die "bubble is not the bottleneck: $(cat out.txt)"
+    grep -q 'simulator predicts 27.3% (analytic 27.3%) for 1f1b, pp=4, 8 microbatches' out.txt ||
+      die "no simulator prediction: $(sed -n '/^bottleneck/,$p' out.txt)"
+    grep -q '16 microbatches (train.global_batch=16): simulated bubble 15.8%' out.txt || die "no more-microbatch advice"
+    grep -q 'parallel.schedule=interleaved with parallel.virtual_stages=2: simulated bubble' out.txt ||
+      die "no interleaved advice: $(sed -n '/^bottleneck/,$p' out.txt)"
+    echo "ok [$case]" ;;
+  baseline)
+    prepare_runs
+    "$xirang" report slow --baseline normal >out.txt 2>err.txt || die "report --baseline exited $? without --fail-on-regression"
+    grep -qE '^data wait .*REGRESSION$' out.txt || die "data wait not flagged: $(sed -n '/^baseline/,$p' out.txt)"
+    grep -qE '^tokens/s \(median\) .*-[0-9.]+%  REGRESSION$' out.txt || die "tokens/s not flagged"
+    grep -qE '^regressions: .*data wait' out.txt || die "no regression summary"
+    "$xirang" report slow --baseline normal --fail-on-regression >out.txt 2>err.txt
+    rc=$?; [ "$rc" = 3 ] || die "--fail-on-regression exited $rc, expected 3"
+    "$xirang" report normal --baseline normal --fail-on-regression >out.txt 2>err.txt ||
+      die "a run against itself regressed: $(sed -n '/^baseline/,$p' out.txt)"
+    grep -q '^regressions: none' out.txt || die "a run against itself flags: $(grep regressions out.txt)"
+    echo "ok [$case]" ;;
+  plot)
+    prepare_runs
+    command -v gnuplot >/dev/null || { echo "SKIP [$case]: gnuplot missing (tools/setup.sh installs gnuplot-nox)"; exit 77; }
+    rm -rf plots
+    "$xirang" report normal --plot plots >out.txt 2>err.txt || die "report --plot failed: $(cat err.txt)"
+    for f in step_breakdown tokens_per_s loss; do
+      [ -s plots/$f.png ] || die "plots/$f.png missing or empty: $(cat out.txt)"
+      [ "$(head -c 8 plots/$f.png | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || die "plots/$f.png is not a PNG"
+    done
+    # Without gnuplot: the text report, and one line saying why there are no plots.
+    PATH=/nonexistent "$xirang" report normal --plot plots2 >out.txt 2>err.txt || die "report failed without gnuplot"
+    [ "$(grep -c '^plots skipped: gnuplot not found' out.txt)" = 1 ] || die "no skip line: $(tail -3 out.txt)"
+    grep -q '^bottleneck: ' out.txt || die "no text report without gnuplot"
+    echo "ok [$case]" ;;
+  bad_input)
+    expect_error 1 "data error: .*no_such_run.*does not exist" -- report no_such_run
+    mkdir -p empty_dir
+    expect_error 1 "data error: .*empty_dir.*no metrics.jsonl" -- report empty_dir
+    printf '{"step":1,"step_ms":5}\nthis is not json\n' >garbage.jsonl
+    expect_error 1 "data error: .*garbage.jsonl line 2 is not a JSON object" -- report garbage.jsonl
+    : >empty.jsonl
+    expect_error 1 "data error: .*empty.jsonl holds no steps" -- report empty.jsonl
+    echo '{"event":"start"}' >nosteps.jsonl
+    expect_error 1 "data error: .*nosteps.jsonl holds no steps" -- report nosteps.jsonl
+    expect_error 2 "usage error: .*no run given" -- report
+    expect_error 2 "usage error: .*unknown option '--frobnicate'" -- report empty.jsonl --frobnicate
+    expect_error 2 "usage error: .*--tolerance 'lots'" -- report empty.jsonl --tolerance lots
+    write_known
+    expect_error 1 "config error: .*no_such.yaml" -- report known.jsonl --config no_such.yaml ;;
+  *) die "unknown case" ;;
+esac
