@@ -128,7 +128,8 @@ Advice advise(const Summary& s, const Config* cfg) {
     if (s.share[p] > best) best = s.share[p], a.bottleneck = Part(p);
   a.significant = best >= kSignificant;
   if (!a.significant) {
-    a.lines.push_back(fmt("no part besides compute takes %.0f%% of the step: the run is compute-bound", 100 * kSignificant));
+    a.lines.push_back(fmt("no part besides compute takes %.0f%% of the step (the largest, ", 100 * kSignificant) +
+                      part_name(a.bottleneck) + fmt(", takes %.1f%%): the run is compute-bound", 100 * best));
     return a;
   }
   switch (a.bottleneck) {
