@@ -4,7 +4,8 @@
 #                run every second; its HTTP API then has the run's series
 #                with the job's labels; `promtool check metrics` accepts a
 #                /metrics text taken during the run; `promtool check rules`
-#                accepts configs/prometheus/xirang_rules.yml
+#                accepts configs/prometheus/xirang_rules.yml; the rules and
+#                configs/grafana/xirang.json query only served metrics
 #   per_rank     two ranks under mpirun with metrics.prometheus_per_rank:
 #                each serves its own values at PORT + its local rank
 #   port_in_use  a taken port is one config error line naming the key and
@@ -132,6 +133,15 @@ case $case in
     awk -v v="$loss" 'BEGIN { exit !(v > 0 && v < 10) }' || die "xirang_loss: '$loss'"
     promtool check rules "$src/configs/prometheus/xirang_rules.yml" >rules.txt 2>&1 ||
       die "promtool check rules: $(cat rules.txt)"
+    # The shipped rules and dashboard query only metrics the endpoint serves.
+    dashboard=$src/configs/grafana/xirang.json
+    if command -v python3 >/dev/null; then
+      python3 -m json.tool "$dashboard" >/dev/null 2>json.txt || die "$dashboard is not JSON: $(cat json.txt)"
+    fi
+    for name in $(grep -hE '^ *(expr:|"expr":)' "$src/configs/prometheus/xirang_rules.yml" "$dashboard" |
+                  grep -oE 'xirang_[a-z_]+' | sort -u); do
+      grep -q "^# TYPE $name " scraped.txt || die "$name (in the shipped rules or dashboard) is not served"
+    done
     echo "ok [$case]: $scrapes scrapes; $steps steps, $tokens tokens, max $tps tokens/s" ;;
   per_rank)
     prepare_data
