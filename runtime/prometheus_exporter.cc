@@ -181,9 +181,12 @@ PrometheusExporter::PrometheusExporter(const Endpoint& at, const std::string& ke
   if (!bound)
     fail(ErrorKind::Config, key, ": cannot listen on ", at.host, ":", at.port, " (",
          errno ? std::strerror(errno) : "the address does not resolve to a local interface", ")");
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  thread_ = std::thread([this] {
+    server_->listen_after_bind();
+    served_ = true;
+  });
   // stop() is a no-op until the server runs: wait, so destruction always ends it.
-  while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!server_->is_running() && !served_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 PrometheusExporter::~PrometheusExporter() {

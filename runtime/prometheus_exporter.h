@@ -14,6 +14,7 @@
 //   // ... the trainer calls on_step(m) after each step; scrapes read text().
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -82,6 +83,7 @@ class PrometheusExporter : public StepObserver {
   PrometheusMetrics metrics_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
+  std::atomic<bool> served_{false};  // the server thread has returned
   int port_ = 0;
 };
 
