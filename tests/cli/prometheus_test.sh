@@ -105,7 +105,8 @@ case $case in
     prepare_data
     xport=$(free_port) pport=$(free_port)
     start_prometheus "$pport" "127.0.0.1:$xport"
-    "$xirang" "${train_args[@]}" --set metrics.prometheus="127.0.0.1:$xport" >train.out 2>train.err &
+    "$xirang" "${train_args[@]}" --set metrics.prometheus="127.0.0.1:$xport" \
+      --set checkpoint.dir=ck --set checkpoint.every=20 >train.out 2>train.err &
     train_pid=$!
     pids+=("$train_pid")
     wait_for "http://127.0.0.1:$xport/metrics" '^xirang_steps_total\{[^}]*\} [1-9]' 30 "$train_pid" ||
@@ -125,6 +126,9 @@ case $case in
     tokens=$(query "max_over_time(xirang_tokens_total$sel[5m])")
     # gpt2_debug: global_batch 8 x seq_len 64 = 512 tokens a step.
     [ "$tokens" = "$((steps * 512))" ] || die "xirang_tokens_total $tokens after $steps steps, expected $((steps * 512))"
+    # Both counters' maxima come from the last scrape: a checkpoint every 20 steps.
+    ckpts=$(query "max_over_time(xirang_checkpoints_total$sel[5m])")
+    [ "$ckpts" = "$((steps / 20))" ] || die "xirang_checkpoints_total $ckpts after $steps steps, expected $((steps / 20))"
     tps=$(query "max_over_time(xirang_tokens_per_second$sel[5m])")
     awk -v v="$tps" 'BEGIN { exit !(v > 0) }' || die "xirang_tokens_per_second: '$tps'"
     st=$(query "max_over_time(xirang_step_seconds$sel[5m])")
@@ -142,7 +146,7 @@ case $case in
                   grep -oE 'xirang_[a-z_]+' | sort -u); do
       grep -q "^# TYPE $name " scraped.txt || die "$name (in the shipped rules or dashboard) is not served"
     done
-    echo "ok [$case]: $scrapes scrapes; $steps steps, $tokens tokens, max $tps tokens/s" ;;
+    echo "ok [$case]: $scrapes scrapes; $steps steps, $tokens tokens, $ckpts checkpoints, max $tps tokens/s" ;;
   per_rank)
     prepare_data
     xport=$(free_port 2)
