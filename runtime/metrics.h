@@ -38,6 +38,7 @@ struct StepMetrics {
   double pp_bubble_ms = 0;        // time this stage waited for a neighbour's activation or gradient
   double pp_comm_exposed_ms = 0;  // time it waited for its own pipeline sends to complete
   double ckpt_stall_ms = 0;       // time the step was stopped to save a checkpoint
+  bool checkpoint_saved = false;  // the step saved a checkpoint
   double loss_scale = 1;          // the fp16 loss scale the step ran with (1: none)
   bool skipped = false;           // gradients overflowed: no update this step
   std::optional<double> val_loss;

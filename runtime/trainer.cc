@@ -8,6 +8,7 @@
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
 #include "runtime/config/model_layout.h"
+#include "runtime/prometheus_exporter.h"
 
 namespace xirang {
 
@@ -267,7 +268,10 @@ void Trainer::build_loader() {
 
 // The metrics' exporters and monitors (runtime/step_observer.h), in the
 // order they see each step.
-void Trainer::build_observers() { observers_.clear(); }
+void Trainer::build_observers() {
+  observers_.clear();
+  add_prometheus_exporter(observers_, cfg_.metrics, grid_->world_rank(), {tokens_per_step(), double(plan_.total())});
+}
 
 void Trainer::choose_peak() {
   if (opts_.peak) peak_ = *opts_.peak;
@@ -443,6 +447,7 @@ void Trainer::save_checkpoint(StepMetrics& m) {
   Stopwatch cs;
   ckpt_->save(m.step, ctx_.cuda_stream);
   m.ckpt_stall_ms = cs.ms();
+  m.checkpoint_saved = true;
 }
 
 void Trainer::take_rates(StepMetrics& m, double step_ms) const {

@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libopenblas-dev libopenmpi-dev openmpi-bin libhdf5-dev
   libyaml-cpp-dev libpcre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+  libcpp-httplib-dev prometheus curl
   fortunes fortunes-min gnuplot-nox
 )
 
