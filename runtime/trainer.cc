@@ -364,6 +364,11 @@ void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   const double dloss = loss_scale_.scale() / (double(B) * T * micro * cfg_.parallel.dp);
   PipelineStats st;
   const auto feed = [&](int mb, const Tensor& tk, const Tensor& tg) { loader_->next(step, mb, tk, tg, ctx_.cuda_stream); };
+  // faults.kind=slow_rank: a slow device, seen as a longer first forward. Before
+  // the schedule, so that the neighbours wait for it where they would wait for
+  // a slow stage (a receive, the gradient reduction), not inside their own
+  // compute (a tied gradient's reduction runs inside the first stage's backward).
+  st.forward_ms += faults_->delay_compute(step + 1);
   exec_->run(ctx_, schedule_, feed, dloss, st);
   // A tied copy (the last stage's token table) is final once its head
   // passes are done. Its reduction waits for the original's chunk to
@@ -408,7 +413,7 @@ void Trainer::take_device_times(StepMetrics& m) {
   // The passes have run by now: their device times replace the launch times.
   PipelineStats dev;
   exec_->take_device_times(dev);
-  m.forward_ms = dev.forward_ms;
+  m.forward_ms = dev.forward_ms + faults_->compute_delay_ms(m.step);  // the host's slow_rank sleep
   m.backward_ms = dev.backward_ms;
   m.pp_bubble_ms += dev.bubble_ms;
 }
