@@ -8,6 +8,7 @@
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
 #include "runtime/config/model_layout.h"
+#include "runtime/straggler.h"
 
 namespace xirang {
 
@@ -267,7 +268,10 @@ void Trainer::build_loader() {
 
 // The metrics' exporters and monitors (runtime/step_observer.h), in the
 // order they see each step.
-void Trainer::build_observers() { observers_.clear(); }
+void Trainer::build_observers() {
+  observers_.clear();
+  if (cfg_.metrics.straggler_every > 0) observers_.push_back(std::make_unique<StragglerDetector>(cfg_.metrics, *grid_));
+}
 
 void Trainer::choose_peak() {
   if (opts_.peak) peak_ = *opts_.peak;
@@ -283,7 +287,8 @@ void Trainer::choose_peak() {
 
 TrainResult Trainer::run() {
   TrainResult result;
-  MetricsLog log(is_logger() ? cfg_.metrics.jsonl : std::string(), peak_);
+  MetricsLog log(is_logger() ? cfg_.metrics.jsonl : std::string(), peak_,
+                 JsonlFields{cfg_.metrics.straggler_every > 0, !cfg_.metrics.baseline.empty()});
   ProgressLine progress(cfg_.train.steps, cfg_.metrics.log_every);
   if (opts_.print) print_run();
   Stopwatch elapsed;
