@@ -7,6 +7,7 @@
 #include "core/clock.h"
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
+#include "runtime/baseline.h"
 #include "runtime/config/model_layout.h"
 #include "runtime/straggler.h"
 
@@ -271,6 +272,7 @@ void Trainer::build_loader() {
 void Trainer::build_observers() {
   observers_.clear();
   if (cfg_.metrics.straggler_every > 0) observers_.push_back(std::make_unique<StragglerDetector>(cfg_.metrics, *grid_));
+  if (!cfg_.metrics.baseline.empty()) observers_.push_back(std::make_unique<BaselineMonitor>(cfg_.metrics, is_logger()));
 }
 
 void Trainer::choose_peak() {
