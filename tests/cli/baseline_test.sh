@@ -23,6 +23,8 @@ prepare_baseline() {
     "$xirang" data prepare --tokenizer bytes --out data/debug --force "$src/tests/assets/text/english.txt" \
       >/dev/null || die "data prepare failed"
   "$xirang" train "$cfg" "${common[@]}" --set metrics.jsonl=base.jsonl >/dev/null 2>&1 || die "the baseline run failed"
+  # The monitors' fields are written only when they are on.
+  ! grep -qE '"(below_baseline|slowest_rank|straggler_ratio)":' base.jsonl || die "a run without monitors logs their fields"
 }
 # against_baseline JSONL overrides...: a run against base.jsonl.
 against_baseline() {
