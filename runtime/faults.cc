@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "comm/simulated_link.h"
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace xirang {
@@ -15,7 +16,8 @@ FaultInjector::FaultInjector(const FaultConfig& faults, ProcessGrid& grid, Devic
 
 void FaultInjector::at_step(int step) {
   if (f_.kind == FaultKind::None || f_.kind == FaultKind::KillInSave || f_.step != step || f_.rank != rank_) return;
-  std::fprintf(stderr, "rank %d: injecting fault '%s' at step %d\n", f_.rank, config_name(f_.kind), step);
+  std::fprintf(stderr, "rank %d: injecting fault '%s' at step %d%s\n", f_.rank, config_name(f_.kind), step,
+               f_.kind == FaultKind::SlowRank ? str_cat(" (", f_.delay_ms, " ms more compute from now on)").c_str() : "");
   std::fflush(stderr);
   if (f_.kind == FaultKind::Kill) std::raise(SIGKILL);
   if (f_.kind == FaultKind::Hang)
@@ -28,6 +30,18 @@ void FaultInjector::at_step(int step) {
     if (!link) fail(ErrorKind::Config, "faults.kind=fail_transfer needs the simulated link on the dp channel");
     link->fail_next(1);
   }
+}
+
+double FaultInjector::compute_delay_ms(int step) const {
+  return f_.kind == FaultKind::SlowRank && f_.rank == rank_ && step >= f_.step ? f_.delay_ms : 0.0;
+}
+
+double FaultInjector::delay_compute(int step) const {
+  const double ms = compute_delay_ms(step);
+  if (ms <= 0) return 0;
+  Stopwatch sw;
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+  return sw.ms();
 }
 
 bool FaultInjector::kills_save(int64_t steps_done) const {

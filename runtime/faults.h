@@ -6,10 +6,13 @@
 // (fail_transfer, through the simulated link on the dp channel); or it dies
 // halfway through writing its file of the checkpoint of that step
 // (kill_in_save). The tests check that the job then ends with a clear
-// error, not a hang, and that no checkpoint is damaged.
+// error, not a hang, and that no checkpoint is damaged. One fault lasts:
+// slow_rank makes the rank's compute faults.delay_ms longer in that step
+// and every later one (a slow device: the straggler tests).
 //
 //   FaultInjector faults(cfg.faults, grid, device);
 //   faults.at_step(step + 1);                            // before the step runs
+//   m.forward_ms += faults.delay_compute(step + 1);      // inside the step's compute
 //   if (faults.kills_save(steps_done)) ... faults.kill_in_save(steps_done);  // the saver, halfway
 #pragma once
 
@@ -26,8 +29,16 @@ class FaultInjector {
   // `grid` must outlive the injector; `device` is where gradients move
   // (fail_transfer fails a simulated MPI link, which a device run does not use).
   FaultInjector(const FaultConfig& faults, ProcessGrid& grid, Device device);
-  // Injects kill, hang or fail_transfer when `step` is the configured step on this rank.
+  // Injects kill, hang or fail_transfer when `step` is the configured step
+  // on this rank (and announces slow_rank there).
   void at_step(int step);
+  // slow_rank: the extra compute time of this rank in `step` (faults.delay_ms
+  // on the configured rank from the configured step on; 0 otherwise).
+  double compute_delay_ms(int step) const;
+  // Sleeps compute_delay_ms(step) (a sleep, not a busy wait, so that it
+  // takes no core from the other ranks of an oversubscribed test); returns
+  // the milliseconds it took.
+  double delay_compute(int step) const;
   // Whether this rank dies halfway through writing the checkpoint of `steps_done`.
   bool kills_save(int64_t steps_done) const;
   // Dies now (the saver calls it halfway through its file). Thread-safe.

@@ -36,7 +36,8 @@ double measure_sgemm_flops(int n, double seconds) {
   return best;
 }
 
-MetricsLog::MetricsLog(const std::string& path, PeakFlops peak) : path_(path), peak_(std::move(peak)) {
+MetricsLog::MetricsLog(const std::string& path, PeakFlops peak, JsonlFields fields)
+    : path_(path), peak_(std::move(peak)), fields_(fields) {
   if (path_.empty()) return;
   std::filesystem::path p(path_);
   std::error_code ec;
@@ -74,6 +75,11 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"peak_tflops", peak_.flops / 1e12},
                       {"peak_source", peak_.source}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (fields_.straggler) {
+    j["slowest_rank"] = m.slowest_rank;
+    j["straggler_ratio"] = m.straggler_ratio;
+  }
+  if (fields_.baseline) j["below_baseline"] = m.below_baseline;
   std::string line = j.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), f_);
   std::fflush(f_);  // a crashed run still leaves every finished step on disk

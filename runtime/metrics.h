@@ -1,7 +1,7 @@
 // runtime/metrics.h: per-step metrics, the JSON-lines log and the live
 // progress line.
 //
-//   MetricsLog log(cfg.metrics.jsonl, peak);      // empty path: no file
+//   MetricsLog log(cfg.metrics.jsonl, peak, {.straggler = true});  // empty path: no file
 //   log.write(m);                                 // one JSON object per step
 //   ProgressLine progress(total_steps, every);    // '\r' line on a terminal
 //   progress.update(m);
@@ -48,12 +48,19 @@ struct StepMetrics {
   bool below_baseline = false;    // tokens/s has stayed below metrics.baseline's tolerance band
 };
 
+// The fields of metrics.jsonl that only some runs have: those of the step
+// observers that are on.
+struct JsonlFields {
+  bool straggler = false;  // slowest_rank, straggler_ratio (metrics.straggler_every > 0)
+  bool baseline = false;   // below_baseline (metrics.baseline set)
+};
+
 // Measures this process's fp32 matrix rate (sgemm of n x n) for about `seconds`.
 double measure_sgemm_flops(int n = 1024, double seconds = 0.3);
 
 class MetricsLog {
  public:
-  MetricsLog(const std::string& path, PeakFlops peak);  // creates parent directories
+  MetricsLog(const std::string& path, PeakFlops peak, JsonlFields fields = {});  // creates parent directories
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
@@ -63,6 +70,7 @@ class MetricsLog {
  private:
   std::string path_;
   PeakFlops peak_;
+  JsonlFields fields_;
   std::FILE* f_ = nullptr;
 };
 

@@ -7,8 +7,10 @@
 #include "core/clock.h"
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
+#include "runtime/baseline.h"
 #include "runtime/config/model_layout.h"
 #include "runtime/prometheus_exporter.h"
+#include "runtime/straggler.h"
 
 namespace xirang {
 
@@ -270,6 +272,9 @@ void Trainer::build_loader() {
 // order they see each step.
 void Trainer::build_observers() {
   observers_.clear();
+  // The monitors fill the step's metrics before the exporter publishes them.
+  if (cfg_.metrics.straggler_every > 0) observers_.push_back(std::make_unique<StragglerDetector>(cfg_.metrics, *grid_));
+  if (!cfg_.metrics.baseline.empty()) observers_.push_back(std::make_unique<BaselineMonitor>(cfg_.metrics, is_logger()));
   add_prometheus_exporter(observers_, cfg_.metrics, grid_->world_rank(), {tokens_per_step(), double(plan_.total())});
 }
 
@@ -287,7 +292,8 @@ void Trainer::choose_peak() {
 
 TrainResult Trainer::run() {
   TrainResult result;
-  MetricsLog log(is_logger() ? cfg_.metrics.jsonl : std::string(), peak_);
+  MetricsLog log(is_logger() ? cfg_.metrics.jsonl : std::string(), peak_,
+                 JsonlFields{cfg_.metrics.straggler_every > 0, !cfg_.metrics.baseline.empty()});
   ProgressLine progress(cfg_.train.steps, cfg_.metrics.log_every);
   if (opts_.print) print_run();
   Stopwatch elapsed;
@@ -368,6 +374,11 @@ void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   const double dloss = loss_scale_.scale() / (double(B) * T * micro * cfg_.parallel.dp);
   PipelineStats st;
   const auto feed = [&](int mb, const Tensor& tk, const Tensor& tg) { loader_->next(step, mb, tk, tg, ctx_.cuda_stream); };
+  // faults.kind=slow_rank: a slow device, seen as a longer first forward. Before
+  // the schedule, so that the neighbours wait for it where they would wait for
+  // a slow stage (a receive, the gradient reduction), not inside their own
+  // compute (a tied gradient's reduction runs inside the first stage's backward).
+  st.forward_ms += faults_->delay_compute(step + 1);
   exec_->run(ctx_, schedule_, feed, dloss, st);
   // A tied copy (the last stage's token table) is final once its head
   // passes are done. Its reduction waits for the original's chunk to
@@ -412,7 +423,7 @@ void Trainer::take_device_times(StepMetrics& m) {
   // The passes have run by now: their device times replace the launch times.
   PipelineStats dev;
   exec_->take_device_times(dev);
-  m.forward_ms = dev.forward_ms;
+  m.forward_ms = dev.forward_ms + faults_->compute_delay_ms(m.step);  // the host's slow_rank sleep
   m.backward_ms = dev.backward_ms;
   m.pp_bubble_ms += dev.bubble_ms;
 }

@@ -1,0 +1,115 @@
+// The step observers' decisions on given numbers: the straggler detector's
+// choice of rank and ratio (runtime/straggler.h) and the baseline monitor's
+// start and end of a slow episode (runtime/baseline.h). The multi-rank and
+// command-line runs are in tests/parallel/straggler_test.sh and
+// tests/cli/baseline_test.sh.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/baseline.h"
+#include "runtime/straggler.h"
+#include "temp_dir.h"
+
+namespace xirang {
+namespace {
+
+TEST(FindStraggler, ComparesTheSlowestWithTheMedianOfTheOthers) {
+  StragglerFinding f = find_straggler({10, 11, 40, 9});
+  EXPECT_EQ(f.rank, 2);
+  EXPECT_DOUBLE_EQ(f.ms, 40);
+  EXPECT_DOUBLE_EQ(f.ratio, 4);  // the others' median is 10
+  // Two ranks: against the other one, not their mean (which would give 1.6).
+  f = find_straggler({10, 40});
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_DOUBLE_EQ(f.ratio, 4);
+  f = find_straggler({7});
+  EXPECT_EQ(f.rank, 0);
+  EXPECT_DOUBLE_EQ(f.ratio, 1);
+}
+
+TEST(StragglerDetector, OneRankChecksItselfAndKeepsTheLastValues) {
+  auto grid = ProcessGrid::single();
+  MetricsConfig mc;
+  mc.straggler_every = 2;
+  StragglerDetector d(mc, *grid);
+  StepMetrics m;
+  m.step = 1;
+  d.on_step(m);
+  EXPECT_EQ(m.slowest_rank, -1);  // no check yet
+  EXPECT_EQ(m.straggler_ratio, 0);
+  for (int s = 2; s <= 3; ++s) {
+    StepMetrics n;
+    n.step = s;
+    n.forward_ms = 5;
+    d.on_step(n);
+    EXPECT_EQ(n.slowest_rank, 0);
+    EXPECT_EQ(n.straggler_ratio, 1);
+  }
+}
+
+// A baseline file of `n` steps at `tokens_per_s` (the first one slower: warm-up).
+std::string write_baseline(const std::string& dir, int n, double tokens_per_s) {
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/base.jsonl";
+  std::ofstream f(path);
+  for (int s = 1; s <= n; ++s)
+    f << "{\"step\":" << s << ",\"tokens_per_s\":" << (s == 1 ? tokens_per_s / 3 : tokens_per_s)
+      << ",\"step_ms\":10,\"forward_ms\":4}\n";
+  return path;
+}
+
+TEST(BaselineMonitor, FlagsARunOfSlowStepsAndItsEnd) {
+  MetricsConfig mc;
+  mc.baseline = write_baseline(testing_util::fresh_test_dir(), 6, 1000);
+  mc.baseline_tolerance = 0.1;
+  mc.baseline_steps = 3;
+  BaselineMonitor b(mc, true);
+  // Step 1 is skipped; step 4 breaks the first run of low steps (below 900),
+  // 5-7 make one; step 11 breaks the run back in the band, 12-14 end it.
+  const std::vector<double> tps = {100, 950, 500, 950, 850, 800, 700, 890, 980, 990, 880, 1000, 1010, 1020};
+  const std::vector<bool> want = {false, false, false, false, false, false, true,
+                                  true,  true,  true,  true,  true,  true,  false};
+  ::testing::internal::CaptureStderr();
+  for (size_t i = 0; i < tps.size(); ++i) {
+    StepMetrics m;
+    m.step = int(i) + 1;
+    m.tokens_per_s = tps[i];
+    m.step_ms = 10;
+    b.on_step(m);
+    EXPECT_EQ(m.below_baseline, want[i]) << "step " << m.step;
+  }
+  b.on_finish();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("baseline: tokens/s 700 is 30% below the baseline's 1000 for 3 steps (since step 5;"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("baseline: tokens/s 1020 back within 10% of the baseline's 1000 for 3 steps (step 14)"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("baseline comparison"), std::string::npos) << err;
+  EXPECT_NE(err.find("tokens_per_s"), std::string::npos) << err;
+}
+
+TEST(BaselineMonitor, RefusesAMissingOrShortFile) {
+  MetricsConfig mc;
+  mc.baseline = testing_util::fresh_test_dir() + "/none.jsonl";
+  try {
+    BaselineMonitor b(mc, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos) << e.what();
+  }
+  mc.baseline = write_baseline(testing_util::fresh_test_dir("short"), 1, 1000);
+  try {
+    BaselineMonitor b(mc, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Data);
+  }
+}
+
+}  // namespace
+}  // namespace xirang
