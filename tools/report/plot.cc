@@ -89,7 +89,9 @@ std::string script(const Run& run, const std::string& tmp, const std::string& di
   s << "set output " << gq(dir + "/step_breakdown.png") << "\n"
     << "set title 'Step time by part (ms)" << (n > 1 ? ", warm-up step 1 not shown" : "") << "'\n"
     << "set ylabel 'ms'\nset key outside right\nset style data histograms\nset style histogram rowstacked\n"
-    << "set style fill solid 0.85 border -1\nset boxwidth 0.8\n"
+    // Beyond about 60 bars their outlines would cover the colours.
+    << "set style fill solid 0.85 " << (n > 60 ? "noborder" : "border -1") << "\nset boxwidth "
+    << (n > 60 ? "1" : "0.8") << "\n"
     << "plot for [i=2:" << kParts + 1 << "] " << gq(tmp + "/breakdown.dat") << " using i:xtic(int($1)%" << every
     << "==0 ? stringcolumn(1) : '') lc rgb word(colors, i-1) title columnheader(i)\n";
   s << "unset style\nset key inside top right\nset xtics autofreq\n";
