@@ -109,6 +109,8 @@ void GradSync::launch(Bucket& b) {
         grads, shard_grads_.flat_range(b.shard_offset, b.shard_offset + (b.chunk_end - b.chunk_begin)), ReduceOp::Sum);
   else
     b.work = dp_.all_reduce_async(grads, ReduceOp::Sum);
+  // The launch holds the caller (inside backward, or finish()): exposed.
+  exposed_ms_ += (now_seconds() - b.launched_at) * 1e3;
 }
 
 void GradSync::layer_done(int layer) {
@@ -123,14 +125,15 @@ void GradSync::layer_done(int layer) {
 
 void GradSync::finish(void* stream) {
   stream_ = stream;
-  Stopwatch sw;
   for (auto& b : buckets_) {
     if (!b.work) launch(b);
   }
   // On the host each join waits; on a device the stream waits for every
   // bucket and the host goes on (settle() waits once, with the timeout).
+  const double t0 = now_seconds();
   for (auto& b : buckets_) b.work->join(stream);
-  exposed_ms_ += sw.ms();
+  joined_at_ = now_seconds();
+  exposed_ms_ += (joined_at_ - t0) * 1e3;
   if (!stream) settle();
 }
 
@@ -139,7 +142,9 @@ void GradSync::settle() {
   Stopwatch sw;
   // A bucket's completion is its launch plus its duration; the span to the
   // last one is the communication time (operations overlap one another).
-  double last_done = first_launch_;
+  // On the host the communication lasts at least until the waits for it
+  // returned: the step was held that long, so exposed_ms <= comm_ms.
+  double last_done = stream_ ? first_launch_ : std::max(first_launch_, joined_at_);
   for (auto& b : buckets_) {
     b.work->wait();
     last_done = std::max(last_done, b.launched_at + b.work->duration_ms() / 1e3);
@@ -158,7 +163,6 @@ void GradSync::settle() {
 
 void GradSync::gather_parameters() {
   if (!opts_.zero) return;
-  Stopwatch sw;
   gather_start_ = now_seconds();
   gathers_.clear();
   for (auto& b : buckets_)
@@ -168,8 +172,9 @@ void GradSync::gather_parameters() {
   // and their time is counted when the next step settles.
   for (auto& w : gathers_) w->join(stream_);
   if (stream_) return;
-  comm_ms_ += (now_seconds() - gather_start_) * 1e3;
-  exposed_ms_ += sw.ms();
+  const double ms = (now_seconds() - gather_start_) * 1e3;  // a blocking gather: all of it exposed
+  comm_ms_ += ms;
+  exposed_ms_ += ms;
   gathers_.clear();
 }
 

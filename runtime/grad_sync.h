@@ -75,7 +75,9 @@ class GradSync {
 
   // Time dp communication was in flight this step (from the first launch to
   // the last completion, per phase: gradients, then ZeRO parameter gather)
-  // and the time the caller was blocked waiting for it. On a device the
+  // and the time the caller was held by it: launching buckets (inside
+  // backward, or in finish()) and waiting for them. On the host the span
+  // lasts at least until the waits returned, so exposed <= comm. On a device the
   // ZeRO gather completes behind the host and is counted in the next step,
   // and the wait for the buckets includes the end of the backward pass.
   double comm_ms() const { return comm_ms_; }
@@ -113,6 +115,7 @@ class GradSync {
   int64_t shard_elems_ = 0;
   double comm_ms_ = 0, exposed_ms_ = 0;
   double first_launch_ = 0;  // seconds; 0 before the first launch of the step
+  double joined_at_ = 0;     // seconds; when finish()'s host waits returned (null stream)
   void* stream_ = nullptr;   // finish()'s stream: null on the host
   bool settled_ = false;
   Tensor norm_sum_;          // (1) F64 sum of squares, on the gradients' device

@@ -25,18 +25,23 @@ struct StepMetrics {
   double lr = 0;
   double grad_norm = 0;
   double tokens_per_s = 0;
+  // The step's wall time and its disjoint parts (docs/metrics.md): on the
+  // CPU forward + backward + optimizer + data_wait + dp_comm_exposed +
+  // tp_comm + pp_bubble + pp_comm_exposed + ckpt_stall + (small, unnamed
+  // host work) = step_ms, each interval counted once. Evaluation runs after
+  // step_ms is taken. On a device forward and backward are device times.
   double step_ms = 0;
   double mfu = 0;  // fraction of the peak
-  double forward_ms = 0;
-  double backward_ms = 0;
-  double optimizer_ms = 0;
-  double data_wait_ms = 0;       // time the step was blocked waiting for input
-  int data_prefetch_depth = 0;   // microbatches the loader keeps in flight (adaptive)
-  double dp_comm_ms = 0;          // time data-parallel communication took this step
-  double dp_comm_exposed_ms = 0;  // time the step waited for it
-  double tp_comm_ms = 0;          // time in tensor-parallel communication (blocking, so all exposed)
-  double pp_bubble_ms = 0;        // time this stage waited for a neighbour's activation or gradient
-  double pp_comm_exposed_ms = 0;  // time it waited for its own pipeline sends to complete
+  double forward_ms = 0;          // forward passes, less the tensor-parallel communication inside them
+  double backward_ms = 0;         // backward passes, less that and the gradient-ready hook's communication
+  double optimizer_ms = 0;        // gradient norm, loss-scale vote, update; less its dp waits
+  double data_wait_ms = 0;        // getting input: blocked on the loader plus copying each microbatch in
+  int data_prefetch_depth = 0;    // microbatches the loader keeps in flight (adaptive)
+  double dp_comm_ms = 0;          // time data-parallel communication took this step (overlapped or not)
+  double dp_comm_exposed_ms = 0;  // time the step spent on it: bucket launches and waits
+  double tp_comm_ms = 0;          // time in tensor-parallel collectives (blocking, so all exposed)
+  double pp_bubble_ms = 0;        // time this stage waited for a neighbour's activation or gradient, or the drain
+  double pp_comm_exposed_ms = 0;  // time it waited for its own pipeline sends and the tied-embedding reduction
   double ckpt_stall_ms = 0;       // time the step was stopped to save a checkpoint
   bool checkpoint_saved = false;  // the step saved a checkpoint
   double loss_scale = 1;          // the fp16 loss scale the step ran with (1: none)

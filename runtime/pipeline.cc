@@ -41,7 +41,7 @@ void ComputeSpans::begin(void* stream) {
   host_start_ = now_seconds();
 }
 
-void ComputeSpans::end(void* stream, Kind kind) {
+void ComputeSpans::end(void* stream, Kind kind, double host_comm_ms) {
 #ifdef XIRANG_HAVE_CUDA
   if (stream) {
     Events& e = *ev_;
@@ -51,7 +51,7 @@ void ComputeSpans::end(void* stream, Kind kind) {
   }
 #endif
   (void)stream;
-  host_ms_[kind] += (now_seconds() - host_start_) * 1e3;
+  host_ms_[kind] += (now_seconds() - host_start_) * 1e3 - host_comm_ms;
 }
 
 void ComputeSpans::take(PipelineStats& stats) {
@@ -200,7 +200,7 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
       case PipeOp::RecvGradient: receive(list, i, stats); break;
       case PipeOp::Forward: forward(ctx, c, in.microbatch, feed, dloss, stats); break;
       case PipeOp::SendActivation: send_activation(c, in.microbatch); break;
-      case PipeOp::Backward: backward(ctx, c, in.microbatch); break;
+      case PipeOp::Backward: backward(ctx, c, in.microbatch, stats); break;
       case PipeOp::SendGradient: send_gradient(ctx, c, in.microbatch, stats); break;
       default: break;
     }
@@ -220,6 +220,17 @@ void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i, Pip
   wait_recv(in.op, in.microbatch, in.chunk, stats);
 }
 
+template <class Pass>
+void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, PipelineStats& stats, Pass&& pass) {
+  // Tensor-parallel time from outside a training pass (evaluation) is not this step's.
+  c.model->take_tp_comm_ms();
+  spans_.begin(stream_);
+  pass();
+  const double tp_ms = c.model->take_tp_comm_ms();
+  spans_.end(stream_, kind, tp_ms);
+  stats.tp_comm_ms += tp_ms;
+}
+
 void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss,
                                PipelineStats& stats) {
   if (c.first) c.slot_of[mb] = take_slot(c, stats);
@@ -232,9 +243,7 @@ void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const
     feed(mb, tokens, targets);
     stats.data_ms += sw.ms();
   }
-  spans_.begin(stream_);
-  c.model->forward(ctx, s, tokens, targets, dloss);
-  spans_.end(stream_, ComputeSpans::Forward);
+  timed_pass(c, ComputeSpans::Forward, stats, [&] { c.model->forward(ctx, s, tokens, targets, dloss); });
 }
 
 void PipelineExecutor::send_activation(Chunk& c, int mb) {
@@ -242,7 +251,7 @@ void PipelineExecutor::send_activation(Chunk& c, int mb) {
   c.slot_send[size_t(s)] = ch_.act_send->send_async(c.model->stage_output(s), (rank_ + 1) % p_, tag(0, mb, c.g + 1));
 }
 
-void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb) {
+void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats) {
   const int s = c.slot_of.at(mb);
   Tensor out_grad;
   int gb = -1;
@@ -252,9 +261,8 @@ void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb) {
   }
   // Backwards run in microbatch order per chunk, so the last one makes the gradients final.
   const GradPhase phase = mb == m_ - 1 ? GradPhase::Final : GradPhase::Accumulate;
-  spans_.begin(stream_);
-  c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad);
-  spans_.end(stream_, ComputeSpans::Backward);
+  timed_pass(c, ComputeSpans::Backward, stats,
+             [&] { c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad); });
   if (gb >= 0) {
     c.grad_of.erase(mb);
     c.free_grad.push_back(gb);

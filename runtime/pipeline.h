@@ -66,10 +66,13 @@ inline int pipe_edge_color(int e, int p) { return p % 2 == 1 && e == p - 1 ? 2 :
 PipeChannels colored_pipe_channels(int rank, int p, const std::vector<Communicator*>& act,
                                    const std::vector<Communicator*>& grad);
 
+// The step's time in the executor, each part measured once: on the CPU the
+// passes' times leave out the tensor-parallel collectives inside them.
 struct PipelineStats {
-  double forward_ms = 0;
-  double backward_ms = 0;
-  double data_ms = 0;
+  double forward_ms = 0;      // forward passes (CPU: less their tensor-parallel communication)
+  double backward_ms = 0;     // backward passes, likewise
+  double tp_comm_ms = 0;      // tensor-parallel communication inside the passes (device: host launch time)
+  double data_ms = 0;         // the feed: waiting for the loader and copying a microbatch in
   double bubble_ms = 0;       // waiting for a neighbour's activation or gradient
   double comm_exposed_ms = 0; // waiting for our own sends to complete
 };
@@ -86,7 +89,10 @@ class ComputeSpans {
   ComputeSpans();
   ~ComputeSpans();
   void begin(void* stream);
-  void end(void* stream, Kind kind);
+  // `host_comm_ms`: host time inside the span spent in communication (the
+  // pass's blocking tensor-parallel collectives); on the CPU it is left
+  // out of the span. A device span is device time and keeps it.
+  void end(void* stream, Kind kind, double host_comm_ms = 0);
   // Adds the spans since the last call to stats (forward_ms, backward_ms;
   // on a device also the idle time to bubble_ms) and starts over. On a
   // device, only after the spans' work has completed.
@@ -153,7 +159,11 @@ class PipelineExecutor {
   void receive(const std::vector<PipeInstr>& list, size_t i, PipelineStats& stats);
   void forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss, PipelineStats& stats);
   void send_activation(Chunk& c, int mb);
-  void backward(const KernelContext& ctx, Chunk& c, int mb);
+  void backward(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats);
+  // Runs one pass of `c` between a span's begin and end, with its
+  // tensor-parallel communication counted apart.
+  template <class Pass>
+  void timed_pass(Chunk& c, ComputeSpans::Kind kind, PipelineStats& stats, Pass&& pass);
   void send_gradient(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats);
   void join_sends(PipelineStats& stats);
   int take_slot(Chunk& c, PipelineStats& stats);

@@ -234,7 +234,7 @@ void Trainer::init_parameters() {
       // A tied original's gradient is final here: add its copies' contributions first.
       for (Parameter* t : tied_)
         if (t->layer == l) reduce_tied(*t);
-      sync_->layer_done(l);
+      launch_buckets(l);
     });
   }
   opt_->init_master(ctx_);
@@ -309,6 +309,10 @@ TrainResult Trainer::run() {
     accumulate_gradients(step, m);  // forward and backward of every microbatch, buckets reduced as they fill
     sync_->finish(ctx_.cuda_stream);
     wait_step_transfers();
+    // The optimizer's part leaves out its waits for data-parallel
+    // communication (ZeRO's parameter gather; on a device the buckets'
+    // host wait in grad_norm): they are dp_comm_exposed_ms.
+    const double dp_waits = sync_->exposed_ms();
     Stopwatch ow;
     const double scale = loss_scale_.scale();
     m.loss_scale = scale;
@@ -319,7 +323,7 @@ TrainResult Trainer::run() {
     m.lr = lr_at(cfg_.train, step);
     m.skipped = skip_step(m.grad_norm);
     if (!m.skipped) update_parameters(m.lr, m.grad_norm, scale);
-    m.optimizer_ms = ow.ms();
+    m.optimizer_ms = ow.ms() - (sync_->exposed_ms() - dp_waits);
     m.loss = global_loss(local_loss);
     take_comm_times(m);
     if (ckpt_->due(m.step, last)) save_checkpoint(m);  // its stall is part of step_ms
@@ -362,8 +366,16 @@ void Trainer::zero_gradients() {
 void Trainer::reduce_tied(Parameter& p) {
   // On a device the compute stream waits for the sum; the host goes on (and
   // waits with the timeout at the end of the step).
+  Stopwatch sw;
   tied_work_.push_back(comm_->embedding().all_reduce_async(p.grad, ReduceOp::Sum));
   tied_work_.back()->join(ctx_.cuda_stream);
+  own_comm_.tied_ms += sw.ms();
+}
+
+void Trainer::launch_buckets(int layer) {
+  Stopwatch sw;
+  sync_->layer_done(layer);
+  own_comm_.launch_ms += sw.ms();
 }
 
 void Trainer::accumulate_gradients(int step, StepMetrics& m) {
@@ -379,7 +391,9 @@ void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   // a slow stage (a receive, the gradient reduction), not inside their own
   // compute (a tied gradient's reduction runs inside the first stage's backward).
   st.forward_ms += faults_->delay_compute(step + 1);
+  own_comm_ = {};
   exec_->run(ctx_, schedule_, feed, dloss, st);
+  const StepCommTimes in_passes = own_comm_;
   // A tied copy (the last stage's token table) is final once its head
   // passes are done. Its reduction waits for the original's chunk to
   // finish, and so does the barrier after it on every stage: a stage that
@@ -388,18 +402,24 @@ void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   Stopwatch drain;
   for (Parameter* t : tied_copies_) {
     reduce_tied(*t);
-    sync_->layer_done(t->layer);
+    launch_buckets(t->layer);
   }
   // (On a device the host has only queued the work: no barrier, the streams order it.)
   if (cfg_.parallel.pp > 1 && device_ == Device::CPU) grid_->pp().barrier();
-  st.bubble_ms += drain.ms();
+  const double drain_comm_ms = (own_comm_.tied_ms - in_passes.tied_ms) + (own_comm_.launch_ms - in_passes.launch_ms);
+  // Each part once. The gradient-ready hook ran inside the backward passes:
+  // its waits for the tied reduction are pipeline communication (the
+  // embedding group joins the first and last stage), its bucket launches
+  // data-parallel communication (GradSync's exposed time). On a device
+  // take_device_times replaces the passes' times with the device's.
   m.forward_ms = st.forward_ms;
-  m.backward_ms = st.backward_ms;
-  // The time the step was blocked on input (the copy out of the queue is in st.data_ms too).
-  m.data_wait_ms = loader_ ? loader_->take_wait_ms() : 0.0;
+  m.backward_ms = st.backward_ms - in_passes.tied_ms - in_passes.launch_ms;
+  m.tp_comm_ms = st.tp_comm_ms;
+  // Getting the input: blocked on the loader, and copying (on a device, queuing the upload of) each microbatch.
+  m.data_wait_ms = st.data_ms;
   m.data_prefetch_depth = loader_ ? loader_->depth() : 0;
-  m.pp_bubble_ms = st.bubble_ms;
-  m.pp_comm_exposed_ms = st.comm_exposed_ms;
+  m.pp_bubble_ms = st.bubble_ms + drain.ms() - drain_comm_ms;
+  m.pp_comm_exposed_ms = st.comm_exposed_ms + own_comm_.tied_ms;
 }
 
 void Trainer::wait_step_transfers() {
@@ -451,7 +471,6 @@ double Trainer::global_loss(double local_loss) {
 void Trainer::take_comm_times(StepMetrics& m) {
   m.dp_comm_ms = sync_->comm_ms();
   m.dp_comm_exposed_ms = sync_->exposed_ms();
-  for (auto& c : chunks_) m.tp_comm_ms += c->take_tp_comm_ms();
 }
 
 void Trainer::save_checkpoint(StepMetrics& m) {

@@ -132,6 +132,8 @@ class Trainer {
   // Sums a tied parameter's gradient over the chunks that hold it (the
   // pipeline's embedding group: first and last stage).
   void reduce_tied(Parameter& p);
+  // Launches the data-parallel buckets that `layer`'s final gradients complete.
+  void launch_buckets(int layer);
   void print_run() const;
   int last_step() const;
   double tokens_per_step() const { return double(cfg_.train.global_batch) * cfg_.seq_len(); }
@@ -156,6 +158,14 @@ class Trainer {
   std::vector<Parameter*> tied_;         // parameters another pipeline chunk also holds (originals)
   std::vector<Parameter*> tied_copies_;  // their copies on this rank (tied_copy)
   std::vector<WorkPtr> tied_work_;       // the step's reductions of tied gradients
+  // Host time the trainer's own communication took during the step's passes
+  // and drain: the gradient-ready hook runs inside a backward pass, so this
+  // is taken out of backward_ms and counted as communication instead.
+  struct StepCommTimes {
+    double tied_ms = 0;    // tied gradients' reductions (on the CPU: their waits): pipeline communication
+    double launch_ms = 0;  // GradSync::layer_done, whose bucket launches GradSync counts as exposed dp time
+  };
+  StepCommTimes own_comm_;
   std::unique_ptr<PipelineExecutor> exec_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;

@@ -19,7 +19,7 @@
 //                   .first_step = resume_step};
 //   PrefetchLoader loader(train_data, spec, LoaderOptions{});
 //   for (int mb = 0; mb < m; ++mb) loader.next(step, mb, tokens, targets);  // (B, T) each, either may be null
-//   metrics.data_wait_ms = loader.take_wait_ms();
+//   double blocked_ms = loader.take_wait_ms();  // time next() waited since the last call
 //
 // Device-ready microbatches: with spec.device a GPU, the tensor form of
 // next() fills (B, T) int32 tensors in device memory, so that the pipeline

@@ -1,0 +1,158 @@
+// The step's time accounting under MPI: the named parts of step_ms are
+// disjoint and leave little unnamed.
+//
+//   mpirun -np 8 parallel_step_time_check --data DIR --set parallel.dp=2 --set parallel.tp=2 --set parallel.pp=2
+//       [--steps 8] [--max-unaccounted 0.10]
+//
+// Every rank trains the layout and checks its own StepMetrics for every
+// step after the first (the first pays for warm-up): each part is >= 0,
+// dp_comm_exposed_ms <= dp_comm_ms, and the parts add up to at most
+// step_ms * 1.02 (they are measured disjointly, so only clock noise may
+// push the sum over). Over those steps the median of the unaccounted
+// fraction, 1 - parts / step_ms, must stay under --max-unaccounted. Each
+// rank prints its medians; exits non-zero on any failure on any rank.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "comm/mpi_runtime.h"
+#include "comm/process_grid.h"
+#include "runtime/config/config.h"
+#include "runtime/trainer.h"
+
+using namespace xirang;
+
+namespace {
+
+struct Args {
+  std::string data;
+  std::vector<std::string> overrides;
+  int steps = 8;
+  double max_unaccounted = 0.10;  // median fraction of step_ms
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s == "--data" && i + 1 < argc) a.data = argv[++i];
+    else if (s == "--set" && i + 1 < argc) a.overrides.push_back(argv[++i]);
+    else if (s == "--steps" && i + 1 < argc) a.steps = std::stoi(argv[++i]);
+    else if (s == "--max-unaccounted" && i + 1 < argc) a.max_unaccounted = std::stod(argv[++i]);
+    else fail(ErrorKind::Usage, "parallel_step_time_check: unexpected argument '", s, "'");
+  }
+  if (a.data.empty()) fail(ErrorKind::Usage, "parallel_step_time_check: --data DIR is required");
+  if (a.steps < 3) fail(ErrorKind::Usage, "parallel_step_time_check: --steps must be at least 3");
+  return a;
+}
+
+// The named parts of step_ms, in the order of docs/metrics.md.
+struct Part {
+  const char* name;
+  double StepMetrics::*field;
+};
+const Part kParts[] = {{"forward", &StepMetrics::forward_ms},
+                       {"backward", &StepMetrics::backward_ms},
+                       {"optimizer", &StepMetrics::optimizer_ms},
+                       {"data_wait", &StepMetrics::data_wait_ms},
+                       {"dp_exposed", &StepMetrics::dp_comm_exposed_ms},
+                       {"tp_comm", &StepMetrics::tp_comm_ms},
+                       {"pp_bubble", &StepMetrics::pp_bubble_ms},
+                       {"pp_exposed", &StepMetrics::pp_comm_exposed_ms},
+                       {"ckpt_stall", &StepMetrics::ckpt_stall_ms}};
+
+double parts_ms(const StepMetrics& m) {
+  double sum = 0;
+  for (const Part& p : kParts) sum += m.*p.field;
+  return sum;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiRuntime mpi(&argc, &argv);
+  const int rank = mpi.world_rank(), world = mpi.world_size();
+  int bad = 0;
+  try {
+    const Args args = parse(argc, argv);
+    std::vector<std::string> o = {"data.train=" + args.data + "/train", "train.steps=" + std::to_string(args.steps),
+                                  "metrics.jsonl="};
+    o.insert(o.end(), args.overrides.begin(), args.overrides.end());
+    Config cfg = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", o);
+    validate(cfg, world);
+    auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
+                                        CommOptions{cfg.comm.timeout_s},
+                                        LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
+    TrainerOptions quiet;
+    quiet.print = false;
+    quiet.peak = PeakFlops{1e11, "test"};
+    Trainer t(cfg, quiet, grid.get());
+    const TrainResult r = t.run();
+
+    std::string fails;
+    std::vector<double> unaccounted, step_ms;
+    std::vector<std::vector<double>> part_ms(std::size(kParts));
+    for (size_t i = 1; i < r.steps.size(); ++i) {
+      const StepMetrics& m = r.steps[i];
+      char buf[160];
+      for (const Part& p : kParts)
+        if (m.*p.field < 0) {
+          std::snprintf(buf, sizeof buf, " step %d: %s_ms %.3f < 0;", m.step, p.name, m.*p.field);
+          fails += buf;
+        }
+      if (m.dp_comm_exposed_ms > m.dp_comm_ms) {
+        std::snprintf(buf, sizeof buf, " step %d: dp_comm_exposed_ms %.3f > dp_comm_ms %.3f;", m.step,
+                      m.dp_comm_exposed_ms, m.dp_comm_ms);
+        fails += buf;
+      }
+      const double sum = parts_ms(m);
+      if (sum > m.step_ms * 1.02) {
+        std::snprintf(buf, sizeof buf, " step %d: parts %.3f ms > step_ms %.3f x 1.02;", m.step, sum, m.step_ms);
+        fails += buf;
+      }
+      unaccounted.push_back(1 - sum / m.step_ms);
+      step_ms.push_back(m.step_ms);
+      for (size_t k = 0; k < std::size(kParts); ++k) part_ms[k].push_back(r.steps[i].*kParts[k].field);
+    }
+    const double u = median(unaccounted);
+    if (u >= args.max_unaccounted) {
+      char buf[120];
+      std::snprintf(buf, sizeof buf, " median unaccounted %.1f%% >= %.1f%%;", 100 * u, 100 * args.max_unaccounted);
+      fails += buf;
+    }
+    // One line per rank, in rank order.
+    std::string line = "rank " + std::to_string(rank) + ": median step " + std::to_string(int(median(step_ms))) + " ms";
+    for (size_t k = 0; k < std::size(kParts); ++k) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, ", %s %.1f", kParts[k].name, median(part_ms[k]));
+      line += buf;
+    }
+    char tail[64];
+    std::snprintf(tail, sizeof tail, "; unaccounted %.1f%%", 100 * u);
+    line += tail;
+    bad = fails.empty() ? 0 : 1;
+    for (int rr = 0; rr < world; ++rr) {
+      if (rr == rank) {
+        std::printf("%s: %s%s\n", bad ? "FAIL" : "ok", line.c_str(), fails.c_str());
+        std::fflush(stdout);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    bad = 1;
+  }
+  int any_bad = 0;
+  MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0) std::printf("%s\n", any_bad ? "step time check FAILED" : "step time check passed");
+  return any_bad ? 1 : 0;
+}
