@@ -44,6 +44,12 @@ struct ShardSpec {
   static ShardSpec split_blocks(const Shape& g, int dim, int parts, int index, std::vector<int64_t> sizes);
 
   bool replicated() const { return dim < 0 || parts == 1; }
+  // The shape of the local tensor this rank holds (the split dimension divided by parts).
+  Shape local_shape() const {
+    Shape local = global;
+    if (!replicated()) local[dim] /= parts;
+    return local;
+  }
   int block_count() const { return block_sizes.empty() ? blocks : int(block_sizes.size()); }
   // Global extent of block k along dim.
   int64_t block_extent(int k) const {

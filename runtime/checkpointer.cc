@@ -100,7 +100,7 @@ void Checkpointer::write(const SaveJob& job) {
     for (size_t i = 0; i < job.entries.size(); ++i) {
       const SaveEntry& e = job.entries[i];
       if (e.begin == 0 && e.end == e.data.numel() && e.group == "params")
-        w.add(e.group, e.name, e.shard, e.data.view(shard_local_shape(e.shard)));
+        w.add(e.group, e.name, e.shard, e.data.view(e.shard.local_shape()));
       else
         w.add(e.group, e.name, e.shard, e.begin, e.end, e.data, e.data.dtype());
       if (job.kill && i == job.entries.size() / 2) faults_.kill_in_save(job.steps_done);  // the file half written

@@ -97,17 +97,11 @@ ModelArch gpt2_arch() {
 
 // ---- the chunk
 
-namespace {
-
-int tp_size_of(const TensorParallel& tp) { return tp.group ? tp.group->size() : tp.size > 1 ? tp.size : 1; }
-
-}  // namespace
-
 GPT2::GPT2(const ModelDims& dims, const ChunkPlacement& placement, DType dtype, const ChunkBatch& batch,
            const TensorParallel& parallel)
     : ModelChunk(dims, placement, dtype, batch),
-      layers_(dims, placement, tp_size_of(parallel)),
-      tp_(parallel, int64_t(batch.micro_batch) * batch.seq_len) {
+      tp_(parallel, int64_t(batch.micro_batch) * batch.seq_len),
+      layers_(dims, placement, tp_.size()) {
   // The architecture's own rules (a chunk may hold no blocks: tests build such).
   XR_CHECK(dims.n_head >= 1 && dims.d_model % dims.n_head == 0, "GPT2: d_model ", dims.d_model, " % n_head ",
            dims.n_head);

@@ -115,8 +115,8 @@ class GPT2 final : public ModelChunk {
   void head_forward(const KernelContext& ctx, SlotActs& s, const Tensor& x, const Tensor& targets, double dloss);
   void head_backward(const KernelContext& ctx, SlotActs& s, GradPhase phase);
 
+  TpComm tp_;  // before layers_: they are built for its size
   GPT2Layers layers_;
-  TpComm tp_;
   std::vector<SlotActs> slots_;
   Tensor d_res_;    // (R, C) gradient of the residual stream
   Tensor d_c_;      // (R, C) reduced gradient of a LayerNorm output

@@ -202,16 +202,10 @@ std::string shard_spec_problem(const ShardSpec& s) {
   return "";
 }
 
-Shape shard_local_shape(const ShardSpec& s) {
-  Shape local = s.global;
-  if (!s.replicated()) local[s.dim] = s.global[s.dim] / s.parts;
-  return local;
-}
-
 ShardMap::ShardMap(const ShardSpec& s) {
   const std::string problem = shard_spec_problem(s);
   XR_CHECK(problem.empty(), problem);
-  local_ = shard_local_shape(s);
+  local_ = s.local_shape();
   numel_ = local_.numel();
   global_numel_ = s.global.numel();
   whole_ = s.replicated();

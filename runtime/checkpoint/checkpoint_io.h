@@ -52,8 +52,7 @@ inline constexpr int kCheckpointFormatVersion = 1;
 
 // Empty when `s` describes a valid shard, else what is wrong with it.
 std::string shard_spec_problem(const ShardSpec& s);
-// The shape of the local tensor a shard holds (the split dimension divided by parts).
-Shape shard_local_shape(const ShardSpec& s);
+// The shape of the local tensor a shard holds: ShardSpec::local_shape().
 
 // ShardSpec::global_index generalised to any rank, with its inverse. Local
 // elements come in runs of consecutive elements that are also consecutive in

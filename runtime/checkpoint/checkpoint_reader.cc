@@ -80,7 +80,7 @@ CheckpointEntry describe(hid_t dset, const std::string& group, const std::string
   if (has_attr(dset, "block_sizes")) e.shard.block_sizes = read_attr_i64s(dset, "block_sizes");
   const std::string problem = shard_spec_problem(e.shard);
   if (!problem.empty()) fail(ErrorKind::Checkpoint, "shard: ", problem);
-  e.local = shard_local_shape(e.shard);
+  e.local = e.shard.local_shape();
   if (shape_from(read_attr_i64s(dset, "local_shape"), "local_shape") != e.local)
     fail(ErrorKind::Checkpoint, "local_shape disagrees with the shard");
   e.flat_begin = read_attr_i64(dset, "flat_begin");
@@ -297,7 +297,7 @@ Shape CheckpointReader::global_shape(std::string_view group, std::string_view na
 void CheckpointReader::read(std::string_view group, std::string_view name, const ShardSpec& want, Tensor out) const {
   const std::string problem = shard_spec_problem(want);
   XR_CHECK(problem.empty(), "reading '", name, "': ", problem);
-  read(group, name, want, 0, shard_local_shape(want).numel(), out);
+  read(group, name, want, 0, want.local_shape().numel(), out);
 }
 
 void CheckpointReader::read(std::string_view group, std::string_view name, const ShardSpec& want,

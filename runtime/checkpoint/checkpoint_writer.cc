@@ -68,7 +68,7 @@ void check_entry(std::string_view group, std::string_view name, const ShardSpec&
   XR_CHECK(group != "scalars", "the checkpoint group 'scalars' is reserved for set_int/set_double");
   const std::string problem = shard_spec_problem(shard);
   XR_CHECK(problem.empty(), "checkpoint entry '", name, "': ", problem);
-  const int64_t local_numel = shard_local_shape(shard).numel();
+  const int64_t local_numel = shard.local_shape().numel();
   XR_CHECK(0 <= flat_begin && flat_begin <= flat_end && flat_end <= local_numel, "checkpoint entry '", name,
            "': flat range [", flat_begin, ", ", flat_end, ") of a local shard of ", local_numel, " elements");
   const int64_t n = flat_end - flat_begin;
@@ -171,7 +171,7 @@ void RankCheckpointWriter::add(std::string_view group, std::string_view name, co
                                const Tensor& data) {
   const std::string problem = shard_spec_problem(shard);
   XR_CHECK(problem.empty(), "checkpoint entry '", name, "': ", problem);
-  add(group, name, shard, 0, shard_local_shape(shard).numel(), data, data.dtype());
+  add(group, name, shard, 0, shard.local_shape().numel(), data, data.dtype());
 }
 
 void RankCheckpointWriter::add(std::string_view group, std::string_view name, const ShardSpec& shard_in,
@@ -183,7 +183,7 @@ void RankCheckpointWriter::add(std::string_view group, std::string_view name, co
   e.name = std::string(name);
   // Canonical form of a replicated shard, so files compare equal whatever the caller passed.
   e.shard = shard_in.replicated() ? ShardSpec::whole(shard_in.global) : shard_in;
-  e.local = shard_local_shape(e.shard);
+  e.local = e.shard.local_shape();
   e.flat_begin = flat_begin;
   e.flat_end = flat_end;
   e.dtype = store_as;

@@ -39,7 +39,7 @@ Tensor view_of(std::vector<float>& v, Shape s) { return Tensor(v.data(), s, DTyp
 
 // The local shard of `global` under `s`, built with the model's own mapping.
 std::vector<float> local_of(const std::vector<float>& global, const ShardSpec& s) {
-  const Shape local = shard_local_shape(s);
+  const Shape local = s.local_shape();
   std::vector<float> out(size_t(local.numel()));
   for (int64_t i = 0; i < local.numel(); ++i) out[size_t(i)] = global[size_t(s.global_index(local, i))];
   return out;
@@ -60,7 +60,7 @@ CheckpointMeta meta_for(int64_t step, int dp, int tp) {
 // Reads `want` (whole local shard, or [b, e) of it) and returns the values.
 std::vector<float> load(const CheckpointReader& r, const std::string& group, const std::string& name,
                         const ShardSpec& want, int64_t b = 0, int64_t e = -1) {
-  if (e < 0) e = shard_local_shape(want).numel();
+  if (e < 0) e = want.local_shape().numel();
   std::vector<float> out(size_t(e - b), 0.0f);
   r.read(group, name, want, b, e, Tensor(out.data(), {e - b}, DType::F32));
   return out;
@@ -180,7 +180,7 @@ TEST(CheckpointShardMap, UnequalBlocksRoundTrip) {
   for (int rank = 0; rank < 2; ++rank) {
     RankCheckpointWriter w(tmp, rank, 5);
     std::vector<float> local = local_of(W, gqa(2, rank));
-    w.add("params", "qkv", gqa(2, rank), view_of(local, shard_local_shape(gqa(2, rank))));
+    w.add("params", "qkv", gqa(2, rank), view_of(local, gqa(2, rank).local_shape()));
     w.close();
   }
   dir.commit(meta_for(5, 1, 2), 3);
@@ -219,7 +219,7 @@ class CheckpointReshard : public ::testing::Test {
       for (const auto& [name, spec] : {std::pair{"row", split(kW, 0, 2, t)}, std::pair{"qkv", split(kW, 0, 2, t, 3)},
                                        std::pair{"col", split(kW, 1, 2, t)}}) {
         std::vector<float> local = local_of(W, spec);
-        w.add("params", name, spec, view_of(local, shard_local_shape(spec)));
+        w.add("params", name, spec, view_of(local, spec.local_shape()));
       }
       w.add("params", "rep", whole({32}), view_of(V, {32}));
       std::vector<float> m_local = local_of(M, split(kW, 0, 2, t));
