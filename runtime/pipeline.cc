@@ -222,8 +222,6 @@ void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i, Pip
 
 template <class Pass>
 void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, PipelineStats& stats, Pass&& pass) {
-  // Tensor-parallel time from outside a training pass (evaluation) is not this step's.
-  c.model->take_tp_comm_ms();
   spans_.begin(stream_);
   pass();
   const double tp_ms = c.model->take_tp_comm_ms();

@@ -520,7 +520,10 @@ double Trainer::evaluate() {
       if (!g.placement().has_head) pipe.act_send->send(g.stage_output(0), (rank + 1) % p, kEvalTag);
     }
   }
-  for (auto& c : chunks_) sum += c->take_loss(ctx_);
+  for (auto& c : chunks_) {
+    sum += c->take_loss(ctx_);
+    c->take_tp_comm_ms();  // evaluation runs outside step_ms: its tensor-parallel time is no step's
+  }
   sum = grid_->pp().all_reduce_sum(sum);  // only the last stage has losses
   return grid_->dp().all_reduce_sum(sum) / double(n);
 }
