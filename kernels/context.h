@@ -21,6 +21,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "core/timeline.h"
 
 namespace xirang {
 
@@ -30,6 +31,9 @@ struct KernelContext {
   void* blas_handle = nullptr;  // cublasLtHandle_t on CUDA
   void* blas_workspace = nullptr;    // device memory cuBLASLt may use
   size_t blas_workspace_bytes = 0;
+  // Where ops add their time under metrics.op_profile, and the runtime its
+  // spans under metrics.trace (core/timeline.h); null: nothing is recorded.
+  Timeline* timeline = nullptr;
 };
 
 // Whether a gradient output is overwritten or added to. Parameter gradients

@@ -64,7 +64,7 @@ void Checkpointer::snapshot(std::vector<SaveEntry>& entries, void* stream) {
   }
 }
 
-void Checkpointer::save(int64_t steps_done, void* stream) {
+void Checkpointer::save(int64_t steps_done, void* stream, Timeline* tl) {
   finish();  // one save in flight at a time
   CheckpointDir dir(cfg_.checkpoint.dir);
   SaveJob job;
@@ -74,7 +74,12 @@ void Checkpointer::save(int64_t steps_done, void* stream) {
   grid_.world().barrier();
   job.entries = entries_to_save();
   const bool async = cfg_.checkpoint.async;
-  if (async || device_ != Device::CPU) snapshot(job.entries, stream);
+  if (async || device_ != Device::CPU) {
+    SpanScope span(tl, "checkpoint_snapshot", Track::Main, -1, -1, int(steps_done));
+    snapshot(job.entries, stream);
+  }
+  job.tl = tl;
+  job.track = async ? Track::Checkpoint : Track::Main;
   job.kill = faults_.kills_save(steps_done);
   // The dynamic loss scale's state (nothing when there is none to continue).
   const LossScale& ls = state_.loss_scale;
@@ -95,6 +100,7 @@ void Checkpointer::save(int64_t steps_done, void* stream) {
 
 // Runs on the saver thread (or inline): an error is kept for commit() to rethrow.
 void Checkpointer::write(const SaveJob& job) {
+  SpanScope span(job.tl, "checkpoint_write", job.track, -1, -1, int(job.steps_done));
   try {
     RankCheckpointWriter w(job.tmp_dir, grid_.world_rank(), job.steps_done);
     for (size_t i = 0; i < job.entries.size(); ++i) {

@@ -35,6 +35,7 @@
 
 #include "comm/process_grid.h"
 #include "core/arena.h"
+#include "core/timeline.h"
 #include "models/parameter.h"
 #include "runtime/config/config.h"
 #include "runtime/faults.h"
@@ -78,8 +79,9 @@ class Checkpointer {
   // Writes the checkpoint of `steps_done` completed steps (every rank takes
   // part). With a snapshot the tensors are copied to it (on `stream`, the
   // compute stream) and a background thread writes the file; the step
-  // stalls only for the copy.
-  void save(int64_t steps_done, void* stream);
+  // stalls only for the copy. `tl`: where the snapshot and the write go on
+  // the timeline (the write on its Checkpoint track when asynchronous).
+  void save(int64_t steps_done, void* stream, Timeline* tl = nullptr);
   // Commits the save in flight when every rank's file is written (one small
   // all-reduce; call it at the same point on every rank).
   void poll();
@@ -102,6 +104,8 @@ class Checkpointer {
     double loss_scale = 0;  // the dynamic loss scale's state; 0: none to continue
     int good_steps = 0, hysteresis_left = 0;
     int64_t updates = 0;
+    Timeline* tl = nullptr;
+    Track track = Track::Main;  // where the write's span goes
   };
   std::vector<SaveEntry> entries_to_save() const;
   void snapshot(std::vector<SaveEntry>& entries, void* stream);

@@ -10,6 +10,11 @@
 
 namespace xirang {
 
+namespace {
+// The bytes of parameters a bucket's ZeRO gather delivers.
+int64_t gather_bytes(const GradSync::Bucket& b, size_t element_size) { return (b.end - b.begin) * int64_t(element_size); }
+}  // namespace
+
 GradSync::GradSync(std::vector<Parameter>& params, Communicator& dp, Communicator* tp, Communicator* pp,
                    GradSyncOptions opts, Communicator* dp_host)
     : params_(params), dp_(dp), dp_host_(dp_host ? dp_host : &dp), tp_(tp), pp_(pp), opts_(opts) {
@@ -113,6 +118,13 @@ void GradSync::launch(Bucket& b) {
   exposed_ms_ += (now_seconds() - b.launched_at) * 1e3;
 }
 
+void GradSync::record(const WorkPtr& w, OpKind kind, double t0, int bucket, int64_t bytes) {
+  if (!tl_ || dp_.size() == 1) return;
+  const double ms = w->duration_ms();
+  if (tl_->profiling()) tl_->add_op_ms(kind, ms);
+  add_span(tl_, op_kind_name(kind), Track::DpComm, t0, t0 + ms / 1e3, -1, -1, bucket, bytes);
+}
+
 void GradSync::layer_done(int layer) {
   if (!opts_.overlap) return;
   // Buckets complete in order during backward; launch each as soon as it is whole.
@@ -131,6 +143,7 @@ void GradSync::finish(void* stream) {
   // On the host each join waits; on a device the stream waits for every
   // bucket and the host goes on (settle() waits once, with the timeout).
   const double t0 = now_seconds();
+  SpanScope span(tl_, "dp_wait", Track::Main);
   for (auto& b : buckets_) b.work->join(stream);
   joined_at_ = now_seconds();
   exposed_ms_ += (joined_at_ - t0) * 1e3;
@@ -145,16 +158,23 @@ void GradSync::settle() {
   // On the host the communication lasts at least until the waits for it
   // returned: the step was held that long, so exposed_ms <= comm_ms.
   double last_done = stream_ ? first_launch_ : std::max(first_launch_, joined_at_);
-  for (auto& b : buckets_) {
+  SpanScope span(stream_ ? tl_ : nullptr, "dp_wait", Track::Main);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
     b.work->wait();
     last_done = std::max(last_done, b.launched_at + b.work->duration_ms() / 1e3);
+    record(b.work, opts_.zero ? OpKind::DpReduceScatter : OpKind::DpAllReduce, b.launched_at, int(i),
+           (b.end - b.begin) * int64_t(dtype_size(flat_grads_.dtype())));
   }
   comm_ms_ += (last_done - first_launch_) * 1e3;
   if (stream_) exposed_ms_ += sw.ms();  // on the host, finish() already counted the waits
   // A device's ZeRO gather of the previous step completed before these buckets (same channel).
   if (!gathers_.empty()) {
     double end = gather_start_;
-    for (auto& w : gathers_) end = std::max(end, gather_start_ + w->duration_ms() / 1e3);
+    for (size_t i = 0; i < gathers_.size(); ++i) {
+      end = std::max(end, gather_start_ + gathers_[i]->duration_ms() / 1e3);
+      record(gathers_[i], OpKind::DpAllGather, gather_start_, int(i), gather_bytes(buckets_[i], dtype_size(flat_params_.dtype())));
+    }
     comm_ms_ += (end - gather_start_) * 1e3;
     gathers_.clear();
   }
@@ -172,6 +192,8 @@ void GradSync::gather_parameters() {
   // and their time is counted when the next step settles.
   for (auto& w : gathers_) w->join(stream_);
   if (stream_) return;
+  for (size_t i = 0; i < gathers_.size(); ++i)
+    record(gathers_[i], OpKind::DpAllGather, gather_start_, int(i), gather_bytes(buckets_[i], dtype_size(flat_params_.dtype())));
   const double ms = (now_seconds() - gather_start_) * 1e3;  // a blocking gather: all of it exposed
   comm_ms_ += ms;
   exposed_ms_ += ms;

@@ -56,6 +56,9 @@ class GradSync {
   // Segments for the optimizer: whole parameters, or this rank's shard pieces.
   std::vector<OptimizerSegment> optimizer_segments() const;
 
+  // Where the reductions go on the timeline (spans on its DpComm track,
+  // per-op times); null: nowhere. Set before begin_step().
+  void set_timeline(Timeline* tl) { tl_ = tl; }
   void begin_step();
   // The gradients of `layer` (-1 embeddings, n_layer final norm) are final.
   void layer_done(int layer);
@@ -97,6 +100,8 @@ class GradSync {
 
  private:
   void launch(Bucket& b);
+  // Puts the completed operation `w`, submitted at `t0`, on the timeline.
+  void record(const WorkPtr& w, OpKind kind, double t0, int bucket, int64_t bytes);
   // Waits on the host for every bucket (the step's timed wait) and adds up
   // the communication time; once per step.
   void settle();
@@ -121,6 +126,7 @@ class GradSync {
   Tensor norm_sum_;          // (1) F64 sum of squares, on the gradients' device
   std::vector<WorkPtr> gathers_;  // ZeRO gathers not yet counted (device)
   double gather_start_ = 0;
+  Timeline* tl_ = nullptr;
 };
 
 }  // namespace xirang

@@ -80,6 +80,16 @@ void MetricsLog::write(const StepMetrics& m) {
     j["straggler_ratio"] = m.straggler_ratio;
   }
   if (fields_.baseline) j["below_baseline"] = m.below_baseline;
+  if (fields_.ops && m.ops) {
+    nlohmann::ordered_json ms = nlohmann::ordered_json::object(), calls = nlohmann::ordered_json::object();
+    for (int k = 0; k < kOpKindCount; ++k) {
+      if (m.ops->calls[size_t(k)] == 0) continue;
+      ms[op_kind_name(OpKind(k))] = m.ops->ms[size_t(k)];
+      calls[op_kind_name(OpKind(k))] = m.ops->calls[size_t(k)];
+    }
+    j["op_ms"] = std::move(ms);
+    j["op_calls"] = std::move(calls);
+  }
   std::string line = j.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), f_);
   std::fflush(f_);  // a crashed run still leaves every finished step on disk

@@ -11,6 +11,8 @@
 #include <optional>
 #include <string>
 
+#include "core/timeline.h"
+
 namespace xirang {
 
 // The FLOP/s that MFU is measured against, and where the number came from.
@@ -51,6 +53,8 @@ struct StepMetrics {
   int slowest_rank = -1;          // world rank with the longest compute time at the last straggler check (-1: none yet)
   double straggler_ratio = 0;     // its compute time over the median rank's (0: not checked yet)
   bool below_baseline = false;    // tokens/s has stayed below metrics.baseline's tolerance band
+  // metrics.op_profile: time and calls per kind of op this step (core/timeline.h OpKind).
+  std::optional<OpTimes> ops;
 };
 
 // The fields of metrics.jsonl that only some runs have: those of the step
@@ -58,6 +62,7 @@ struct StepMetrics {
 struct JsonlFields {
   bool straggler = false;  // slowest_rank, straggler_ratio (metrics.straggler_every > 0)
   bool baseline = false;   // below_baseline (metrics.baseline set)
+  bool ops = false;        // op_ms, op_calls (metrics.op_profile)
 };
 
 // Measures this process's fp32 matrix rate (sgemm of n x n) for about `seconds`.

@@ -1,6 +1,7 @@
 #include "runtime/pipeline.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/clock.h"
 #include "core/device_memory.h"
@@ -15,7 +16,10 @@ namespace xirang {
 struct ComputeSpans::Events {
   std::vector<CudaEvent> pool;  // start and end of span i at 2i, 2i + 1
   std::vector<Kind> kinds;
+  std::vector<std::pair<int, int>> labels;  // (microbatch, chunk) of span i
   size_t used = 0;              // spans recorded since the last take
+  cudaStream_t stream = nullptr;
+  std::optional<CudaEvent> reference;  // places the spans on the host clock (made when first traced)
 };
 #else
 struct ComputeSpans::Events {};
@@ -32,7 +36,9 @@ void ComputeSpans::begin(void* stream) {
       e.pool.emplace_back(EventTiming::Enabled);
       e.pool.emplace_back(EventTiming::Enabled);
       e.kinds.push_back(Forward);
+      e.labels.emplace_back(-1, -1);
     }
+    e.stream = static_cast<cudaStream_t>(stream);
     e.pool[2 * e.used].record(static_cast<cudaStream_t>(stream));
     return;
   }
@@ -41,34 +47,50 @@ void ComputeSpans::begin(void* stream) {
   host_start_ = now_seconds();
 }
 
-void ComputeSpans::end(void* stream, Kind kind, double host_comm_ms) {
+void ComputeSpans::end(void* stream, Kind kind, double host_comm_ms, int microbatch, int chunk) {
 #ifdef XIRANG_HAVE_CUDA
   if (stream) {
     Events& e = *ev_;
     e.pool[2 * e.used + 1].record(static_cast<cudaStream_t>(stream));
+    e.labels[e.used] = {microbatch, chunk};
     e.kinds[e.used++] = kind;
     return;
   }
 #endif
-  (void)stream;
+  (void)stream, (void)microbatch, (void)chunk;
   host_ms_[kind] += (now_seconds() - host_start_) * 1e3 - host_comm_ms;
 }
 
-void ComputeSpans::take(PipelineStats& stats) {
+void ComputeSpans::take(PipelineStats& stats, Timeline* tl) {
   stats.forward_ms += host_ms_[Forward];
   stats.backward_ms += host_ms_[Backward];
   host_ms_[Forward] = host_ms_[Backward] = 0;
 #ifdef XIRANG_HAVE_CUDA
   Events& e = *ev_;
   if (e.used == 0) return;
+  const bool trace = tl && tl->tracing();
+  double ref_s = 0;
+  if (trace) {  // the stream has finished the step's passes: the reference completes at once
+    if (!e.reference) e.reference.emplace(EventTiming::Enabled);
+    e.reference->record(e.stream);
+    e.reference->synchronize();
+    ref_s = now_seconds();
+  }
   double busy = 0;
   for (size_t i = 0; i < e.used; ++i) {
     const double ms = elapsed_ms(e.pool[2 * i], e.pool[2 * i + 1]);
     (e.kinds[i] == Forward ? stats.forward_ms : stats.backward_ms) += ms;
     busy += ms;
+    if (trace) {
+      const double t1 = ref_s - elapsed_ms(e.pool[2 * i + 1], *e.reference) / 1e3;
+      add_span(tl, e.kinds[i] == Forward ? "forward" : "backward", Track::Device, t1 - ms / 1e3, t1,
+               e.labels[i].first, e.labels[i].second);
+    }
   }
   stats.bubble_ms += std::max(0.0, elapsed_ms(e.pool[0], e.pool[2 * e.used - 1]) - busy);
   e.used = 0;
+#else
+  (void)tl;
 #endif
 }
 
@@ -138,6 +160,7 @@ int PipelineExecutor::take_slot(Chunk& c, PipelineStats& stats) {
   c.free_slots.pop_back();
   // The slot's previous activation may still be on its way to the next stage.
   if (c.slot_send[size_t(s)]) {
+    SpanScope span(tl_, "wait_send", Track::Main, -1, c.g);
     Stopwatch sw;
     c.slot_send[size_t(s)]->join(stream_);
     stats.comm_exposed_ms += sw.ms();
@@ -158,8 +181,10 @@ void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t 
       if (c.free_slots.empty()) return;  // posted once a backward frees a slot
       const int s = take_slot(c, stats);
       c.slot_of[in.microbatch] = s;
-      posted_[{0, in.microbatch, in.chunk}] =
-          ch_.act_recv->recv_async(c.model->stage_input(s), (rank_ + p_ - 1) % p_, tag(0, in.microbatch, c.g));
+      const double t0 = now_seconds();
+      WorkPtr w = ch_.act_recv->recv_async(c.model->stage_input(s), (rank_ + p_ - 1) % p_, tag(0, in.microbatch, c.g));
+      note_transfer(w, "recv_activation", Track::PipeRecv, OpKind::PpRecv, in.microbatch, c.g, c.model->stage_input(s), t0);
+      posted_[{0, in.microbatch, in.chunk}] = std::move(w);
       ++ahead;
     } else if (in.op == PipeOp::RecvGradient) {
       Chunk& c = chunks_[size_t(in.chunk)];
@@ -167,8 +192,10 @@ void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t 
       const int b = c.free_grad.back();
       c.free_grad.pop_back();
       c.grad_of[in.microbatch] = b;
-      posted_[{1, in.microbatch, in.chunk}] =
-          ch_.grad_recv->recv_async(c.grad_bufs[size_t(b)], (rank_ + 1) % p_, tag(1, in.microbatch, c.g));
+      const double t0 = now_seconds();
+      WorkPtr w = ch_.grad_recv->recv_async(c.grad_bufs[size_t(b)], (rank_ + 1) % p_, tag(1, in.microbatch, c.g));
+      note_transfer(w, "recv_gradient", Track::PipeRecv, OpKind::PpRecv, in.microbatch, c.g, c.grad_bufs[size_t(b)], t0);
+      posted_[{1, in.microbatch, in.chunk}] = std::move(w);
       ++ahead;
     }
     ++post_cursor_;
@@ -178,6 +205,8 @@ void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t 
 void PipelineExecutor::wait_recv(PipeOp op, int mb, int chunk, PipelineStats& stats) {
   auto it = posted_.find({op == PipeOp::RecvActivation ? 0 : 1, mb, chunk});
   XR_CHECK(it != posted_.end(), "pipeline: ", pipe_op_name(op), " of microbatch ", mb, " was not posted");
+  SpanScope span(tl_, op == PipeOp::RecvActivation ? "wait_activation" : "wait_gradient", Track::Main, mb,
+                 chunks_[size_t(chunk)].g);
   Stopwatch sw;
   it->second->join(stream_);
   stats.bubble_ms += sw.ms();
@@ -189,7 +218,9 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
   posted_.clear();
   post_cursor_ = 0;
   stream_ = ctx.cuda_stream;
+  tl_ = ctx.timeline;
   in_flight_.clear();
+  transfers_.clear();
   for (size_t i = 0; i < list.size(); ++i) {
     post_receives(list, i, stats);
     const PipeInstr& in = list[i];
@@ -207,7 +238,26 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
   }
   join_sends(stats);
   XR_CHECK(posted_.empty(), "pipeline: ", posted_.size(), " receive(s) left posted at the end of the step");
-  if (!stream_) spans_.take(stats);
+  if (!stream_) {
+    spans_.take(stats);
+    record_transfers();
+  }
+}
+
+void PipelineExecutor::note_transfer(const WorkPtr& w, const char* name, Track track, OpKind kind, int mb, int chunk,
+                                     const Tensor& t, double posted) {
+  if (tl_ && (tl_->tracing() || tl_->profiling()))
+    transfers_.push_back({w, Span{name, track, mb, chunk, -1, int64_t(t.bytes()), posted, posted}, kind});
+}
+
+void PipelineExecutor::record_transfers() {
+  for (Transfer& t : transfers_) {
+    const double ms = t.work->duration_ms();
+    if (tl_->profiling()) tl_->add_op_ms(t.kind, ms);
+    t.span.t1 = t.span.t0 + ms / 1e3;
+    if (tl_->tracing()) tl_->add_span(t.span);
+  }
+  transfers_.clear();
 }
 
 void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i, PipelineStats& stats) {
@@ -221,11 +271,13 @@ void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i, Pip
 }
 
 template <class Pass>
-void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, PipelineStats& stats, Pass&& pass) {
+void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, int mb, PipelineStats& stats, Pass&& pass) {
+  // The host span: on a device the time the host took to queue the pass.
+  SpanScope span(tl_, kind == ComputeSpans::Forward ? "forward" : "backward", Track::Main, mb, c.g);
   spans_.begin(stream_);
   pass();
   const double tp_ms = c.model->take_tp_comm_ms();
-  spans_.end(stream_, kind, tp_ms);
+  spans_.end(stream_, kind, tp_ms, mb, c.g);
   stats.tp_comm_ms += tp_ms;
 }
 
@@ -237,16 +289,20 @@ void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const
   Tensor targets = c.last ? c.targets[size_t(s)] : Tensor();
   if (c.first || c.last) {
     // The feed fills the slot wherever it lives (a device slot through the loader's staging upload).
+    SpanScope span(tl_, "data_wait", Track::Main, mb, c.g);
     Stopwatch sw;
     feed(mb, tokens, targets);
     stats.data_ms += sw.ms();
   }
-  timed_pass(c, ComputeSpans::Forward, stats, [&] { c.model->forward(ctx, s, tokens, targets, dloss); });
+  timed_pass(c, ComputeSpans::Forward, mb, stats, [&] { c.model->forward(ctx, s, tokens, targets, dloss); });
 }
 
 void PipelineExecutor::send_activation(Chunk& c, int mb) {
   const int s = c.slot_of.at(mb);
+  const double t0 = now_seconds();
   c.slot_send[size_t(s)] = ch_.act_send->send_async(c.model->stage_output(s), (rank_ + 1) % p_, tag(0, mb, c.g + 1));
+  note_transfer(c.slot_send[size_t(s)], "send_activation", Track::PipeSend, OpKind::PpSend, mb, c.g,
+                c.model->stage_output(s), t0);
 }
 
 void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats) {
@@ -259,7 +315,7 @@ void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, Pipe
   }
   // Backwards run in microbatch order per chunk, so the last one makes the gradients final.
   const GradPhase phase = mb == m_ - 1 ? GradPhase::Final : GradPhase::Accumulate;
-  timed_pass(c, ComputeSpans::Backward, stats,
+  timed_pass(c, ComputeSpans::Backward, mb, stats,
              [&] { c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad); });
   if (gb >= 0) {
     c.grad_of.erase(mb);
@@ -273,18 +329,22 @@ void PipelineExecutor::send_gradient(const KernelContext& ctx, Chunk& c, int mb,
   const size_t b = size_t(c.next_send);
   c.next_send = (c.next_send + 1) % int(c.send_bufs.size());
   if (c.send_work[b]) {
+    SpanScope span(tl_, "wait_send", Track::Main, -1, c.g);
     Stopwatch sw;
     c.send_work[b]->join(stream_);
     stats.comm_exposed_ms += sw.ms();
   }
   // Copied on the compute stream; the send's input-ready wait orders it after the copy.
   copy_tensor(c.send_bufs[b], c.model->input_grad(), ctx.cuda_stream, false);
+  const double t0 = now_seconds();
   c.send_work[b] = ch_.grad_send->send_async(c.send_bufs[b], (rank_ + p_ - 1) % p_, tag(1, mb, c.g - 1));
+  note_transfer(c.send_work[b], "send_gradient", Track::PipeSend, OpKind::PpSend, mb, c.g, c.send_bufs[b], t0);
 }
 
 // Every send must be delivered before its buffer is written again: on the
 // host the step waits for them; on a device the compute stream does.
 void PipelineExecutor::join_sends(PipelineStats& stats) {
+  SpanScope span(p_ > 1 ? tl_ : nullptr, "wait_send", Track::Main);
   Stopwatch sw;
   in_flight_.clear();
   for (Chunk& c : chunks_) {

@@ -92,11 +92,14 @@ class ComputeSpans {
   // `host_comm_ms`: host time inside the span spent in communication (the
   // pass's blocking tensor-parallel collectives); on the CPU it is left
   // out of the span. A device span is device time and keeps it.
-  void end(void* stream, Kind kind, double host_comm_ms = 0);
+  // `microbatch` and `chunk` label the span in a trace.
+  void end(void* stream, Kind kind, double host_comm_ms = 0, int microbatch = -1, int chunk = -1);
   // Adds the spans since the last call to stats (forward_ms, backward_ms;
   // on a device also the idle time to bubble_ms) and starts over. On a
-  // device, only after the spans' work has completed.
-  void take(PipelineStats& stats);
+  // device, only after the spans' work has completed; when `tl` is tracing,
+  // the device spans go to its Device track, placed on the host clock by
+  // a reference event recorded (and waited for) now.
+  void take(PipelineStats& stats, Timeline* tl = nullptr);
 
  private:
   struct Events;  // the device's timing events (a pool reused every step)
@@ -126,7 +129,10 @@ class PipelineExecutor {
   // On a device run() leaves the forward and backward times out of `stats`
   // (the passes are only queued): this adds them once the step's work has
   // completed (after the step's host wait).
-  void take_device_times(PipelineStats& stats) { spans_.take(stats); }
+  void take_device_times(PipelineStats& stats) {
+    spans_.take(stats, tl_);
+    record_transfers();
+  }
   // On a device: waits on the host, with each channel's timeout, for the
   // step's last sends (the compute stream only joined them), so that a
   // neighbour that died ends the step with an error rather than a stalled
@@ -135,6 +141,8 @@ class PipelineExecutor {
     for (auto& w : in_flight_) w->wait();
     in_flight_.clear();
   }
+  // The timeline of the step in progress (KernelContext::timeline).
+  Timeline* timeline() const { return tl_; }
 
  private:
   struct Chunk {
@@ -152,9 +160,17 @@ class PipelineExecutor {
     std::vector<WorkPtr> send_work;
     int next_send = 0;
   };
-  struct Posted {
+  // A transfer in flight and its span (posted to completed) for the
+  // timeline: completed is posted + the transfer's duration, known once it has.
+  struct Transfer {
     WorkPtr work;
+    Span span;
+    OpKind kind;
   };
+  void note_transfer(const WorkPtr& w, const char* name, Track track, OpKind kind, int mb, int chunk,
+                     const Tensor& t, double posted);
+  // Adds the step's finished transfers to the timeline (spans, per-op times).
+  void record_transfers();
   // One per instruction kind.
   void receive(const std::vector<PipeInstr>& list, size_t i, PipelineStats& stats);
   void forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss, PipelineStats& stats);
@@ -163,7 +179,7 @@ class PipelineExecutor {
   // Runs one pass of `c` between a span's begin and end, with its
   // tensor-parallel communication counted apart.
   template <class Pass>
-  void timed_pass(Chunk& c, ComputeSpans::Kind kind, PipelineStats& stats, Pass&& pass);
+  void timed_pass(Chunk& c, ComputeSpans::Kind kind, int mb, PipelineStats& stats, Pass&& pass);
   void send_gradient(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats);
   void join_sends(PipelineStats& stats);
   int take_slot(Chunk& c, PipelineStats& stats);
@@ -176,6 +192,8 @@ class PipelineExecutor {
   void* stream_ = nullptr;  // the compute stream of the step in progress (null on the host)
   ComputeSpans spans_;
   std::vector<WorkPtr> in_flight_;  // the step's last sends, joined on a device (wait_sends)
+  Timeline* tl_ = nullptr;          // the step's timeline (null: none)
+  std::vector<Transfer> transfers_; // the step's transfers, for the timeline
   int p_, rank_, v_, m_;
   int B_ = 0, T_ = 0;
   std::map<std::tuple<int, int, int>, WorkPtr> posted_;  // (op, mb, chunk) -> receive in flight

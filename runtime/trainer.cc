@@ -84,6 +84,9 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   comm_ = std::make_unique<CommGroups>(cfg_, *grid_, model_dtype_);
   device_ = comm_->device();
   ctx_ = comm_->kernel_context();
+  if (cfg_.metrics.op_profile || !cfg_.metrics.trace.empty()) ctx_.timeline = &timeline_;
+  timeline_.set_profiling(cfg_.metrics.op_profile);
+  trace_ = std::make_unique<TraceWindow>(cfg_.metrics, *grid_);
   faults_ = std::make_unique<FaultInjector>(cfg_.faults, *grid_, device_);
   loss_scale_ = loss_scale_of(cfg_.precision, model_dtype_);
   build_schedule();
@@ -175,6 +178,7 @@ void Trainer::build_optimizer(Arena& measure_shard, Arena& measure_state) {
       GradSyncOptions{cfg_.parallel.bucket_mb, cfg_.parallel.overlap_grad_reduce, cfg_.parallel.zero == 1},
       &grid_->dp());
   opt_ = std::make_unique<AdamW>(cfg_.train);
+  sync_->set_timeline(ctx_.timeline);
   sync_->layout(measure_shard);
   opt_->set_segments(sync_->optimizer_segments());
   opt_->layout_state(measure_state);
@@ -293,7 +297,7 @@ void Trainer::choose_peak() {
 TrainResult Trainer::run() {
   TrainResult result;
   MetricsLog log(is_logger() ? cfg_.metrics.jsonl : std::string(), peak_,
-                 JsonlFields{cfg_.metrics.straggler_every > 0, !cfg_.metrics.baseline.empty()});
+                 JsonlFields{cfg_.metrics.straggler_every > 0, !cfg_.metrics.baseline.empty(), cfg_.metrics.op_profile});
   ProgressLine progress(cfg_.train.steps, cfg_.metrics.log_every);
   if (opts_.print) print_run();
   Stopwatch elapsed;
@@ -303,6 +307,8 @@ TrainResult Trainer::run() {
     ckpt_->poll();
     StepMetrics m;
     m.step = step + 1;
+    trace_->before_step(m.step, timeline_);
+    const double step_start = now_seconds();
     Stopwatch sw;
     zero_gradients();
     sync_->begin_step();
@@ -314,6 +320,7 @@ TrainResult Trainer::run() {
     // host wait in grad_norm): they are dp_comm_exposed_ms.
     const double dp_waits = sync_->exposed_ms();
     Stopwatch ow;
+    SpanScope optimizer_span(ctx_.timeline, "optimizer");
     const double scale = loss_scale_.scale();
     m.loss_scale = scale;
     // The step's one host wait (on a device): the norm decides clipping and skipping.
@@ -324,16 +331,27 @@ TrainResult Trainer::run() {
     m.skipped = skip_step(m.grad_norm);
     if (!m.skipped) update_parameters(m.lr, m.grad_norm, scale);
     m.optimizer_ms = ow.ms() - (sync_->exposed_ms() - dp_waits);
+    optimizer_span.end();
     m.loss = global_loss(local_loss);
     take_comm_times(m);
     if (ckpt_->due(m.step, last)) save_checkpoint(m);  // its stall is part of step_ms
     take_rates(m, sw.ms());
-    if (eval_due(m.step)) result.final_val_loss = m.val_loss = evaluate();
+    add_span(ctx_.timeline, "step", Track::Main, step_start, step_start + m.step_ms / 1e3, -1, -1, m.step);
+    if (eval_due(m.step)) {
+      // Evaluation is no step's: its ops stay out of the step's profile.
+      SpanScope span(ctx_.timeline, "eval", Track::Main, -1, -1, m.step);
+      timeline_.set_profiling(false);
+      result.final_val_loss = m.val_loss = evaluate();
+      timeline_.set_profiling(cfg_.metrics.op_profile);
+    }
+    if (timeline_.profiling()) m.ops = timeline_.take_ops();
     for (auto& o : observers_) o->on_step(m);
     record(result, m);
     log.write(m);
     if (opts_.print) progress.update(m, elapsed.seconds());
+    trace_->after_step(m.step, timeline_);
   }
+  trace_->finish(timeline_);
   ckpt_->finish();
   for (auto& o : observers_) o->on_finish();
   if (opts_.print) progress.finish();
@@ -367,8 +385,11 @@ void Trainer::reduce_tied(Parameter& p) {
   // On a device the compute stream waits for the sum; the host goes on (and
   // waits with the timeout at the end of the step).
   Stopwatch sw;
-  tied_work_.push_back(comm_->embedding().all_reduce_async(p.grad, ReduceOp::Sum));
-  tied_work_.back()->join(ctx_.cuda_stream);
+  SpanScope span(ctx_.timeline, "tied_all_reduce");
+  WorkPtr w = comm_->embedding().all_reduce_async(p.grad, ReduceOp::Sum);
+  w->join(ctx_.cuda_stream);
+  if (ctx_.timeline) ctx_.timeline->add_op_later(OpKind::TiedAllReduce, [w] { return w->duration_ms(); });
+  tied_work_.push_back(std::move(w));
   own_comm_.tied_ms += sw.ms();
 }
 
@@ -390,7 +411,10 @@ void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   // the schedule, so that the neighbours wait for it where they would wait for
   // a slow stage (a receive, the gradient reduction), not inside their own
   // compute (a tied gradient's reduction runs inside the first stage's backward).
-  st.forward_ms += faults_->delay_compute(step + 1);
+  {
+    SpanScope span(cfg_.faults.kind == FaultKind::SlowRank ? ctx_.timeline : nullptr, "fault_delay");
+    st.forward_ms += faults_->delay_compute(step + 1);
+  }
   own_comm_ = {};
   exec_->run(ctx_, schedule_, feed, dloss, st);
   const StepCommTimes in_passes = own_comm_;
@@ -400,12 +424,14 @@ void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   // finished its list early idles here until the pipeline has drained,
   // which is bubble too.
   Stopwatch drain;
+  SpanScope drain_span(cfg_.parallel.pp > 1 ? ctx_.timeline : nullptr, "pipeline_drain");
   for (Parameter* t : tied_copies_) {
     reduce_tied(*t);
     launch_buckets(t->layer);
   }
   // (On a device the host has only queued the work: no barrier, the streams order it.)
   if (cfg_.parallel.pp > 1 && device_ == Device::CPU) grid_->pp().barrier();
+  drain_span.end();
   const double drain_comm_ms = (own_comm_.tied_ms - in_passes.tied_ms) + (own_comm_.launch_ms - in_passes.launch_ms);
   // Each part once. The gradient-ready hook ran inside the backward passes:
   // its waits for the tied reduction are pipeline communication (the
@@ -464,6 +490,7 @@ void Trainer::update_parameters(double lr, double grad_norm, double scale) {
 
 // The loss lives on the last stage; the global batch's is the mean over dp of equal-sized parts.
 double Trainer::global_loss(double local_loss) {
+  SpanScope span(ctx_.timeline, "loss_all_reduce");
   const double stage_loss = grid_->pp().all_reduce_sum(local_loss);
   return grid_->dp().all_reduce_sum(stage_loss) / cfg_.parallel.dp;
 }
@@ -475,7 +502,8 @@ void Trainer::take_comm_times(StepMetrics& m) {
 
 void Trainer::save_checkpoint(StepMetrics& m) {
   Stopwatch cs;
-  ckpt_->save(m.step, ctx_.cuda_stream);
+  SpanScope span(ctx_.timeline, "checkpoint_save", Track::Main, -1, -1, m.step);
+  ckpt_->save(m.step, ctx_.cuda_stream, ctx_.timeline);
   m.ckpt_stall_ms = cs.ms();
   m.checkpoint_saved = true;
 }

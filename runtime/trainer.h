@@ -45,6 +45,7 @@
 #include "runtime/pipeline.h"
 #include "runtime/schedule.h"
 #include "runtime/step_observer.h"
+#include "runtime/trace_writer.h"
 
 namespace xirang {
 
@@ -145,6 +146,10 @@ class Trainer {
   ProcessGrid* grid_;
   std::unique_ptr<FaultInjector> faults_;
   std::vector<std::unique_ptr<StepObserver>> observers_;  // called at the end of every step
+  // Spans (metrics.trace) and per-op times (metrics.op_profile); ctx_.timeline
+  // points here when either is on.
+  Timeline timeline_;
+  std::unique_ptr<TraceWindow> trace_;
   Device device_ = Device::CPU;
   KernelContext ctx_;  // the communication groups' kernel context
   DType model_dtype_ = DType::F32;

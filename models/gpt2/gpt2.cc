@@ -198,7 +198,7 @@ double GPT2::take_loss(const KernelContext& ctx) {
 
 void GPT2::forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets, double dloss) {
   XR_CHECK(tp_.can_run(), "GPT2: a chunk laid out without its tensor-parallel group cannot run");
-  tp_.begin_pass(ctx.cuda_stream);
+  tp_.begin_pass(ctx);
   SlotActs& s = slots_.at(size_t(slot));
   if (placement_.has_embedding) {
     check_shape("GPT2::forward", "tokens", tokens, {batch_.micro_batch, batch_.seq_len});
@@ -262,7 +262,7 @@ void GPT2::backward(const KernelContext& ctx, int slot, const Tensor& tokens, Gr
                     const Tensor& output_grad, BackwardPart part) {
   XR_CHECK(part == BackwardPart::Full, "GPT2 runs the whole backward pass in one part (splits_backward() is false)");
   XR_CHECK(tp_.can_run(), "GPT2: a chunk laid out without its tensor-parallel group cannot run");
-  tp_.begin_pass(ctx.cuda_stream);
+  tp_.begin_pass(ctx);
   SlotActs& s = slots_.at(size_t(slot));
   const bool final_pass = phase == GradPhase::Final;
   if (placement_.has_head) {

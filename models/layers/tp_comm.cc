@@ -28,35 +28,40 @@ void TpComm::layout(Arena& acts, int64_t width, DType dtype) {
   }
 }
 
+void TpComm::join(const WorkPtr& w, OpKind kind, double t0) {
+  w->join(stream_);
+  const double t1 = now_seconds();
+  ms_ += (t1 - t0) * 1e3;
+  if (!timeline_) return;
+  add_span(timeline_, op_kind_name(kind), Track::Main, t0, t1);
+  // A collective's own duration is known once it has completed (at once on the host).
+  timeline_->add_op_later(kind, [w] { return w->duration_ms(); });
+}
+
 void TpComm::all_reduce(Tensor t, ReduceOp op) {
   if (size_ == 1) return;
-  Stopwatch sw;
-  group_->all_reduce_async(t, op)->join(stream_);
-  ms_ += sw.ms();
+  const double t0 = now_seconds();
+  join(group_->all_reduce_async(t, op), OpKind::TpAllReduce, t0);
 }
 
 Tensor TpComm::gathered(const Tensor& local) {
   if (!sp_) return local;
-  Stopwatch sw;
-  group_->all_gather_async(local, gather_)->join(stream_);
-  ms_ += sw.ms();
+  const double t0 = now_seconds();
+  join(group_->all_gather_async(local, gather_), OpKind::TpAllGather, t0);
   return gather_;
 }
 
 void TpComm::reduce_rows(Tensor partial, Tensor out) {
   if (size_ == 1) return;
-  Stopwatch sw;
-  WorkPtr w = sp_ ? group_->reduce_scatter_async(partial, out, ReduceOp::Sum)
-                  : group_->all_reduce_async(partial, ReduceOp::Sum);
-  w->join(stream_);
-  ms_ += sw.ms();
+  const double t0 = now_seconds();
+  if (sp_) join(group_->reduce_scatter_async(partial, out, ReduceOp::Sum), OpKind::TpReduceScatter, t0);
+  else join(group_->all_reduce_async(partial, ReduceOp::Sum), OpKind::TpAllReduce, t0);
 }
 
 Tensor TpComm::full_rows(Tensor local) {
   if (!sp_) return local;
-  Stopwatch sw;
-  group_->all_gather_async(local, grad_)->join(stream_);
-  ms_ += sw.ms();
+  const double t0 = now_seconds();
+  join(group_->all_gather_async(local, grad_), OpKind::TpAllGather, t0);
   return grad_;
 }
 

@@ -13,7 +13,7 @@
 //
 //   TpComm tp(TensorParallel{&grid.tp(), true}, /*rows=*/B * T);
 //   tp.layout(acts, C, dtype);
-//   tp.begin_pass(ctx.cuda_stream);
+//   tp.begin_pass(ctx);                          // its stream and timeline
 //   Tensor full = tp.gathered(ln_out);           // (R, C) -> (N, C)
 //   tp.reduce_rows(tp.partial(), residual);      // (N, C) partial sums -> (R, C)
 #pragma once
@@ -42,8 +42,12 @@ class TpComm {
   // Carves the (N, width) scratch: partial sums, and under sequence
   // parallelism a gathered activation and a gathered gradient.
   void layout(Arena& acts, int64_t width, DType dtype);
-  // The compute stream the pass's collectives join (null on the host).
-  void begin_pass(void* stream) { stream_ = stream; }
+  // The compute stream the pass's collectives join (null on the host), and
+  // the timeline that records them (trace spans, per-op times).
+  void begin_pass(const KernelContext& ctx) {
+    stream_ = ctx.cuda_stream;
+    timeline_ = ctx.timeline;
+  }
 
   // (N, width): row-parallel outputs and column-parallel input gradients before their reduction.
   Tensor partial() const { return partial_; }
@@ -71,8 +75,12 @@ class TpComm {
   Tensor partial_;  // (N, width)
   Tensor gather_;   // (N, width) an activation gathered for one product (sequence parallel)
   Tensor grad_;     // (N, width) a gathered residual gradient (sequence parallel)
+  // Joins `w` to the pass's stream, counting its time (and recording it on the timeline as `kind`).
+  void join(const WorkPtr& w, OpKind kind, double t0);
+
   double ms_ = 0;
   void* stream_ = nullptr;
+  Timeline* timeline_ = nullptr;
 };
 
 }  // namespace xirang

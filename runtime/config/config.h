@@ -129,6 +129,15 @@ struct MetricsConfig {
   std::string baseline;
   double baseline_tolerance = 0.1;
   int baseline_steps = 5;
+  // Timeline traces: one Chrome trace-event JSON file per rank in `trace`
+  // (empty: none) for steps trace_steps "A-B" (1-based, inclusive), written
+  // when step B ends (or training does); see docs/observability.md.
+  std::string trace;
+  std::string trace_steps = "2-4";
+  int trace_first = 2, trace_last = 4;  // parsed from trace_steps by validate()
+  // Time per kind of op (matmul, attention, ..., communication by group and
+  // collective) per step, as metrics.jsonl's op_ms and op_calls.
+  bool op_profile = false;
 };
 
 // Checkpoints (runtime/checkpoint/checkpoint_io.h): every `every` steps into `dir`,
