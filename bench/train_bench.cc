@@ -3,6 +3,7 @@
 // from matrix products can approach).
 //
 //   build/bin/train_bench [--steps N] [--shapes 4x64,8x256] [--set section.key=value ...]
+//   build/bin/train_bench --overhead trace|op_profile [--pairs 5] ...   // the feature on against off, as ratios
 //
 // The token stream is random (throughput does not depend on the text) and
 // lives in a temporary dataset directory that is removed afterwards.
@@ -47,32 +48,88 @@ std::vector<Shape2> parse_shapes(const std::string& s) {
   return out;
 }
 
+struct RunTime {
+  double median_ms = 0;         // step time, the first step (one-time costs) left out
+  double flops_per_token = 0;
+};
+
+// Trains one configuration and times its steps.
+RunTime time_run(const std::vector<std::string>& overrides, double peak) {
+  Config c = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/gpt2_124m.yaml", overrides);
+  validate(c, 1);
+  TrainerOptions opts;
+  opts.print = false;
+  opts.peak = PeakFlops{peak, "measured sgemm"};
+  Trainer t(c, opts);
+  TrainResult r = t.run();
+  std::vector<double> ms;
+  for (size_t i = 1; i < r.steps.size(); ++i) ms.push_back(r.steps[i].step_ms);
+  return {bench::median(ms), t.model().flops_per_token()};
+}
+
+// Runs without and with `extra` alternately, `pairs` times: the ratio of
+// each pair's median step times shares the machine's noise of that moment.
+void print_overhead(const Shape2& s, const std::vector<std::string>& base, const std::vector<std::string>& extra,
+                    int pairs, double peak) {
+  std::vector<std::string> with = base;
+  with.insert(with.end(), extra.begin(), extra.end());
+  std::vector<double> off, on, ratios;
+  std::string per_pair;
+  for (int i = 0; i < pairs; ++i) {
+    off.push_back(time_run(base, peak).median_ms);
+    on.push_back(time_run(with, peak).median_ms);
+    ratios.push_back(on.back() / off.back());
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%s%.3f", i ? " " : "", ratios.back());
+    per_pair += buf;
+  }
+  std::printf("| %d x %d | %.1f | %.1f | %s | %.3f |\n", s.batch, s.seq, bench::median(off), bench::median(on),
+              per_pair.c_str(), bench::median(ratios));
+  std::fflush(stdout);
+}
+
+// --overhead trace|op_profile: the settings that turn the feature on for every timed step.
+std::vector<std::string> overhead_sets(const std::string& what, const std::filesystem::path& dir, int steps) {
+  if (what == "trace")
+    return {"metrics.trace=" + (dir / "trace").string(), "metrics.trace_steps=1-" + std::to_string(steps + 1)};
+  if (what == "op_profile") return {"metrics.op_profile=true"};
+  std::fprintf(stderr, "train_bench: --overhead takes trace or op_profile, not '%s'\n", what.c_str());
+  std::exit(2);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   xirang::restart_with_passive_omp_wait(argv);
-  int steps = 3;
-  std::string shapes = "4x64,8x256";
+  int steps = 3, pairs = 5;
+  std::string shapes = "4x64,8x256", overhead;
   std::vector<std::string> sets;  // extra config overrides, e.g. precision.dtype=bf16
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
     else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
+    else if (a == "--overhead" && i + 1 < argc) overhead = argv[++i];
+    else if (a == "--pairs" && i + 1 < argc) pairs = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: train_bench [--steps N] [--shapes BxT,...] [--set section.key=value ...]\n");
+      std::fprintf(stderr,
+                   "usage: train_bench [--steps N] [--shapes BxT,...] [--set section.key=value ...]\n"
+                   "                   [--overhead trace|op_profile [--pairs N]]\n");
       return 2;
     }
   }
   try {
     namespace fs = std::filesystem;
     const fs::path dir = fs::temp_directory_path() / ("xirang_bench_" + std::to_string(::getpid()));
-    {
-      bench::write_random_tokens((dir / "train").string(), "gpt2", 50257, 1 << 20, 1);
-    }
+    bench::write_random_tokens((dir / "train").string(), "gpt2", 50257, 1 << 20, 1);
     const double peak = measure_sgemm_flops(1024, 1.0);
     std::printf("sgemm peak measured in this run: %.1f GFLOP/s\n", peak / 1e9);
-    std::printf("| B x T | tokens/step | step ms (median) | tokens/s | MFU vs sgemm |\n|---|---|---|---|---|\n");
+    if (overhead.empty())
+      std::printf("| B x T | tokens/step | step ms (median) | tokens/s | MFU vs sgemm |\n|---|---|---|---|---|\n");
+    else
+      std::printf("%s on against off, %d alternating pairs per shape (ratio: step time on / off)\n"
+                  "| B x T | off ms (median) | on ms (median) | ratio per pair | median ratio |\n|---|---|---|---|---|\n",
+                  overhead.c_str(), pairs);
     for (const Shape2& s : parse_shapes(shapes)) {
       std::vector<std::string> o = {"train.micro_batch=" + std::to_string(s.batch),
                                     "train.global_batch=" + std::to_string(s.batch),
@@ -80,21 +137,15 @@ int main(int argc, char** argv) {
                                     "train.eval_every=0", "data.train=" + (dir / "train").string(), "data.val=",
                                     "metrics.jsonl="};
       o.insert(o.end(), sets.begin(), sets.end());
-      Config c = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/gpt2_124m.yaml", o);
-      validate(c, 1);
-      TrainerOptions opts;
-      opts.print = false;
-      opts.peak = PeakFlops{peak, "measured sgemm"};
-      Trainer t(c, opts);
-      TrainResult r = t.run();
-      // The first step pays one-time costs (thread pools, cache warm-up); report the median of the rest.
-      std::vector<double> ms;
-      for (size_t i = 1; i < r.steps.size(); ++i) ms.push_back(r.steps[i].step_ms);
-      std::sort(ms.begin(), ms.end());
-      const double med = ms[ms.size() / 2];
+      if (!overhead.empty()) {
+        print_overhead(s, o, overhead_sets(overhead, dir, steps), pairs, peak);
+        continue;
+      }
+      const RunTime run = time_run(o, peak);
+      const double med = run.median_ms;
       const double tokens = double(s.batch) * s.seq;
       const double tps = tokens / (med / 1e3);
-      const double mfu = t.model().flops_per_token() * tps / peak;
+      const double mfu = run.flops_per_token * tps / peak;
       std::printf("| %d x %d | %.0f | %.0f | %.0f | %.1f%% |\n", s.batch, s.seq, tokens, med, tps, 100 * mfu);
       std::fflush(stdout);
     }

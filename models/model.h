@@ -50,6 +50,15 @@
 
 namespace xirang {
 
+// A pass's tensor-parallel communication: the host time inside its calls
+// (on the CPU the collectives themselves; on a device launching and joining
+// them), and on a device the collectives, whose device time is known once
+// they have completed (Work::duration_ms).
+struct TpCommTime {
+  double host_ms = 0;
+  std::vector<WorkPtr> device_work;
+};
+
 // An architecture's hyperparameters. One struct serves every architecture;
 // each reads the fields it uses (GPT-2: no n_kv_head, ffn_hidden = 4 d_model).
 struct ModelDims {
@@ -137,8 +146,8 @@ class ModelChunk {
 
   // Training FLOPs per token of the whole model (forward + backward), for MFU.
   virtual double flops_per_token() const = 0;
-  // Milliseconds spent in tensor-parallel communication since the last call.
-  virtual double take_tp_comm_ms() = 0;
+  // Tensor-parallel communication since the last call (TpCommTime).
+  virtual TpCommTime take_tp_comm() = 0;
 
   // Called during a Final backward each time a layer's parameter gradients
   // are complete (Parameter::layer: n_layer for the final norm, l for block

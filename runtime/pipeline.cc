@@ -17,6 +17,7 @@ struct ComputeSpans::Events {
   std::vector<CudaEvent> pool;  // start and end of span i at 2i, 2i + 1
   std::vector<Kind> kinds;
   std::vector<std::pair<int, int>> labels;  // (microbatch, chunk) of span i
+  std::vector<std::vector<WorkPtr>> tp_work;  // span i's tensor-parallel collectives
   size_t used = 0;              // spans recorded since the last take
   cudaStream_t stream = nullptr;
   std::optional<CudaEvent> reference;  // places the spans on the host clock (made when first traced)
@@ -37,6 +38,7 @@ void ComputeSpans::begin(void* stream) {
       e.pool.emplace_back(EventTiming::Enabled);
       e.kinds.push_back(Forward);
       e.labels.emplace_back(-1, -1);
+      e.tp_work.emplace_back();
     }
     e.stream = static_cast<cudaStream_t>(stream);
     e.pool[2 * e.used].record(static_cast<cudaStream_t>(stream));
@@ -47,17 +49,19 @@ void ComputeSpans::begin(void* stream) {
   host_start_ = now_seconds();
 }
 
-void ComputeSpans::end(void* stream, Kind kind, double host_comm_ms, int microbatch, int chunk) {
+void ComputeSpans::end(void* stream, Kind kind, double host_comm_ms, int microbatch, int chunk,
+                       std::vector<WorkPtr> tp_work) {
 #ifdef XIRANG_HAVE_CUDA
   if (stream) {
     Events& e = *ev_;
     e.pool[2 * e.used + 1].record(static_cast<cudaStream_t>(stream));
     e.labels[e.used] = {microbatch, chunk};
+    e.tp_work[e.used] = std::move(tp_work);
     e.kinds[e.used++] = kind;
     return;
   }
 #endif
-  (void)stream, (void)microbatch, (void)chunk;
+  (void)stream, (void)microbatch, (void)chunk, (void)tp_work;
   host_ms_[kind] += (now_seconds() - host_start_) * 1e3 - host_comm_ms;
 }
 
@@ -79,7 +83,13 @@ void ComputeSpans::take(PipelineStats& stats, Timeline* tl) {
   double busy = 0;
   for (size_t i = 0; i < e.used; ++i) {
     const double ms = elapsed_ms(e.pool[2 * i], e.pool[2 * i + 1]);
-    (e.kinds[i] == Forward ? stats.forward_ms : stats.backward_ms) += ms;
+    // The stream waited for the pass's collectives inside the span: their time is tp_comm_ms.
+    double tp_ms = 0;
+    for (const WorkPtr& w : e.tp_work[i]) tp_ms += w->duration_ms();
+    e.tp_work[i].clear();
+    tp_ms = std::min(tp_ms, double(ms));
+    (e.kinds[i] == Forward ? stats.forward_ms : stats.backward_ms) += ms - tp_ms;
+    stats.tp_comm_ms += tp_ms;
     busy += ms;
     if (trace) {
       const double t1 = ref_s - elapsed_ms(e.pool[2 * i + 1], *e.reference) / 1e3;
@@ -276,9 +286,9 @@ void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, int mb, Pip
   SpanScope span(tl_, kind == ComputeSpans::Forward ? "forward" : "backward", Track::Main, mb, c.g);
   spans_.begin(stream_);
   pass();
-  const double tp_ms = c.model->take_tp_comm_ms();
-  spans_.end(stream_, kind, tp_ms, mb, c.g);
-  stats.tp_comm_ms += tp_ms;
+  TpCommTime tp = c.model->take_tp_comm();
+  spans_.end(stream_, kind, tp.host_ms, mb, c.g, std::move(tp.device_work));
+  if (!stream_) stats.tp_comm_ms += tp.host_ms;  // a device's come from take_device_times
 }
 
 void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss,

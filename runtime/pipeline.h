@@ -71,7 +71,7 @@ PipeChannels colored_pipe_channels(int rank, int p, const std::vector<Communicat
 struct PipelineStats {
   double forward_ms = 0;      // forward passes (CPU: less their tensor-parallel communication)
   double backward_ms = 0;     // backward passes, likewise
-  double tp_comm_ms = 0;      // tensor-parallel communication inside the passes (device: host launch time)
+  double tp_comm_ms = 0;      // tensor-parallel communication inside the passes (device: the collectives' device time)
   double data_ms = 0;         // the feed: waiting for the loader and copying a microbatch in
   double bubble_ms = 0;       // waiting for a neighbour's activation or gradient
   double comm_exposed_ms = 0; // waiting for our own sends to complete
@@ -92,10 +92,13 @@ class ComputeSpans {
   // `host_comm_ms`: host time inside the span spent in communication (the
   // pass's blocking tensor-parallel collectives); on the CPU it is left
   // out of the span. A device span is device time and keeps it.
-  // `microbatch` and `chunk` label the span in a trace.
-  void end(void* stream, Kind kind, double host_comm_ms = 0, int microbatch = -1, int chunk = -1);
+  // `microbatch` and `chunk` label the span in a trace. `tp_work`: the
+  // pass's tensor-parallel collectives on a device, whose device time
+  // take() moves from the pass to tp_comm_ms.
+  void end(void* stream, Kind kind, double host_comm_ms = 0, int microbatch = -1, int chunk = -1,
+           std::vector<WorkPtr> tp_work = {});
   // Adds the spans since the last call to stats (forward_ms, backward_ms;
-  // on a device also the idle time to bubble_ms) and starts over. On a
+  // on a device also tp_comm_ms, and the idle time to bubble_ms) and starts over. On a
   // device, only after the spans' work has completed; when `tl` is tracing,
   // the device spans go to its Device track, placed on the host clock by
   // a reference event recorded (and waited for) now.

@@ -471,6 +471,7 @@ void Trainer::take_device_times(StepMetrics& m) {
   exec_->take_device_times(dev);
   m.forward_ms = dev.forward_ms + faults_->compute_delay_ms(m.step);  // the host's slow_rank sleep
   m.backward_ms = dev.backward_ms;
+  m.tp_comm_ms = dev.tp_comm_ms;
   m.pp_bubble_ms += dev.bubble_ms;
 }
 
@@ -550,7 +551,7 @@ double Trainer::evaluate() {
   }
   for (auto& c : chunks_) {
     sum += c->take_loss(ctx_);
-    c->take_tp_comm_ms();  // evaluation runs outside step_ms: its tensor-parallel time is no step's
+    c->take_tp_comm();  // evaluation runs outside step_ms: its tensor-parallel time is no step's
   }
   sum = grid_->pp().all_reduce_sum(sum);  // only the last stage has losses
   return grid_->dp().all_reduce_sum(sum) / double(n);

@@ -85,7 +85,7 @@ class GPT2 final : public ModelChunk {
   Tensor input_grad() override { return d_res_; }
   // 6 x matrix parameters + 12 L C T for attention.
   double flops_per_token() const override;
-  double take_tp_comm_ms() override { return tp_.take_ms(); }
+  TpCommTime take_tp_comm() override { return tp_.take(); }
   int tp_size() const { return tp_.size(); }
 
  private:

@@ -32,6 +32,7 @@ void TpComm::join(const WorkPtr& w, OpKind kind, double t0) {
   w->join(stream_);
   const double t1 = now_seconds();
   ms_ += (t1 - t0) * 1e3;
+  if (stream_) device_work_.push_back(w);
   if (!timeline_) return;
   add_span(timeline_, op_kind_name(kind), Track::Main, t0, t1);
   // A collective's own duration is known once it has completed (at once on the host).
@@ -65,9 +66,10 @@ Tensor TpComm::full_rows(Tensor local) {
   return grad_;
 }
 
-double TpComm::take_ms() {
-  const double t = ms_;
+TpCommTime TpComm::take() {
+  TpCommTime t{ms_, std::move(device_work_)};
   ms_ = 0;
+  device_work_.clear();
   return t;
 }
 

@@ -63,9 +63,9 @@ class TpComm {
   Tensor full_rows(Tensor local);
   void all_reduce(Tensor t, ReduceOp op);
 
-  // Milliseconds in tensor-parallel calls since the last call (on a device:
-  // launch and join only).
-  double take_ms();
+  // The tensor-parallel calls since the last call: their host time (on a
+  // device, launch and join only) and, on a device, the collectives.
+  TpCommTime take();
 
  private:
   Communicator* group_ = nullptr;
@@ -79,6 +79,7 @@ class TpComm {
   void join(const WorkPtr& w, OpKind kind, double t0);
 
   double ms_ = 0;
+  std::vector<WorkPtr> device_work_;  // the collectives joined to a device stream since take()
   void* stream_ = nullptr;
   Timeline* timeline_ = nullptr;
 };
