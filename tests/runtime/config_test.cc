@@ -420,6 +420,10 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"metrics.straggler_checks=0"}, 1, {"metrics.straggler_checks=0 must be >= 1"}},
       {{"metrics.baseline_tolerance=1"}, 1, {"metrics.baseline_tolerance=1 must be in (0, 1)"}},
       {{"metrics.baseline_steps=0"}, 1, {"metrics.baseline_steps=0 must be >= 1"}},
+      {{"metrics.trace_steps=4-2"}, 1, {"metrics.trace_steps='4-2' is not a step range A-B with 1 <= A <= B"}},
+      {{"metrics.trace_steps=0-3"}, 1, {"metrics.trace_steps='0-3'", "1 <= A <= B"}},
+      {{"metrics.trace_steps=2-"}, 1, {"metrics.trace_steps='2-'", "(e.g. 2-4)"}},
+      {{"metrics.trace_steps=two"}, 1, {"metrics.trace_steps='two'"}},
       {{"faults.kind=slow_rank", "faults.step=1"}, 1, {"faults.kind=slow_rank needs faults.delay_ms > 0"}},
       {{"faults.kind=slow_rank", "faults.step=1", "faults.delay_ms=-3"}, 1, {"faults.delay_ms=-3 must be >= 0"}},
       {{"memory.limit_gb=-2"}, 1, {"memory.limit_gb=-2 must be >= 0"}},
@@ -447,6 +451,17 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
   for (const Case& c : cases) expect_invalid(c.overrides, c.world, c.needles);
   // Messages start with the config's source so a multi-file run says which file.
   expect_invalid({"train.lr=0"}, 1, {"v.yaml: train.lr=0"});
+}
+
+TEST_F(ConfigValidate, TraceStepsAreARange) {
+  Config c = base({"metrics.trace_steps=3-7"});
+  validate(c, 1);
+  EXPECT_EQ(c.metrics.trace_first, 3);
+  EXPECT_EQ(c.metrics.trace_last, 7);
+  c = base({"metrics.trace_steps=5"});
+  validate(c, 1);
+  EXPECT_EQ(c.metrics.trace_first, 5);
+  EXPECT_EQ(c.metrics.trace_last, 5);
 }
 
 TEST_F(ConfigValidate, BooleansAreTrueOrFalse) {
