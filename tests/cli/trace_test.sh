@@ -45,9 +45,10 @@ mutate() {
            $1; fs.writeFileSync('bad.json', JSON.stringify(t))" || die "mutation failed: $1"
 }
 
-# expect_rejected WHAT PATTERN: trace_check.js fails on bad.json with a line matching PATTERN.
+# expect_rejected WHAT PATTERN [METRICS]: trace_check.js fails on bad.json
+# (and run/metrics.jsonl, or METRICS) with a line matching PATTERN.
 expect_rejected() {
-  node "$check_js" bad.json run/metrics.jsonl >check.out 2>&1 && die "the checker accepted a trace with $1"
+  node "$check_js" bad.json "${3:-run/metrics.jsonl}" >check.out 2>&1 && die "the checker accepted a trace with $1"
   grep -qE "$2" check.out || die "the checker failed on $1 without /$2/: $(head -3 check.out)"
   echo "ok [$case]: $1 -> $(grep -E "$2" check.out | head -1)"
 }
@@ -96,7 +97,26 @@ case $case in
     mutate "t.traceEvents = t.traceEvents.filter(e => !(e.pid === 4 && e.name === 'dp_all_reduce'))"
     expect_rejected "a rank's dp reductions dropped" 'rank 4 has no dp_all_reduce'
     mutate "for (const e of t.traceEvents) if (e.pid === 0 && e.name === 'optimizer') e.dur += 2e4"
-    expect_rejected "optimizer spans 20 ms long" 'optimizer less nested dp_wait' ;;
+    expect_rejected "optimizer spans 20 ms long" 'optimizer less nested dp_wait'
+    mutate "t.traceEvents = t.traceEvents.filter(e => !(e.pid === 0 && e.name.startsWith('tp_')))"
+    expect_rejected "rank 0's tp collectives dropped" 'tp collectives: spans'
+    mutate "t.traceEvents = t.traceEvents.filter(e => !(e.pid === 0 && e.name === 'wait_gradient'))"
+    expect_rejected "rank 0's pipeline waits dropped" 'bubble: pipeline waits'
+    mutate "t.traceEvents = t.traceEvents.filter(e => !(e.pid === 1 && e.name === 'eval'))"
+    expect_rejected "rank 1's evaluation dropped" 'rank 1 has no eval span'
+    mutate "t.traceEvents = t.traceEvents.filter(e => !(e.pid === 7 && (e.cat || '').startsWith('pp sends')))"
+    expect_rejected "rank 7's pp sends dropped" 'rank 7 has no pp send span'
+    # A rank whose clock reference is 100 ms off: the merge shows the offset and shifts the rank.
+    fresh_copy; edit bad/rank_00003.json "t.otherData.clock_sync_us -= 1e5"
+    "$xirang" trace merge bad -o bad.json >/dev/null 2>err.txt || die "merge failed: $(cat err.txt)"
+    expect_rejected "a skewed clock_sync_us" "rank 3's clock offset is -[0-9]{5}"
+    grep -qE "rank 3's step 2 starts at [0-9]{5}" check.out || die "the skewed rank's steps were not shifted: $(cat check.out)"
+    # The metrics side: forward_ms 10 ms too long on step 4.
+    cp run/trace/trace.json bad.json
+    node -e "const fs = require('fs'); const out = fs.readFileSync('run/metrics.jsonl', 'utf8').split('\n').map(l => {
+      if (!l.trim()) return l; const m = JSON.parse(l); if (m.step === 4) m.forward_ms += 10; return JSON.stringify(m); });
+      fs.writeFileSync('bad_metrics.jsonl', out.join('\n'))" || die "metrics mutation failed"
+    expect_rejected "forward_ms 10 ms long" 'step 4: forward\+backward less nested tp and tied' bad_metrics.jsonl ;;
   bad_input)
     prepare_run
     expect_error 1 "data error: trace: 'no_such_dir' does not exist" -- trace merge no_such_dir
@@ -139,7 +159,21 @@ case $case in
         if (shares.length !== 9 || shares.some(s => !(s >= 0 && s <= 1))) throw new Error('rank ' + r.rank + ': share outside [0,1]');
         const sum = shares.reduce((a, b) => a + b, 0);
         if (Math.abs(sum - 1) > 1e-6 || r.steps !== 3 || !(r.step_ms > 0)) throw new Error('rank ' + r.rank + ': shares sum to ' + sum);
-      }" 2>err.txt || die "--json utilisation: $(grep Error err.txt | head -1)"
+      }" 2>err.txt || die "--json utilisation: $(grep "^Error" err.txt | head -1)"
+    # Rank 0's parts against its metrics.jsonl over the traced steps (each part's mean within 5% of the step).
+    node -e "const fs = require('fs'); const u = JSON.parse(fs.readFileSync('out.json', 'utf8')).utilisation.ranks[0];
+      const rows = fs.readFileSync('run/metrics.jsonl', 'utf8').split('\n').filter(l => l.trim()).map(JSON.parse)
+        .filter(m => m.step >= 2 && m.step <= 4);
+      const mean = f => rows.reduce((s, m) => s + f(m), 0) / rows.length;
+      const want = { compute: m => m.forward_ms + m.backward_ms, optimizer: m => m.optimizer_ms, data_wait: m => m.data_wait_ms,
+        dp_comm_exposed: m => m.dp_comm_exposed_ms, tp_comm: m => m.tp_comm_ms, pp_bubble: m => m.pp_bubble_ms,
+        pp_comm_exposed: m => m.pp_comm_exposed_ms, ckpt_stall: m => m.ckpt_stall_ms };
+      const tol = 0.05 * mean(m => m.step_ms);
+      if (Math.abs(u.step_ms - mean(m => m.step_ms)) > tol) throw new Error('step_ms ' + u.step_ms);
+      for (const [k, f] of Object.entries(want))
+        if (Math.abs(u.parts[k].ms - mean(f)) > tol)
+          throw new Error(k + ': ' + u.parts[k].ms.toFixed(3) + ' ms from the trace, ' + mean(f).toFixed(3) + ' in metrics.jsonl');
+      " 2>err.txt || die "rank 0's utilisation disagrees with metrics.jsonl: $(grep "^Error" err.txt | head -1)"
     # The merged file gives the same numbers as the rank files (up to the rounding of the shifted times).
     "$xirang" report run --json --trace run/trace/trace.json >out2.json 2>err.txt || die "report --trace failed: $(cat err.txt)"
     node -e "const f = n => JSON.parse(require('fs').readFileSync(n, 'utf8')).utilisation.ranks;
@@ -147,7 +181,7 @@ case $case in
       a.forEach((r, i) => Object.keys(r.parts).forEach(k => {
         if (Math.abs(r.parts[k].ms - b[i].parts[k].ms) > 1e-3) throw new Error('rank ' + i + ' ' + k + ': ' +
           r.parts[k].ms + ' ms from the rank files, ' + b[i].parts[k].ms + ' from the merged file');
-      }))" 2>err.txt || die "the merged trace and the rank files disagree: $(grep Error err.txt | head -1)"
+      }))" 2>err.txt || die "the merged trace and the rank files disagree: $(grep "^Error" err.txt | head -1)"
     expect_error 1 "data error: trace: 'nowhere' does not exist" -- report run --trace nowhere
     if command -v gnuplot >/dev/null; then
       rm -rf plots
