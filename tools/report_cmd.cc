@@ -200,6 +200,26 @@ nlohmann::ordered_json comparison_json(const std::string& base_path, const Compa
   return j;
 }
 
+// The run's utilisation from --trace (its errors are the report's), or from
+// the trace found beside the run (a broken one is a note: the metrics still
+// make a report).
+struct TraceUtilisation {
+  std::optional<Utilisation> util;
+  std::string skipped;  // why a trace found beside the run was not used
+};
+TraceUtilisation trace_utilisation(const Run& run, const std::string& given) {
+  TraceUtilisation t;
+  const std::string path = find_run_trace(run, given);
+  if (path.empty()) return t;
+  try {
+    t.util = utilisation(load_trace(path));
+  } catch (const Error& e) {
+    if (!given.empty() || e.kind() != ErrorKind::Data) throw;
+    t.skipped = e.what();
+  }
+  return t;
+}
+
 int run_report(const ReportArgs& args) {
   const Run run = load_run(args.run, args.config, args.overrides);
   const Summary s = summarise(run);
@@ -211,8 +231,8 @@ int run_report(const ReportArgs& args) {
     base_path = base.metrics_path;
     cmp = compare(s, summarise(base), args.tolerance);
   }
-  std::optional<Utilisation> util;
-  if (const std::string trace = find_run_trace(run, args.trace); !trace.empty()) util = utilisation(load_trace(trace));
+  const TraceUtilisation tu = trace_utilisation(run, args.trace);
+  const std::optional<Utilisation>& util = tu.util;
   std::optional<PlotResult> plots;
   if (!args.plot_dir.empty()) plots = write_plots(run, args.plot_dir);
   if (plots && util && plots->skipped.empty()) {
@@ -224,6 +244,7 @@ int run_report(const ReportArgs& args) {
     nlohmann::ordered_json j = summary_json(run, s, a);
     if (cmp) j["baseline"] = comparison_json(base_path, *cmp);
     if (util) j["utilisation"] = utilisation_json(*util);
+    if (!tu.skipped.empty()) j["utilisation_skipped"] = tu.skipped;
     if (plots) j["plots"] = {{"files", plots->files}, {"skipped", plots->skipped}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -231,6 +252,7 @@ int run_report(const ReportArgs& args) {
     print_advice(s, a);
     if (cmp) print_comparison(base_path, *cmp);
     if (util) print_utilisation(*util);
+    if (!tu.skipped.empty()) std::printf("\nutilisation skipped: %s\n", tu.skipped.c_str());
     if (plots) print_plots(*plots);
   }
   return cmp && cmp->any_regression() && args.fail_on_regression ? 3 : 0;

@@ -129,8 +129,10 @@ case $case in
     expect_error 1 "data error: trace: bad/rank_00002.json is not valid JSON" -- trace merge bad
     fresh_copy; edit bad/rank_00004.json "t.otherData.format = 'xirang-trace-0'"
     expect_error 1 'data error: trace: bad/rank_00004.json: format "xirang-trace-0", expected "xirang-trace-1"' -- trace merge bad
-    fresh_copy; cp bad/rank_00001.json bad/rank_00009.json
-    expect_error 1 "data error: trace: bad/rank_00009.json and bad/rank_00001.json both hold rank 1" -- trace merge bad
+    fresh_copy; cp bad/rank_00001.json bad/rank_1.json
+    expect_error 1 "data error: trace: bad/rank_1.json and bad/rank_00001.json both hold rank 1" -- trace merge bad
+    fresh_copy; mv bad/rank_00001.json bad/rank_00009.json
+    expect_error 1 "data error: trace: bad/rank_00009.json holds rank 1 \(expected 9 from its name\)" -- trace merge bad
     fresh_copy; edit bad/rank_00005.json "t.otherData.world_size = 4"
     expect_error 1 "data error: trace: bad/rank_00005.json: world_size 4 differs from bad/rank_00000.json's 8" -- trace merge bad
     fresh_copy; edit bad/rank_00006.json "t.otherData.last_step = 5"
@@ -183,6 +185,11 @@ case $case in
           r.parts[k].ms + ' ms from the rank files, ' + b[i].parts[k].ms + ' from the merged file');
       }))" 2>err.txt || die "the merged trace and the rank files disagree: $(grep "^Error" err.txt | head -1)"
     expect_error 1 "data error: trace: 'nowhere' does not exist" -- report run --trace nowhere
+    # A broken trace beside the run is a note; the metrics still make a report.
+    rm -rf broken && mkdir -p broken/trace && cp run/metrics.jsonl broken/ && cp run/trace/rank_0000[0-6].json broken/trace/
+    "$xirang" report broken >out.txt 2>err.txt || die "report on a run with a broken trace failed: $(cat err.txt)"
+    grep -q '^utilisation skipped: trace: broken/trace: rank 7 of world_size 8 is missing' out.txt ||
+      die "no note on the broken trace: $(tail -3 out.txt)"
     if command -v gnuplot >/dev/null; then
       rm -rf plots
       "$xirang" report run --plot plots >out.txt 2>err.txt || die "report --plot failed: $(cat err.txt)"

@@ -95,6 +95,10 @@ RankTrace read_rank_file(const std::string& path, Trace& shape) {
   shape.first_step = int(number_field(od, "first_step", path));
   shape.last_step = int(number_field(od, "last_step", path));
   shape.job = string_field(od, "job", path);
+  const std::string name = fs::path(path).filename().string();
+  const std::string digits = name.substr(5, name.size() - 10);  // rank_NNNNN.json
+  if (!digits.empty() && digits.size() < 10 && digits.find_first_not_of("0123456789") == std::string::npos && std::stoll(digits) != r.rank)
+    fail(ErrorKind::Data, "trace: ", path, " holds rank ", r.rank, " (expected ", std::stoll(digits), " from its name)");
   check_events(doc["traceEvents"], path);
   r.events = std::move(doc["traceEvents"]);
   return r;
