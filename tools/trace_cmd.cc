@@ -43,7 +43,8 @@ MergeArgs parse_merge_args(int argc, char** argv) {
       fail(ErrorKind::Usage, "trace merge: more than one directory given ('", a.dir, "' and '", s, "')");
     }
   }
-  if (a.dir.empty()) fail(ErrorKind::Usage, "trace merge: no directory given (usage: xirang trace merge DIR [-o OUT.json])");
+  if (a.dir.empty())
+    fail(ErrorKind::Usage, "trace merge: no directory given (usage: xirang trace merge DIR [-o OUT.json])");
   if (a.out.empty()) a.out = (std::filesystem::path(a.dir) / "trace.json").string();
   return a;
 }

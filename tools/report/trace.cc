@@ -58,8 +58,7 @@ const json& header(const json& doc, const std::string& path, const char* format)
   if (od == doc.end() || !od->is_object())
     fail(ErrorKind::Data, "trace: ", path, " has no otherData object (expected format \"", format, "\")");
   const std::string f = od->contains("format") && (*od)["format"].is_string() ? (*od)["format"].get<std::string>() : "";
-  if (f != format)
-    fail(ErrorKind::Data, "trace: ", path, ": format \"", f, "\", expected \"", format, "\"");
+  if (f != format) fail(ErrorKind::Data, "trace: ", path, ": format \"", f, "\", expected \"", format, "\"");
   auto ev = doc.find("traceEvents");
   if (ev == doc.end() || !ev->is_array()) fail(ErrorKind::Data, "trace: ", path, " has no traceEvents array");
   return *od;
@@ -81,6 +80,14 @@ void check_events(const json& events, const std::string& path) {
   }
 }
 
+// N of rank_N.json, or -1 when the name has no plain number.
+int rank_in_name(const std::string& path) {
+  const std::string name = fs::path(path).filename().string();
+  const std::string digits = name.substr(5, name.size() - 10);
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoi(digits);
+}
+
 RankTrace read_rank_file(const std::string& path, Trace& shape) {
   json doc = parse_file(path);
   const json& od = header(doc, path, kRankFormat);
@@ -95,10 +102,8 @@ RankTrace read_rank_file(const std::string& path, Trace& shape) {
   shape.first_step = int(number_field(od, "first_step", path));
   shape.last_step = int(number_field(od, "last_step", path));
   shape.job = string_field(od, "job", path);
-  const std::string name = fs::path(path).filename().string();
-  const std::string digits = name.substr(5, name.size() - 10);  // rank_NNNNN.json
-  if (!digits.empty() && digits.size() < 10 && digits.find_first_not_of("0123456789") == std::string::npos && std::stoll(digits) != r.rank)
-    fail(ErrorKind::Data, "trace: ", path, " holds rank ", r.rank, " (expected ", std::stoll(digits), " from its name)");
+  if (const int named = rank_in_name(path); named >= 0 && named != r.rank)
+    fail(ErrorKind::Data, "trace: ", path, " holds rank ", r.rank, " (expected ", named, " from its name)");
   check_events(doc["traceEvents"], path);
   r.events = std::move(doc["traceEvents"]);
   return r;
@@ -119,12 +124,15 @@ void check_same_run(const Trace& first, const Trace& other, const std::string& f
 
 std::vector<std::string> rank_files(const std::string& dir) {
   std::error_code ec;
-  if (!fs::exists(dir, ec)) fail(ErrorKind::Data, "trace: '", dir, "' does not exist (expected a metrics.trace directory)");
-  if (!fs::is_directory(dir, ec)) fail(ErrorKind::Data, "trace: '", dir, "' is not a directory (expected metrics.trace's)");
+  if (!fs::exists(dir, ec))
+    fail(ErrorKind::Data, "trace: '", dir, "' does not exist (expected a metrics.trace directory)");
+  if (!fs::is_directory(dir, ec))
+    fail(ErrorKind::Data, "trace: '", dir, "' is not a directory (expected metrics.trace's)");
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.size() > 10 && n.rfind("rank_", 0) == 0 && n.substr(n.size() - 5) == ".json") files.push_back(e.path().string());
+    if (n.size() > 10 && n.rfind("rank_", 0) == 0 && n.substr(n.size() - 5) == ".json")
+      files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
   return files;
@@ -161,13 +169,16 @@ std::string process_label(const RankTrace& r) {
 
 Trace load_rank_traces(const std::string& dir) {
   const std::vector<std::string> files = rank_files(dir);
-  if (files.empty()) fail(ErrorKind::Data, "trace: '", dir, "' holds no rank_*.json files (expected metrics.trace's output)");
+  if (files.empty())
+    fail(ErrorKind::Data, "trace: '", dir, "' holds no rank_*.json files (expected metrics.trace's output)");
   Trace t;
   for (size_t i = 0; i < files.size(); ++i) {
     Trace shape;
     RankTrace r = read_rank_file(files[i], shape);
-    if (i == 0) t = std::move(shape);
-    else check_same_run(t, shape, files[0], files[i]);
+    if (i == 0)
+      t = std::move(shape);
+    else
+      check_same_run(t, shape, files[0], files[i]);
     t.ranks.push_back(std::move(r));
   }
   t.source = dir;
@@ -185,7 +196,8 @@ Trace load_merged_trace(const std::string& path) {
   t.first_step = int(number_field(od, "first_step", path));
   t.last_step = int(number_field(od, "last_step", path));
   if (!od.contains("ranks") || !od["ranks"].is_array() || int(od["ranks"].size()) != t.world_size)
-    fail(ErrorKind::Data, "trace: ", path, ": otherData.ranks is not an array of world_size ", t.world_size, " entries");
+    fail(ErrorKind::Data, "trace: ", path, ": otherData.ranks is not an array of world_size ", t.world_size,
+         " entries");
   for (const json& r : od["ranks"]) {
     RankTrace rt;
     rt.path = path;
@@ -221,12 +233,15 @@ nlohmann::ordered_json merge_traces(const Trace& t) {
   using ojson = nlohmann::ordered_json;
   ojson events = ojson::array(), ranks = ojson::array();
   for (const RankTrace& r : t.ranks) {
-    ranks.push_back({{"rank", r.rank}, {"dp", r.dp}, {"tp", r.tp}, {"pp", r.pp},
+    ranks.push_back({{"rank", r.rank},
+                     {"dp", r.dp},
+                     {"tp", r.tp},
+                     {"pp", r.pp},
                      {"clock_offset_us", std::round(clock_offset_us(t, r.rank) * 1e3) / 1e3}});
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r.rank}, {"tid", 0},
-                      {"args", {{"name", process_label(r)}}}});
-    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r.rank}, {"tid", 0},
-                      {"args", {{"sort_index", r.rank}}}});
+    events.push_back(
+        {{"ph", "M"}, {"name", "process_name"}, {"pid", r.rank}, {"tid", 0}, {"args", {{"name", process_label(r)}}}});
+    events.push_back(
+        {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r.rank}, {"tid", 0}, {"args", {{"sort_index", r.rank}}}});
     for (const json& e : r.events) {
       const std::string ph = e["ph"];
       const std::string name = e.value("name", "");

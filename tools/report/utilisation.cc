@@ -28,9 +28,8 @@ std::vector<Interval> main_spans(const RankTrace& r) {
       const double ts = e["ts"].get<double>();
       v.push_back({e["name"].get<std::string>(), ts, ts + e["dur"].get<double>()});
     }
-  std::stable_sort(v.begin(), v.end(), [](const Interval& a, const Interval& b) {
-    return a.t0 != b.t0 ? a.t0 < b.t0 : a.t1 > b.t1;
-  });
+  std::stable_sort(v.begin(), v.end(),
+                   [](const Interval& a, const Interval& b) { return a.t0 != b.t0 ? a.t0 < b.t0 : a.t1 > b.t1; });
   return v;
 }
 
