@@ -42,6 +42,23 @@ for (const r of ranks) check(Math.abs(r.clock_offset_us) < 50e3, `rank ${r.rank}
 const spans = trace.traceEvents.filter(e => e.ph === 'X');
 const bad = spans.filter(e => !Number.isFinite(e.ts) || !Number.isFinite(e.dur) || e.dur < 0 || !(e.pid >= 0 && e.pid < world));
 check(bad.length === 0, `${bad.length} events with a bad ts, dur or pid, e.g. ${JSON.stringify(bad[0])}`);
+// Per thread: spans on the training thread nest or follow one another; a
+// transfer lane's spans are disjoint (overlapping transfers go to lanes).
+const threads = {};
+for (const e of spans) (threads[`${e.pid}/${e.tid}`] = threads[`${e.pid}/${e.tid}`] || []).push(e);
+for (const [key, list] of Object.entries(threads)) {
+  list.sort((a, b) => a.ts - b.ts || b.dur - a.dur);
+  const open = [];
+  for (const e of list) {
+    while (open.length && open[open.length - 1].ts + open[open.length - 1].dur <= e.ts + 0.001) open.pop();
+    const p = open[open.length - 1];
+    if (p && (e.cat !== 'compute' || e.ts + e.dur > p.ts + p.dur + 0.001)) {
+      check(false, `process/thread ${key}: ${e.name} at ${e.ts} overlaps ${p.name} (${p.ts} + ${p.dur}) without nesting in it`);
+      break;
+    }
+    open.push(e);
+  }
+}
 // After the merge the barrier is t = 0: every step span starts after it.
 const byRank = Array.from({ length: world }, (_, r) => spans.filter(e => e.pid === r));
 byRank.forEach((ev, r) => {

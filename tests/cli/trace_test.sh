@@ -84,6 +84,11 @@ case $case in
     expect_rejected "a rank's events dropped" '7 processes, expected 8'
     mutate "t.traceEvents.find(e => e.name === 'process_name' && e.pid === 5).args.name = 'rank 5 (dp 0, tp 0, pp 0)'"
     expect_rejected "a process misnamed" 'process 5 is named'
+    mutate "const e = t.traceEvents.find(e => e.pid === 1 && e.name === 'send_activation'); const c = Object.assign({}, e);
+            c.ts += c.dur / 2; t.traceEvents.push(c)"
+    expect_rejected "two overlapping sends on one lane" 'process/thread 1/[0-9]+: send_activation .* overlaps send_activation'
+    mutate "const f = t.traceEvents.find(e => e.pid === 0 && e.name === 'forward'); f.dur += 1; f.ts -= f.dur / 2"
+    expect_rejected "a forward crossing its neighbour" 'process/thread 0/1: .* without nesting'
     mutate "t.otherData.ranks[6].clock_offset_us = 80000"
     expect_rejected "a skewed clock" "rank 6's clock offset"
     mutate "const i = t.traceEvents.findIndex(e => e.pid === 2 && e.name === 'step' && e.args.step === 4); t.traceEvents.splice(i, 1)"
