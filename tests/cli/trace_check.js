@@ -73,7 +73,7 @@ byRank.forEach((ev, r) => {
   has(e => e.cat === 'compute' && /^tp_(all_reduce|all_gather|reduce_scatter)$/.test(e.name), 'tp collective span');
   has(e => e.cat.startsWith('pp sends') && /^send_(activation|gradient)$/.test(e.name), 'pp send span');
   has(e => e.cat.startsWith('pp receives') && /^recv_(activation|gradient)$/.test(e.name), 'pp receive span');
-  has(e => e.cat === 'compute' && e.name === 'checkpoint_save' && e.args.index === 3, 'checkpoint_save of step 3');
+  has(e => e.cat === 'compute' && e.name === 'checkpoint_save' && e.args.step === 3, 'checkpoint_save of step 3');
   has(e => e.cat === 'compute' && e.name === 'checkpoint_snapshot', 'checkpoint_snapshot span');
   has(e => e.cat.startsWith('checkpoint writer') && e.name === 'checkpoint_write', 'checkpoint_write span');
   has(e => e.cat === 'compute' && e.name === 'eval', 'eval span');
