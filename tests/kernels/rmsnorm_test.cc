@@ -258,5 +258,24 @@ TEST(RmsNormErrors, ShapesAndDtypes) {
   }, ErrorKind::Shape, {"residual_rmsnorm_forward", "b"});
 }
 
+// Under metrics.op_profile every call counts once as a norm, the fused
+// residual form included.
+TEST(RmsNormProfile, CountsAsNorm) {
+  Timeline tl;
+  tl.set_profiling(true);
+  KernelContext ctx;
+  ctx.timeline = &tl;
+  const int64_t N = 3, C = 8;
+  std::vector<float> x = cast_vec<float>(randn(N * C, 2151)), w(C, 1.0f), y(N * C), r(N), dx(N * C), dw(C);
+  rmsnorm_forward(ctx, view(y, {N, C}), view(r, {N}), view(x, {N, C}), view(w, {C}), kNormEps);
+  residual_rmsnorm_forward(ctx, view(y, {N, C}), view(y, {N, C}), view(r, {N}), view(x, {N, C}), view(x, {N, C}),
+                           view(w, {C}), kNormEps);
+  rmsnorm_backward(ctx, view(dx, {N, C}), view(dw, {C}), view(y, {N, C}), view(x, {N, C}), view(w, {C}),
+                   view(r, {N}), GradMode::Overwrite);
+  const OpTimes ops = tl.take_ops();
+  EXPECT_EQ(ops.calls[int(OpKind::Norm)], 3);
+  EXPECT_EQ(ops.calls[int(OpKind::Elementwise)], 0);
+}
+
 }  // namespace
 }  // namespace xirang::test

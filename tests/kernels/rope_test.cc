@@ -367,5 +367,21 @@ TEST(RopeErrors, ShapesPositionsAndDtypes) {
                ErrorKind::Shape, {"rope_table", "cos"});
 }
 
+// Under metrics.op_profile every call counts once as an elementwise op.
+TEST(RopeProfile, CountsAsElementwise) {
+  Timeline tl;
+  tl.set_profiling(true);
+  KernelContext ctx;
+  ctx.timeline = &tl;
+  const int64_t T = 4, D = 8;
+  std::vector<float> c(T * D / 2), s(T * D / 2), x = cast_vec<float>(randn(T * 4 * D, 3161));
+  rope_table(ctx, view(c, {T, D / 2}), view(s, {T, D / 2}), kLlama31);
+  rope_forward(ctx, view(x, {T, 4 * D}), view(c, {T, D / 2}), view(s, {T, D / 2}), T, 0);
+  rope_backward(ctx, view(x, {T, 4 * D}), view(c, {T, D / 2}), view(s, {T, D / 2}), T, 0);
+  rope_qkv_forward(ctx, view(x, {T, 4 * D}), view(c, {T, D / 2}), view(s, {T, D / 2}), 2, 1, T, 0);
+  rope_qkv_backward(ctx, view(x, {T, 4 * D}), view(c, {T, D / 2}), view(s, {T, D / 2}), 2, 1, T, 0);
+  EXPECT_EQ(tl.take_ops().calls[int(OpKind::Elementwise)], 5);
+}
+
 }  // namespace
 }  // namespace xirang::test

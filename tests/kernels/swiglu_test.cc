@@ -206,5 +206,19 @@ TEST(SwigluErrors, Shapes) {
                {"swiglu_packed_forward", "h"});
 }
 
+// Under metrics.op_profile every call counts once as an elementwise op.
+TEST(SwigluProfile, CountsAsElementwise) {
+  Timeline tl;
+  tl.set_profiling(true);
+  KernelContext ctx;
+  ctx.timeline = &tl;
+  std::vector<float> g = cast_vec<float>(randn(8, 4141)), u = g, h(8), dg(8), du(8), gu(16), dgu(16);
+  swiglu_forward(ctx, view(h, {2, 4}), view(g, {2, 4}), view(u, {2, 4}));
+  swiglu_backward(ctx, view(dg, {2, 4}), view(du, {2, 4}), view(h, {2, 4}), view(g, {2, 4}), view(u, {2, 4}));
+  swiglu_packed_forward(ctx, view(h, {2, 4}), view(gu, {2, 8}));
+  swiglu_packed_backward(ctx, view(dgu, {2, 8}), view(h, {2, 4}), view(gu, {2, 8}));
+  EXPECT_EQ(tl.take_ops().calls[int(OpKind::Elementwise)], 4);
+}
+
 }  // namespace
 }  // namespace xirang::test
