@@ -15,6 +15,8 @@
 //   elements must equal the reference rounded once (a double rounding or a
 //   16-bit accumulation misses far more). rstd is F32 (1e-5), and F32 dw
 //   beside 16-bit activations keeps the F32 tolerance.
+#include <omp.h>
+
 #include <cmath>
 
 #include "kernels/elementwise.h"
@@ -200,6 +202,31 @@ TYPED_TEST(RmsNormTest, ResidualMatchesUnfusedBitwise) {
     RmsNormOut want = ref_rmsnorm_forward(plus(to_f64(a), to_f64(b)), to_f64(w), N, C, kNormEps);
     expect_near(y_ref, want.y, tol<S>(kTolF32), "y against the reference");
   }
+}
+
+// dw sums rows in fixed chunks added in order, so dx and dw are bitwise the
+// same whatever the thread count (a rank's result must not depend on it).
+// In F64, where a different summation order would show in the last bits.
+TEST(RmsNormDeterminism, IndependentOfThreadCount) {
+  const int64_t N = 101, C = 24;
+  KernelContext ctx;
+  const Vec x = randn(N * C, 2161, 1.5), w = randn(C, 2162, 0.5, 1.0), dy = randn(N * C, 2163);
+  Vec y(N * C), r(N);
+  auto xv = x, wv = w, dyv = dy;
+  rmsnorm_forward(ctx, view(y, {N, C}), view(r, {N}), view(xv, {N, C}), view(wv, {C}), kNormEps);
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<uint8_t>> dx_bytes, dw_bytes;
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    Vec dx(N * C), dw = randn(C, 2164);
+    rmsnorm_backward(ctx, view(dx, {N, C}), view(dw, {C}), view(dyv, {N, C}), view(xv, {N, C}), view(wv, {C}),
+                     view(r, {N}), GradMode::Overwrite);
+    dx_bytes.push_back(bytes_of(dx));
+    dw_bytes.push_back(bytes_of(dw));
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(dx_bytes[0], dx_bytes[1]) << "dx";
+  EXPECT_EQ(dw_bytes[0], dw_bytes[1]) << "dw";
 }
 
 // Central differences on L = sum(y * R), float64, against the kernel's own
