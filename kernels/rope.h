@@ -24,7 +24,10 @@
 //
 // Precision. The table is computed in double and stored in the compute
 // dtype: F64 for F64 activations, else F32 (also beside 16-bit activations,
-// where Hugging Face rounds cos and sin to bf16). The rotation is computed
+// where Hugging Face rounds cos and sin to bf16). transformers forms the
+// frequencies and the angles p * freq in float32, so its angles carry an
+// error of up to ~6e-8 p radians (5e-4 at p = 8192); ours are exact to
+// double, and a comparison with it at long positions needs that slack. The rotation is computed
 // in the compute type and each element rounded once. The backward is the
 // rotation by -a (the transpose), applied to the gradient in place: the
 // gradient of the rotated heads becomes that of the heads before rotation.
