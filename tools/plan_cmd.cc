@@ -1,6 +1,6 @@
 // xirang plan CONFIG --cluster CLUSTER.yaml [--set k=v ...] [--gpus N] [--global-batch B]
 //             [--layout tp=T,pp=P,...] [--top K] [--explain] [--json] [--assume FEATURE,...]
-// xirang plan --calibrate RESULTS.jsonl --cluster BASE.yaml -o CLUSTER.yaml [--holdout odd|even|none]
+// xirang plan --calibrate RESULTS.jsonl --cluster BASE.yaml -o CLUSTER.yaml [--holdout odd|even|none] [--json]
 //
 // The performance and memory model (tools/plan/, docs/performance_model.md):
 // predicts memory per device and step time for layouts of a config on a
@@ -87,7 +87,21 @@ int run_calibration(const PlanArgs& a) {
   if (a.out.empty()) fail(ErrorKind::Usage, "plan: --calibrate needs -o CLUSTER.yaml");
   const Cluster base = load_cluster(a.cluster);
   const CalibrationResult r = calibrate(read_sweep(a.calibrate), base, parse_holdout(a.holdout));
-  std::fputs(calibration_report(r).c_str(), stdout);
+  if (a.json) {
+    nlohmann::json j;
+    auto rows = [](const std::vector<PointError>& v) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const PointError& e : v) a.push_back({{"id", e.id}, {"measured_s", e.measured_s}, {"predicted_s", e.predicted_s}});
+      return a;
+    };
+    j["fitted"] = rows(r.fitted);
+    j["held_out"] = rows(r.held_out);
+    j["held_out_median_error"] = r.held_out_median_error;
+    j["held_out_max_error"] = r.held_out_max_error;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::fputs(calibration_report(r).c_str(), stdout);
+  }
   std::ofstream out(a.out);
   if (!out) fail(ErrorKind::Config, "plan: cannot write '", a.out, "'");
   out << cluster_yaml(r.cluster, str_cat("# Fitted by `xirang plan --calibrate ", a.calibrate, "` on ",

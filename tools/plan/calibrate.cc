@@ -56,7 +56,8 @@ std::vector<std::function<double&(Cluster&)>> fitted_constants() {
           [](Cluster& c) -> double& { return c.op_overhead_us; },
           [](Cluster& c) -> double& { return c.memory_bandwidth_gbps; },
           [](Cluster& c) -> double& { return c.intra_node.bandwidth_gbps; },
-          [](Cluster& c) -> double& { return c.intra_node.latency_us; }};
+          [](Cluster& c) -> double& { return c.intra_node.latency_us; },
+          [](Cluster& c) -> double& { return c.rank_skew; }};
 }
 
 Cluster with(const Cluster& start, const std::vector<double>& logs) {
@@ -200,6 +201,7 @@ CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster
   if (s.matmul_half_width <= 0) s.matmul_half_width = 64;
   if (s.op_overhead_us <= 0) s.op_overhead_us = 10;
   if (s.intra_node.latency_us <= 0) s.intra_node.latency_us = 1;
+  if (s.rank_skew <= 0) s.rank_skew = 0.02;
   std::vector<double> x;
   for (auto& k : fitted_constants()) x.push_back(std::log(k(s)));
   x = fit(fit_set, s, x);

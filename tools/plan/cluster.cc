@@ -45,6 +45,7 @@ const std::vector<Key>& number_keys() {
       {"efficiency.memory", true, [](Cluster& c) -> double& { return c.memory_efficiency; }},
       {"efficiency.op_overhead_us", true, [](Cluster& c) -> double& { return c.op_overhead_us; }},
       {"efficiency.comm_buffer_mb", false, [](Cluster& c) -> double& { return c.comm_buffer_mb; }},
+      {"efficiency.rank_skew", false, [](Cluster& c) -> double& { return c.rank_skew; }},
   };
   return keys;
 }

@@ -39,6 +39,10 @@ struct Cluster {
   double memory_efficiency = 0.8;  // element-wise kernels and the optimizer, of memory_bandwidth_gbps
   double op_overhead_us = 0;       // per layer, microbatch and forward pass (launches, small ops); backward 2x
   double comm_buffer_mb = 0;       // per communication group with more than one rank (library buffers)
+  // How far, as a fraction of its compute time, the slowest data-parallel
+  // rank finishes behind the others (noise, shared cores): the others wait
+  // for it in the gradient reduction. 0 on dedicated machines; fitted here.
+  double rank_skew = 0;
 
   // Seconds for `flops` of matrix products of inner width `width`.
   double matmul_seconds(double flops, double width, bool fp32) const;

@@ -90,8 +90,10 @@ void dp_terms(const Workload& w, const PlanLayout& l, const Cluster& c, const Fe
   const double window = w.cfg.parallel.overlap_grad_reduce ? stages.front().bwd_total() : 0;
   const double grads_exposed = window > 0 ? std::max(std::min(bucket, grads), grads - window) : grads;
   const double gather_exposed = f.param_gather_overlap ? std::max(0.0, gather - stages.front().fwd_total()) : gather;
+  // The reduction cannot finish before the slowest rank's last gradients.
+  const double skew = c.rank_skew * (t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s);
   t.dp_comm_s = grads + gather;
-  t.dp_comm_exposed_s = grads_exposed + gather_exposed;
+  t.dp_comm_exposed_s = grads_exposed + gather_exposed + skew;
   t.notes.push_back({"dp comm", fmt("%.4g M params x 4 B over %.0f ranks: %.4g ms", local / 1e6, l.dp, (grads + gather) * 1e3)});
 }
 
