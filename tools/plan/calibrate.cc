@@ -202,9 +202,20 @@ CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster
   if (s.op_overhead_us <= 0) s.op_overhead_us = 10;
   if (s.intra_node.latency_us <= 0) s.intra_node.latency_us = 1;
   if (s.rank_skew <= 0) s.rank_skew = 0.02;
+  std::vector<double> x0;
+  for (auto& k : fitted_constants()) x0.push_back(std::log(k(s)));
+  // Several starting latencies: on a machine whose collectives wait for
+  // busy peers, the effective latency can be 100x the nominal one, and the
+  // fit otherwise stops in the local minimum next to the start.
   std::vector<double> x;
-  for (auto& k : fitted_constants()) x.push_back(std::log(k(s)));
-  x = fit(fit_set, s, x);
+  double best = 0;
+  for (double scale : {1.0, 10.0, 100.0}) {
+    std::vector<double> start_x = x0;
+    start_x[5] += std::log(scale);
+    const std::vector<double> got = fit(fit_set, s, start_x);
+    const double cost = sumsq(residuals(fit_set, s, got, x0));
+    if (x.empty() || cost < best) x = got, best = cost;
+  }
   CalibrationResult r;
   r.cluster = with(s, x);
   r.fit_points = int(fit_set.size());
