@@ -2,6 +2,7 @@
 // memory plan: the same categories and bytes for single-rank configs, and
 // layout-only shards that add up for tensor- and pipeline-parallel layouts.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <filesystem>
@@ -97,10 +98,17 @@ TEST(MemoryEstimate, HugeModelIsFastAndAllocatesNothing) {
                            "model.vocab_size=51200", "parallel.tp=8", "parallel.pp=64", "parallel.dp=6",
                            "train.global_batch=3072", "train.micro_batch=1", "precision.dtype=fp16"},
                           3072);
+  auto peak_rss_kb = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return long(u.ru_maxrss);
+  };
+  const long rss0 = peak_rss_kb();
   const auto t0 = std::chrono::steady_clock::now();
   const MemoryPlan plan = estimate_memory(c, {0, 0, 0});
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 2.0);
+  EXPECT_LT(peak_rss_kb() - rss0, 64 * 1024) << "the estimate touched more than 64 MiB";
   const double params = double(plan.bytes_of("parameters")) / 2;  // fp16
   EXPECT_GT(params, 1.0e12 / 512 * 0.9);
   EXPECT_LT(params, 1.0e12 / 512 * 1.3);
