@@ -146,6 +146,18 @@ TEST(PlanCalibration, PredictsHeldOutDataParallelPoints) {
   EXPECT_LT(r.held_out_median_error, 0.10);
 }
 
+// The bubble sweep (pp=2, one shape, 1 to 16 microbatches: the
+// simulator's pipeline against measured steps): the held-out half within
+// 15% each, median under 10%.
+TEST(PlanCalibration, PredictsHeldOutPipelinePoints) {
+  const auto points = read_sweep(kSrc + "/tests/assets/sweeps/this_machine_pipeline.jsonl");
+  ASSERT_EQ(points.size(), 8u);
+  const CalibrationResult r = calibrate(points, this_machine(), Holdout::Odd);
+  std::printf("%s", calibration_report(r).c_str());
+  for (const PointError& e : r.held_out) EXPECT_LT(std::fabs(e.error()), 0.15) << e.id;
+  EXPECT_LT(r.held_out_median_error, 0.10);
+}
+
 // Issue 15's bar over all layouts at once. Not met on this machine yet
 // (held out: median 19.7%, max 35.5%): per FLOP, the CPU runs tp and pp
 // ranks 2-3x faster than dp ranks, which no term of the model describes

@@ -30,6 +30,14 @@ POINTS = [
     (2, dict(d_model=256, n_layer=2, seq_len=128, global_batch=4, micro_batch=2, tp=2)),
     (2, dict(d_model=128, n_layer=8, seq_len=64, global_batch=8, micro_batch=4, pp=2)),
 ]
+# The pipeline's bubble against microbatches: pp=2, one shape, 128-token
+# microbatches, 1 to 16 of them per step.
+PIPELINE_POINTS = [
+    (2, dict(d_model=128, n_layer=4, seq_len=128, global_batch=m, micro_batch=1, pp=2))
+    for m in (1, 2, 3, 4, 6, 8, 12, 16)
+]
+POINT_SETS = {"layouts": POINTS, "pipeline": PIPELINE_POINTS}
+
 KEYS = ["forward_ms", "backward_ms", "optimizer_ms", "data_wait_ms", "dp_comm_ms", "dp_comm_exposed_ms",
         "tp_comm_ms", "pp_bubble_ms", "pp_comm_exposed_ms", "ckpt_stall_ms"]
 SECTION = dict(d_model="model", n_layer="model", seq_len="model", global_batch="train", micro_batch="train",
@@ -83,16 +91,18 @@ def main():
     # On a machine shared with other work, a raised priority (negative
     # niceness, needs root) keeps the ranks on their cores while measured.
     ap.add_argument("--nice", type=int, default=0)
+    ap.add_argument("--points", choices=sorted(POINT_SETS), default="layouts")
     args = ap.parse_args()
-    steps = [[] for _ in POINTS]
+    points = POINT_SETS[args.points]
+    steps = [[] for _ in points]
     with tempfile.TemporaryDirectory() as tmp:
         for ps in range(args.passes):
-            for i, (ranks, p) in enumerate(POINTS):
+            for i, (ranks, p) in enumerate(points):
                 steps[i] += run_point(args, ranks, p, os.path.join(tmp, f"{i}-{ps}.jsonl"))
                 print(f"pass {ps + 1}/{args.passes} point {i}: {statistics.median(s['step_ms'] for s in steps[i]):.1f} ms",
                       file=sys.stderr)
     with open(args.out, "w") as f:
-        for i, (ranks, p) in enumerate(POINTS):
+        for i, (ranks, p) in enumerate(points):
             f.write(json.dumps(row(i, ranks, p, steps[i])) + "\n")
 
 
