@@ -256,6 +256,7 @@ void dispatch_probs(const char* op, const Tensor& probs, F&& f) {
 }  // namespace
 
 void attention_forward(const KernelContext& ctx, Tensor out, Tensor probs, const Tensor& qkv, int n_head) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Attention);
   cpu::require_cpu(ctx, "attention_forward");
   Dims d = check_dims("attention_forward", qkv, n_head);
   check_shape("attention_forward", "out", out, {d.B, d.T, d.C});
@@ -272,6 +273,7 @@ void attention_forward(const KernelContext& ctx, Tensor out, Tensor probs, const
 
 void attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                         const Tensor& probs, int n_head) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Attention);
   cpu::require_cpu(ctx, "attention_backward");
   Dims d = check_dims("attention_backward", qkv, n_head);
   check_same_shape("attention_backward", dqkv, qkv);
@@ -367,6 +369,7 @@ void flash_backward_impl(const Dims& d, S* pd, const S* pdo, const S* pqkv, cons
 }  // namespace
 
 void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Attention);
   XR_ON_CUDA(ctx, flash_attention_forward(ctx, out, lse, qkv, n_head));
   const char* op = "flash_attention_forward";
   cpu::require_cpu(ctx, op);
@@ -383,6 +386,7 @@ void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, c
 
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, int n_head) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Attention);
   XR_ON_CUDA(ctx, flash_attention_backward(ctx, dqkv, dout, qkv, out, lse, n_head));
   const char* op = "flash_attention_backward";
   cpu::require_cpu(ctx, op);
