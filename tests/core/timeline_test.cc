@@ -2,7 +2,7 @@
 // scopes counted once, nothing recorded when profiling is off or there is
 // no timeline, take_ops() starting a new count), add_op_later() evaluated
 // at take time, and SpanScope (only while tracing, end() before the scope
-// ends, spans added from another thread).
+// ends, open spans counted until they end, spans added from another thread).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -155,11 +155,14 @@ TEST(TimelineTest, EndFinishesTheSpanEarly) {
   double ended = 0;
   {
     SpanScope s(&tl, "optimizer");
+    EXPECT_EQ(tl.open_spans(), 1);
     s.end();
+    EXPECT_EQ(tl.open_spans(), 0);
     ended = now_seconds();
     sleep_ms(20);
     s.end();  // a second end adds nothing
   }
+  EXPECT_EQ(tl.open_spans(), 0);
   const auto spans = tl.take_spans();
   ASSERT_EQ(spans.size(), 1u);
   EXPECT_LE(spans[0].t1, ended);  // not the scope's end, 20 ms later
