@@ -16,14 +16,16 @@
 // times (StepMetrics::ops) of every step after the first: every op_ms is
 // >= 0; the compute kinds (the kernels' wall time on the CPU) fit inside
 // the passes that run them, forward + backward + optimizer + data_wait
-// (x 1.05 + 1 ms for clock noise; zeroing the gradients before the
-// forward is the only compute outside them), and cover at least half of
-// forward + backward + optimizer (the ops are most of the passes); the
-// layout's collectives are there (tp > 1: tp_all_reduce, or with sequence
-// parallelism tp_all_gather and tp_reduce_scatter; dp > 1: dp_all_reduce,
-// or with ZeRO-1 dp_reduce_scatter and dp_all_gather; pp > 1: pp_send and
-// pp_recv). Over the steps, matmul has the largest median of the compute
-// kinds (true of gpt2_debug on every stage).
+// (x 1.05 + 1 ms for clock noise; the few ops outside them, such as
+// zeroing the gradients, are small); the layout's collectives are there
+// (tp > 1: tp_all_reduce, or with sequence parallelism tp_all_gather and
+// tp_reduce_scatter; dp > 1: dp_all_reduce, or with ZeRO-1
+// dp_reduce_scatter and dp_all_gather; pp > 1: pp_send and pp_recv). Over
+// the steps, the compute ops' median share of forward + backward +
+// optimizer is at least half (the ops are most of the passes; a median,
+// because a rank descheduled between two ops, 8 ranks on 2 cores, stretches
+// one step's passes alone), and matmul has the largest median of the
+// compute kinds (true of gpt2_debug on every stage).
 #include <mpi.h>
 
 #include <algorithm>
@@ -107,6 +109,15 @@ std::vector<OpKind> expected_comm(const ParallelConfig& p) {
   return kinds;
 }
 
+// The compute kinds' share of forward + backward + optimizer.
+double compute_share(const StepMetrics& m) {
+  double compute = 0;
+  for (int k = 0; k < kOpKindCount; ++k)
+    if (!op_kind_is_comm(OpKind(k))) compute += m.ops->ms[size_t(k)];
+  const double passes = m.forward_ms + m.backward_ms + m.optimizer_ms;
+  return passes > 0 ? compute / passes : 1;
+}
+
 // The per-op checks of one step (--op-profile); appends failures to `fails`.
 void check_ops(const StepMetrics& m, const std::vector<OpKind>& comm, std::string& fails) {
   char buf[200];
@@ -128,11 +139,6 @@ void check_ops(const StepMetrics& m, const std::vector<OpKind>& comm, std::strin
   if (compute > (passes + m.data_wait_ms) * 1.05 + 1) {
     std::snprintf(buf, sizeof buf, " step %d: compute ops %.3f ms > (passes %.3f + data_wait %.3f) x 1.05 + 1;",
                   m.step, compute, passes, m.data_wait_ms);
-    fails += buf;
-  }
-  if (compute < 0.5 * passes) {
-    std::snprintf(buf, sizeof buf, " step %d: compute ops %.3f ms < half of the passes' %.3f;", m.step, compute,
-                  passes);
     fails += buf;
   }
   for (OpKind k : comm)
@@ -170,6 +176,7 @@ int main(int argc, char** argv) {
     std::vector<std::vector<double>> part_ms(std::size(kParts));
     const std::vector<OpKind> comm = expected_comm(cfg.parallel);
     std::vector<std::vector<double>> op_ms(kOpKindCount);
+    std::vector<double> op_share;  // compute ops / (forward + backward + optimizer), per step
     for (size_t i = 1; i < r.steps.size(); ++i) {
       const StepMetrics& m = r.steps[i];
       char buf[160];
@@ -193,8 +200,10 @@ int main(int argc, char** argv) {
       for (size_t k = 0; k < std::size(kParts); ++k) part_ms[k].push_back(r.steps[i].*kParts[k].field);
       if (args.op_profile) {
         check_ops(m, comm, fails);
-        if (m.ops)
+        if (m.ops) {
           for (int k = 0; k < kOpKindCount; ++k) op_ms[size_t(k)].push_back(m.ops->ms[size_t(k)]);
+          op_share.push_back(compute_share(m));
+        }
       }
     }
     const double u = median(unaccounted);
@@ -223,6 +232,14 @@ int main(int argc, char** argv) {
         char buf[48];
         std::snprintf(buf, sizeof buf, " %s %.1f", op_kind_name(OpKind(k)), med);
         line += buf;
+      }
+      char share[64];
+      std::snprintf(share, sizeof share, "; compute ops %.0f%% of the passes", 100 * median(op_share));
+      line += share;
+      if (median(op_share) < 0.5) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " median compute ops %.1f%% < 50%% of the passes;", 100 * median(op_share));
+        fails += buf;
       }
       if (OpKind(largest) != OpKind::Matmul) {
         char buf[96];
