@@ -99,6 +99,7 @@ LaunchResult run_command(const std::string& cmd, const std::string& log_path, do
   if (pid == 0) exec_child(cmd, log_path, env);
   ::setpgid(pid, pid);  // also here: no race with the kill below
   LaunchResult r;
+  r.limit_s = timeout_s;
   int status = 0;
   const auto limit = start + std::chrono::duration<double>(timeout_s);
   for (;;) {

@@ -90,7 +90,7 @@ RunOutcome read_run(const LaunchResult& r, const std::string& log_path, const st
   }
   if (r.timed_out) {
     out.status = "timeout";
-    out.reason = str_cat("no result after ", int(r.wall_s), " s; the process group was killed");
+    out.reason = str_cat("no result within timeout_s=", r.limit_s, "; the process group was killed");
   } else if (std::string m = error_line(lines, "memory error: "); !m.empty()) {
     out.status = "oom";
     out.reason = m;

@@ -64,14 +64,14 @@ std::string points_plots(const std::vector<Json>& rows, const std::string& dir) 
     d << '\n';
   }
   if (n == 0) return {};
-  const std::string data = gq(dir + "/points.dat");
+  const std::string data = gq("points.dat");
   std::ostringstream s;
   s << "set style data histograms\nset style fill solid 0.85 border -1\nset boxwidth 0.8\n"
-    << "set xtics rotate by -40 left\nset bmargin 10\n";
-  s << "set output " << gq(dir + "/tokens_per_s.png") << "\nset title 'Throughput per point (median)'\n"
+    << "set xtics rotate by -40 left\nset bmargin 8\n";
+  s << "set output " << gq("tokens_per_s.png") << "\nset title 'Throughput per point (median)'\n"
     << "set ylabel 'tokens/s'\nset yrange [0:*]\nunset key\n"
     << "plot " << data << " using 2:xtic(1) lc rgb '#4e79a7'\n";
-  s << "set output " << gq(dir + "/step_breakdown.png") << "\nset title 'Step time by part (medians)'\n"
+  s << "set output " << gq("step_breakdown.png") << "\nset title 'Step time by part (medians)'\n"
     << "set ylabel 'ms'\nset key outside right\nset style histogram rowstacked\n"
     << "plot for [i=3:" << parts().size() + 2 << "] " << data
     << " using i:xtic(1) lc rgb word(colors, i-2) title columnheader(i)\n";
@@ -84,11 +84,11 @@ std::string scaling_plot(const std::vector<Json>& rows, const std::string& dir) 
   if (series.empty()) return {};
   std::ostringstream s;
   int max_ranks = 1;
-  s << "set output " << gq(dir + "/scaling.png") << "\nset title 'Scaling efficiency: tokens/s per rank against the fewest ranks'\n"
+  s << "set output " << gq("scaling.png") << "\nset title 'Scaling efficiency: tokens/s per rank against the fewest ranks'\n"
     << "set xlabel 'ranks'\nset ylabel 'efficiency (%)'\nset logscale x 2\nset yrange [0:*]\nset key outside right\nplot ";
   for (size_t i = 0; i < series.size(); ++i) {
-    const std::string f = dir + "/scaling_" + std::to_string(i + 1) + ".dat";
-    std::ofstream d(f);
+    const std::string f = "scaling_" + std::to_string(i + 1) + ".dat";
+    std::ofstream d(dir + "/" + f);
     for (const ScalingPoint& p : series[i].points) {
       d << p.ranks << ' ' << 100 * p.efficiency << '\n';
       max_ranks = std::max(max_ranks, p.ranks);
@@ -108,14 +108,14 @@ std::string bubble_plots(const std::vector<Json>& rows, const std::string& dir) 
   for (const BubbleRow& b : bubbles) by[b.pp][b.schedule + " v" + std::to_string(b.v)].push_back(b);
   std::ostringstream s;
   for (const auto& [pp, groups] : by) {
-    s << "set output " << gq(dir + "/bubble_pp" + std::to_string(pp) + ".png") << "\nset title 'Pipeline bubble, pp="
+    s << "set output " << gq("bubble_pp" + std::to_string(pp) + ".png") << "\nset title 'Pipeline bubble, pp="
       << pp << ": measured (points), simulator (lines), analytic (dashed)'\n"
       << "set xlabel 'microbatches per step'\nset ylabel 'bubble (% of the pipeline time)'\nset yrange [0:*]\n"
       << "set key outside right\nplot ";
     int color = 1;
     for (const auto& [name, list] : groups) {
-      const std::string tag = dir + "/bubble_pp" + std::to_string(pp) + "_" + list[0].schedule + "_v" + std::to_string(list[0].v);
-      std::ofstream meas(tag + "_measured.dat"), model(tag + "_model.dat");
+      const std::string tag = "bubble_pp" + std::to_string(pp) + "_" + list[0].schedule + "_v" + std::to_string(list[0].v);
+      std::ofstream meas(dir + "/" + tag + "_measured.dat"), model(dir + "/" + tag + "_model.dat");
       int max_m = 1;
       double ratio = 0;
       for (const BubbleRow& b : list) {
@@ -139,11 +139,11 @@ std::string bubble_plots(const std::vector<Json>& rows, const std::string& dir) 
   return s.str();
 }
 
-std::vector<std::string> outputs(const std::string& script) {
+std::vector<std::string> outputs(const std::string& script, const std::string& dir) {
   std::vector<std::string> files;
   std::istringstream in(script);
   for (std::string l; std::getline(in, l);)
-    if (l.rfind("set output '", 0) == 0) files.push_back(l.substr(12, l.size() - 13));
+    if (l.rfind("set output '", 0) == 0) files.push_back(dir + "/" + l.substr(12, l.size() - 13));
   return files;
 }
 
@@ -164,10 +164,10 @@ PlotResult write_plots(const std::vector<Json>& rows, const std::string& dir) {
     res.skipped = "no point ended ok: nothing to plot";
     return res;
   }
-  const std::string script = dir + "/plots.gp";
-  std::ofstream(script) << kHeader << body << "unset output\n";
+  // The script names its files relative to DIR: `cd DIR && gnuplot plots.gp` redraws them.
+  std::ofstream(dir + "/plots.gp") << kHeader << body << "unset output\n";
   const std::string err = dir + "/gnuplot.err";
-  const int rc = std::system((shell_quote(gnuplot) + " " + shell_quote(script) + " 2>" + shell_quote(err)).c_str());
+  const int rc = std::system(str_cat("cd ", shell_quote(dir), " && ", shell_quote(gnuplot), " plots.gp 2>gnuplot.err").c_str());
   if (rc != 0) {
     std::string first;
     std::ifstream e(err);
@@ -176,7 +176,7 @@ PlotResult write_plots(const std::vector<Json>& rows, const std::string& dir) {
     return res;
   }
   fs::remove(err, ec);
-  res.files = outputs(body);
+  res.files = outputs(body, dir);
   return res;
 }
 

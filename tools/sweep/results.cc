@@ -21,7 +21,8 @@ std::map<std::string, Json> read_results(const std::string& path) {
     // A line cut short by a killed sweep is not a result: that point runs again.
     if (j.is_discarded() || !j.is_object() || !j.contains("id") || !j["id"].is_string() || !j.contains("status"))
       continue;
-    rows[j["id"].get<std::string>()] = std::move(j);
+    const std::string id = j["id"].get<std::string>();
+    rows[id] = std::move(j);
   }
   return rows;
 }

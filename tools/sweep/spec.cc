@@ -84,25 +84,28 @@ struct SpecReader {
   }
 };
 
-// The cartesian product of the axes, the last axis varying fastest.
+// The cartesian product of the axes, the last axis varying fastest. An
+// axis value that is a map sets several keys together (its axis name is
+// then only a name): {parallel.schedule: interleaved, parallel.virtual_stages: 2}.
 std::vector<std::vector<Setting>> expand_axes(const SpecReader& r, const YAML::Node& axes) {
   if (!axes.IsMap() || axes.size() == 0) r.bad("axes must be a non-empty map of keys to lists of values");
-  std::vector<std::vector<Setting>> values;
+  std::vector<std::vector<std::vector<Setting>>> values;  // axis -> value -> its settings
   for (const auto& kv : axes) {
     const std::string key = kv.first.as<std::string>();
     if (!kv.second.IsSequence() || kv.second.size() == 0)
       r.bad(str_cat("axes.", key, " must be a non-empty list of values", r.line_of(kv.second)));
-    std::vector<Setting> axis;
-    for (const auto& v : kv.second) axis.push_back(r.setting(key, v));
+    std::vector<std::vector<Setting>> axis;
+    for (const auto& v : kv.second)
+      axis.push_back(v.IsMap() ? r.settings(v, "axes." + key + " value") : std::vector<Setting>{r.setting(key, v)});
     values.push_back(std::move(axis));
   }
   std::vector<std::vector<Setting>> out = {{}};
   for (const auto& axis : values) {
     std::vector<std::vector<Setting>> next;
     for (const auto& prefix : out)
-      for (const Setting& s : axis) {
+      for (const std::vector<Setting>& s : axis) {
         next.push_back(prefix);
-        next.back().push_back(s);
+        next.back().insert(next.back().end(), s.begin(), s.end());
       }
     out = std::move(next);
   }

@@ -85,6 +85,7 @@ std::string shell_quote(const std::string& s);
 struct LaunchResult {
   int exit_code = 0;      // the shell's status; 128 + signal when killed by one
   bool timed_out = false;
+  double limit_s = 0;     // the time limit it ran under
   double wall_s = 0;
 };
 // Runs `cmd` with /bin/sh in a process group of its own, stdout and stderr
