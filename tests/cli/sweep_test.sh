@@ -121,6 +121,9 @@ case $case in
     echo "ok [$case]: 2 measured, 1 refused, 1 over its memory limit; 3 launches" ;;
   resume)
     prepare_sweep
+    # On a copy of the sweep, in a folder of its own: the other cases keep theirs as it was.
+    rm -rf resume && mkdir resume && cp -r out spec.yaml launches.txt resume/ && ln -s ../data resume/data &&
+      cd resume || die "cannot copy the sweep"
     before=$(wc -l <launches.txt) || die "no launches.txt"
     [ "$before" -ge 3 ] || die "expected the sweep's 3 launches or more in launches.txt, got $before"
     stamps=$(stat -c '%n %Y.%y' out/points/*/metrics.jsonl out/points/*/train.log | sort)
