@@ -85,7 +85,7 @@ std::string scaling_plot(const std::vector<Json>& rows, const std::string& dir) 
   std::ostringstream s;
   int max_ranks = 1;
   s << "set output " << gq("scaling.png") << "\nset title 'Scaling efficiency: tokens/s per rank against the fewest ranks'\n"
-    << "set xlabel 'ranks'\nset ylabel 'efficiency (%)'\nset logscale x 2\nset yrange [0:*]\nset key outside right\nplot ";
+    << "set xlabel 'ranks'\nset ylabel 'efficiency (%)'\nset logscale x 2\nset yrange [0:110]\nset key outside right\nplot ";
   for (size_t i = 0; i < series.size(); ++i) {
     const std::string f = "scaling_" + std::to_string(i + 1) + ".dat";
     std::ofstream d(dir + "/" + f);
