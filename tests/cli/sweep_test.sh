@@ -187,7 +187,9 @@ set: {data.train: data/debug/train, faults.kind: hang, faults.rank: 1, faults.st
 points: [{ranks: 2, train.seed: 4242}]
 steps: 4
 timeout_s: 6
-launcher_args: [--oversubscribe]
+# The shell stays the parent of mpirun here (it does not exec the last command): only
+# killing the whole process group ends mpirun and the ranks.
+launcher: "echo launching; mpirun -np {ranks} --oversubscribe {xirang} {args}"
 env: {OMP_NUM_THREADS: "1"}
 EOF
     rm -rf hang
