@@ -11,7 +11,8 @@
 #   csv        results.csv parses (a quoted reason with commas) and matches results.jsonl
 #   plots      tokens_per_s, step_breakdown and scaling PNGs (77 without gnuplot)
 #   dry_run    the points and their launch commands, nothing run or written
-#   timeout    a hanging point is recorded as timeout and its processes are gone
+#   timeout    a hanging point is recorded as timeout and its processes are gone; so are they when
+#              the sweep itself is stopped with SIGTERM
 #   bad_input  malformed specs and arguments: one error line, non-zero exit
 set -uo pipefail
 xirang=$1 src=$2 work=$3 case=$4
@@ -198,7 +199,19 @@ EOF
       die "not recorded as a timeout: $(cat hang/results.jsonl)"
     sleep 1
     ! pgrep -f 'hang/points/ranks2-seed4242/metrics.jsonl' >/dev/null || die "processes of the killed point remain: $(pgrep -af hang/points)"
-    echo "ok [$case]: timeout recorded, no process left" ;;
+    # The sweep itself stopped (as scancel or Ctrl-C would): its running point goes with it.
+    rm -rf hang
+    "$xirang" sweep hang.yaml --out hang >out.txt 2>err.txt &
+    sweep_pid=$!
+    for _ in $(seq 50); do pgrep -f 'hang/points/ranks2-seed4242/metrics.jsonl' >/dev/null && break; sleep 0.2; done
+    sleep 1
+    kill -TERM $sweep_pid
+    wait $sweep_pid
+    rc=$?
+    [ "$rc" = 143 ] || die "the stopped sweep exited with $rc, expected 143 (SIGTERM)"
+    ! pgrep -f 'hang/points/ranks2-seed4242/metrics.jsonl' >/dev/null ||
+      die "processes of the stopped sweep's point remain: $(pgrep -af hang/points)"
+    echo "ok [$case]: timeout recorded, no process left; a stopped sweep takes its running point along" ;;
   bad_input)
     write_spec
     printf 'base: %s\nbogus: 1\n' "$src/configs/gpt2_debug.yaml" >bad1.yaml
