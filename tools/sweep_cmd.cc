@@ -83,7 +83,11 @@ Json run_point(const Spec& spec, const Point& p, const std::string& xirang, cons
     const std::string dir = out + "/points/" + p.id + (spec.repeats > 1 ? "/r" + std::to_string(k) : "");
     fs::create_directories(dir);
     fs::remove(dir + "/metrics.jsonl");  // the trainer appends to it
-    std::ofstream(dir + "/config.yaml") << pre.config->yaml;
+    // The config the run will read, with the sweep's own two keys: `xirang report` finds it there.
+    std::vector<std::string> keys = p.overrides;
+    keys.push_back("train.steps=" + std::to_string(spec.steps));
+    keys.push_back("metrics.jsonl=" + dir + "/metrics.jsonl");
+    std::ofstream(dir + "/config.yaml") << load_config(spec.base, keys).yaml;
     const std::string cmd = launch_command(spec, p, pre.ranks, xirang, dir);
     std::ofstream(dir + "/command.sh") << cmd << '\n';
     const LaunchResult r = run_command(cmd, dir + "/train.log", spec.timeout_s, spec.env);
