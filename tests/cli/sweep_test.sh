@@ -113,9 +113,9 @@ case $case in
     none=$(jsonl_eval out/results.jsonl "rows.filter(r => r.status != 'ok').every(r => r.step_ms_median === null)" \
       "all(r['step_ms_median'] is None for r in rows if r['status'] != 'ok')")
     [ "$none" = true ] || [ "$none" = True ] || die "a refused or oom row has statistics"
-    lay=$(jsonl_eval out/results.jsonl "(r => [r.layout.dp, r.layout.pp, r.model.n_layer, r.precision, r.settings.ranks].join(' '))(rows.find(r => r.point == 4))" \
-      "(lambda r: ' '.join(str(x) for x in [r['layout']['dp'], r['layout']['pp'], r['model']['n_layer'], r['precision'], r['settings']['ranks']]))([r for r in rows if r['point'] == 4][0])")
-    [ "$lay" = "2 1 8 fp32 2" ] || die "point 4's layout, model, precision, settings: $lay"
+    lay=$(jsonl_eval out/results.jsonl "(r => [r.layout.dp, r.layout.pp, r.model.n_layer, r.precision, r.ranks, JSON.stringify(r.settings)].join(' '))(rows.find(r => r.point == 3))" \
+      "(lambda r: ' '.join(str(x) for x in [r['layout']['dp'], r['layout']['pp'], r['model']['n_layer'], r['precision'], r['ranks'], json.dumps(r['settings'], separators=(',', ':'))]))([r for r in rows if r['point'] == 3][0])")
+    [ "$lay" = '1 2 8 fp32 2 {"parallel.pp":2,"memory.limit_gb":0.0001}' ] || die "point 3's layout, model, precision, ranks, settings: $lay"
     grep -qE '^\[4/4\] ranks2 \(ranks 2\): ok, [0-9.]+ ms/step .* \| elapsed [0-9:]+, ETA 0:00:00$' sweep.txt ||
       die "no progress line for point 4: $(cat sweep.txt)"
     [ "$(wc -l <launches.txt)" = 3 ] || die "expected 3 launches (the refused point is not launched): $(cat launches.txt)"
