@@ -17,6 +17,8 @@ int ckpt_command(int argc, char** argv);
 int eval_command(int argc, char** argv);
 // xirang report RUN [--baseline RUN2] [--plot DIR] [--json] ... (see tools/report_cmd.cc)
 int report_command(int argc, char** argv);
+// xirang sweep SPEC.yaml [--out DIR] [--resume] [--dry-run] (see tools/sweep_cmd.cc)
+int sweep_command(int argc, char** argv);
 // xirang trace merge DIR [-o OUT.json] (see tools/trace_cmd.cc)
 int trace_command(int argc, char** argv);
 // xirang plan CONFIG --cluster C.yaml ... (see tools/plan_cmd.cc)
