@@ -298,6 +298,7 @@ TrainResult Trainer::run() {
   TrainResult result;
   MetricsLog log(is_logger() ? cfg_.metrics.jsonl : std::string(), peak_,
                  JsonlFields{cfg_.metrics.straggler_every > 0, !cfg_.metrics.baseline.empty(), cfg_.metrics.op_profile});
+  log.set_planned_bytes(plan_.total());
   ProgressLine progress(cfg_.train.steps, cfg_.metrics.log_every);
   if (opts_.print) print_run();
   Stopwatch elapsed;

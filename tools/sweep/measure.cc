@@ -105,6 +105,9 @@ RunOutcome read_run(const LaunchResult& r, const std::string& log_path, const st
     }
   } else {
     out.steps = read_steps(metrics_path, warmup);
+    // The exact plan total, where the metrics carry it (the printed plan is rounded).
+    if (!out.steps.empty() && out.steps.front().contains("memory_planned_bytes"))
+      out.memory_bytes = field(out.steps.front(), "memory_planned_bytes");
     out.status = out.steps.empty() ? "failed" : "ok";
     if (out.steps.empty()) out.reason = str_cat("no measured step in ", metrics_path);
   }

@@ -97,7 +97,7 @@ LaunchResult run_command(const std::string& cmd, const std::string& log_path, do
 struct RunOutcome {
   std::string status;     // ok, oom, failed, timeout
   std::string reason;
-  std::optional<double> memory_bytes;  // rank 0's printed memory plan total
+  std::optional<double> memory_bytes;  // rank 0's memory plan total (memory_planned_bytes, else its printed plan)
   std::vector<Json> steps;             // measured metrics lines (warm-up left out)
 };
 RunOutcome read_run(const LaunchResult& r, const std::string& log_path, const std::string& metrics_path, int warmup);
