@@ -8,7 +8,7 @@
 #   --ctld-port P       slurmctld's port (default 6817)
 #   --slurmd-port P     slurmd's port (default 6818)
 #   --munge-socket S    munged's socket (default: the system's)
-#   --cpus N            CPUs the node offers (default: nproc)
+#   --cpus N            CPUs the node offers (default: the online CPUs)
 #   --user U            the user the daemons run as (default: the current one)
 # Then, as root (DIR/spool and DIR/state are created here):
 #   export SLURM_CONF=DIR/slurm.conf
@@ -20,7 +20,8 @@ die() { echo "single_node_conf.sh: $*" >&2; exit 2; }
 [ $# -ge 1 ] || die "usage: single_node_conf.sh DIR [--ctld-port P] [--slurmd-port P] [--munge-socket S] [--cpus N] [--user U]"
 dir=$(mkdir -p "$1" && cd "$1" && pwd)
 shift
-ctld_port=6817 slurmd_port=6818 munge_socket= cpus=$(nproc) user=$(id -un)
+# (Not nproc: it follows OMP_NUM_THREADS.)
+ctld_port=6817 slurmd_port=6818 munge_socket= cpus=$(getconf _NPROCESSORS_ONLN) user=$(id -un)
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || die "$1 needs a value"
   case $1 in
