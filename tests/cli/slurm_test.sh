@@ -156,5 +156,47 @@ case $case in
       die "unexpected error line: $(grep '^xirang: ' err.txt)"
     [ "$rc" != 0 ] || die "srun exited 0"
     echo "ok [$case]: $(grep '^xirang: ' err.txt | cut -c1-120)..." ;;
+  sweep)
+    prepare_data
+    command -v python3 >/dev/null || skip "python3 is not installed (it reads results.jsonl)"
+    cat >sweep.yaml <<SPEC
+base: $cfg
+set:
+  data.train: data/train
+points:
+  - {ranks: 1}
+  - {ranks: 2}
+steps: $steps
+warmup: 1
+timeout_s: 120
+env:
+  OMP_NUM_THREADS: "1"
+SPEC
+    # The reference: the same sweep under plain mpirun, before Slurm runs.
+    timeout 300 "$xirang" sweep sweep.yaml --out by_mpirun --launcher mpirun >mpirun.out 2>&1 ||
+      die "sweep under mpirun: $(tail -n 5 mpirun.out)"
+    start_slurm
+    timeout 300 sbatch --wait --ntasks=2 --output=sbatch.out "$src/tools/slurm/sweep.sbatch" sweep.yaml \
+      --out by_slurm >sbatch.txt 2>&1 || die "sbatch: $(cat sbatch.txt) $(tail -n 5 sbatch.out 2>/dev/null)"
+    for out in by_mpirun by_slurm; do
+      python3 - "$out/results.jsonl" >rows.txt 2>&1 <<'PY' || die "$out/results.jsonl: $(cat rows.txt)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert len(rows) == 2, f"{len(rows)} rows, expected 2"
+for r in rows:
+    assert r["status"] == "ok", f"point {r['id']}: {r['status']}: {r.get('reason')}"
+    print(r["id"], r["ranks"])
+PY
+    done
+    n=0
+    while read -r id ranks; do
+      grep -qE "^ranks: $ranks on 1 node \($ranks per node\), started by srun in Slurm job [0-9]+$" \
+        "by_slurm/points/$id/train.log" ||
+        die "point $id: not $ranks ranks started by srun: $(grep -m 1 '^ranks' "by_slurm/points/$id/train.log")"
+      same_losses "by_slurm/points/$id/metrics.jsonl" "by_mpirun/points/$id/metrics.jsonl" $steps
+      n=$((n + 1))
+    done <rows.txt
+    [ "$n" = 2 ] || die "$n points compared, expected 2"
+    echo "ok [$case]: 2 points as srun steps of one sbatch job, the losses of both equal to mpirun's" ;;
   *) die "unknown case" ;;
 esac
