@@ -64,10 +64,13 @@ free_port() {
   die "no free loopback port"
 }
 
-# started PID NAME LOG: the daemon is still running a moment after its start, else skip with its log.
+# started PID NAME LOG...: the daemon is still running a moment after its start, else skip with
+# the end of its output and log.
 started() {
+  local pid=$1 name=$2
+  shift 2
   sleep 1
-  kill -0 "$1" 2>/dev/null || skip "$2 cannot start here: $(tail -n 5 "$3" 2>/dev/null | tr '\n' ' ')"
+  kill -0 "$pid" 2>/dev/null || skip "$name cannot start here: $(tail -q -n 5 "$@" 2>/dev/null | tr '\n' ' ')"
 }
 
 start_slurm() {
@@ -86,18 +89,25 @@ start_slurm() {
   local cpus
   cpus=$(getconf _NPROCESSORS_ONLN)
   [ "$cpus" -ge 2 ] || cpus=2
-  "$src/tools/slurm/single_node_conf.sh" "$tmp" --ctld-port "$(free_port)" --slurmd-port "$(free_port)" \
+  local ctld_port slurmd_port
+  ctld_port=$(free_port)
+  slurmd_port=$(free_port)
+  [ "$slurmd_port" != "$ctld_port" ] || slurmd_port=$(free_port)
+  "$src/tools/slurm/single_node_conf.sh" "$tmp" --ctld-port "$ctld_port" --slurmd-port "$slurmd_port" \
     --munge-socket "$sock" --cpus "$cpus" >/dev/null || die "single_node_conf.sh failed"
   slurmctld -D -f "$SLURM_CONF" >"$tmp/slurmctld.out" 2>&1 &
   pids+=($!)
-  started $! slurmctld "$tmp/slurmctld.log"
+  started $! slurmctld "$tmp/slurmctld.out" "$tmp/slurmctld.log"
   slurmd -D -f "$SLURM_CONF" >"$tmp/slurmd.out" 2>&1 &
   pids+=($!)
-  started $! slurmd "$tmp/slurmd.log"
+  started $! slurmd "$tmp/slurmd.out" "$tmp/slurmd.log"
   local state=
   for _ in $(seq 60); do
     state=$(sinfo --noheader --format=%T 2>/dev/null)
     [ "$state" = idle ] && break
+    # A daemon that ends while the node registers could not run here either.
+    kill -0 "${pids[1]}" 2>/dev/null || started "${pids[1]}" slurmctld "$tmp/slurmctld.out" "$tmp/slurmctld.log"
+    kill -0 "${pids[2]}" 2>/dev/null || started "${pids[2]}" slurmd "$tmp/slurmd.out" "$tmp/slurmd.log"
     sleep 0.5
   done
   [ "$state" = idle ] || die "the node is '$state', not idle, 30 s after slurmd started: $(tail -n 5 "$tmp/slurmd.log")"
