@@ -17,6 +17,8 @@ int ckpt_command(int argc, char** argv);
 int eval_command(int argc, char** argv);
 // xirang report RUN [--baseline RUN2] [--plot DIR] [--json] ... (see tools/report_cmd.cc)
 int report_command(int argc, char** argv);
+// xirang sweep SPEC.yaml [--out DIR] [--resume] [--dry-run] (see tools/sweep_cmd.cc)
+int sweep_command(int argc, char** argv);
 
 // Whether a launcher (mpirun, srun) started this process: MPI is initialised only then.
 // Throws ErrorKind::Usage for an srun step of several tasks that has no MPI

@@ -5,6 +5,7 @@
 //   xirang data prepare --tokenizer bytes --out DIR FILE...
 //   xirang ckpt inspect PATH | convert SRC DST [...]
 //   xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [...]
+//   xirang sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]
 //
 // Only this layer exits: library errors arrive as xirang::Error and leave as
 // one line on stderr ("xirang: config error: ...") and exit code 1; usage
@@ -35,7 +36,8 @@ const char* kUsage =
     "  report RUN [--baseline RUN2] [--plot DIR] [--json] [--config CFG.yaml [--set ...]] [--tolerance F]\n"
     "             [--fail-on-regression]             summarise a run's metrics.jsonl: throughput, step-time split,\n"
     "                                                bottleneck and advice, deltas against a baseline (exit 3 on a\n"
-    "                                                regression with --fail-on-regression), plots\n";
+    "                                                regression with --fail-on-regression), plots\n"
+    "  sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]  run a benchmark sweep: results.jsonl/.csv, tables, plots\n";
 
 }  // namespace
 
@@ -52,7 +54,8 @@ int main(int argc, char** argv) {
     if (cmd == "ckpt") return xirang::tools::ckpt_command(argc - 1, argv + 1);
     if (cmd == "eval") return xirang::tools::eval_command(argc - 1, argv + 1);
     if (cmd == "report") return xirang::tools::report_command(argc - 1, argv + 1);
-    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt or report)\n", cmd.c_str());
+    if (cmd == "sweep") return xirang::tools::sweep_command(argc - 1, argv + 1);
+    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt, report or sweep)\n", cmd.c_str());
     return 2;
   } catch (const xirang::Error& e) {
     std::fprintf(stderr, "xirang: %s: %s\n", xirang::error_kind_name(e.kind()), e.what());
