@@ -46,6 +46,12 @@ int srun_step_tasks() {
   return v ? std::atoi(v) : 0;
 }
 
+// This task's index in its Slurm step (SLURM_PROCID); 0 outside Slurm.
+int slurm_task() {
+  const char* v = std::getenv("SLURM_PROCID");
+  return v ? std::atoi(v) : 0;
+}
+
 }  // namespace
 
 bool launched_by_mpi() {
@@ -178,7 +184,7 @@ int train_command(int argc, char** argv) {
     multi_rank = launched_by_mpi();
   } catch (const Error&) {
     // The same refusal on every task of the srun step: the first task reports it.
-    if (const char* id = std::getenv("SLURM_PROCID"); id && std::atoi(id) != 0) return 2;
+    if (slurm_task() != 0) return 2;
     throw;
   }
   if (!multi_rank) return train(args, nullptr, launch);
@@ -187,7 +193,8 @@ int train_command(int argc, char** argv) {
     return train(args, &mpi, launch);
   } catch (const Error& e) {
     // Raised before any rank could diverge (config, data): every rank sees the same error.
-    if (mpi.world_rank() != 0) return 1;
+    // (srun's tasks that are each a world of one all have rank 0: the step's first reports.)
+    if (mpi.world_rank() != 0 || (launch.srun_tasks > 0 && slurm_task() != 0)) return 1;
     throw;
   }
 }
