@@ -74,7 +74,8 @@ started() {
 }
 
 start_slurm() {
-  mkdir -m 700 "$tmp/munge" && mkdir -m 755 "$tmp/munge-run" || die "mkdir failed"
+  mkdir -m 700 "$tmp/munge" || die "mkdir failed"
+  mkdir -m 755 "$tmp/munge-run" || die "mkdir failed"
   mungekey --create --keyfile="$tmp/munge/munge.key" >"$tmp/munged.log" 2>&1 ||
     skip "mungekey cannot create a key: $(cat "$tmp/munged.log")"
   local sock=$tmp/munge-run/munge.socket
@@ -125,7 +126,7 @@ losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
 # same_losses A B STEPS: both files have STEPS losses and they are equal, digit for digit.
 same_losses() {
   [ "$(losses "$1" | wc -l)" = "$3" ] || die "$1 has $(losses "$1" | wc -l) losses, expected $3"
-  diff <(losses "$1") <(losses "$2") >diff.txt || die "losses differ between $1 and $2: $(cat diff.txt | tr '\n' ' ')"
+  diff <(losses "$1") <(losses "$2") >diff.txt || die "losses differ between $1 and $2: $(tr '\n' ' ' <diff.txt)"
 }
 
 cfg=$src/configs/gpt2_debug.yaml

@@ -21,7 +21,7 @@ die() { echo "single_node_conf.sh: $*" >&2; exit 2; }
 dir=$(mkdir -p "$1" && cd "$1" && pwd)
 shift
 # (Not nproc: it follows OMP_NUM_THREADS.)
-ctld_port=6817 slurmd_port=6818 munge_socket= cpus=$(getconf _NPROCESSORS_ONLN) user=$(id -un)
+ctld_port=6817 slurmd_port=6818 munge_socket='' cpus=$(getconf _NPROCESSORS_ONLN) user=$(id -un)
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || die "$1 needs a value"
   case $1 in
