@@ -98,6 +98,11 @@ class Timeline {
   // Any thread (the checkpoint writer records from its own).
   void add_span(const Span& s);
   std::vector<Span> take_spans();
+  // SpanScopes begun while tracing and not yet ended: after a step, those
+  // of other threads (a checkpoint write still in progress).
+  int open_spans() const { return open_spans_.load(std::memory_order_relaxed); }
+  void span_opened() { open_spans_.fetch_add(1, std::memory_order_relaxed); }
+  void span_closed() { open_spans_.fetch_sub(1, std::memory_order_relaxed); }
 
   // The training thread. An op measured on the host (its call's wall time).
   void add_op_ms(OpKind k, double ms);
@@ -115,6 +120,7 @@ class Timeline {
 
  private:
   std::atomic<bool> tracing_{false};
+  std::atomic<int> open_spans_{0};
   bool profiling_ = false;
   std::mutex mu_;
   std::vector<Span> spans_;
@@ -131,7 +137,10 @@ class SpanScope {
   SpanScope(Timeline* tl, const char* name, Track track = Track::Main, int microbatch = -1, int chunk = -1,
             int index = -1)
       : tl_(tl && tl->tracing() ? tl : nullptr) {
-    if (tl_) s_ = Span{name, track, microbatch, chunk, index, -1, now_seconds(), 0};
+    if (tl_) {
+      s_ = Span{name, track, microbatch, chunk, index, -1, now_seconds(), 0};
+      tl_->span_opened();
+    }
   }
   ~SpanScope() { end(); }
   // Ends the span before the scope does.
@@ -139,6 +148,7 @@ class SpanScope {
     if (tl_) {
       s_.t1 = now_seconds();
       tl_->add_span(s_);
+      tl_->span_closed();
       tl_ = nullptr;
     }
   }

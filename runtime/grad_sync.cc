@@ -183,6 +183,7 @@ void GradSync::settle() {
 
 void GradSync::gather_parameters() {
   if (!opts_.zero) return;
+  SpanScope span(stream_ ? nullptr : tl_, "dp_wait", Track::Main);  // on the host a blocking gather
   gather_start_ = now_seconds();
   gathers_.clear();
   for (auto& b : buckets_)

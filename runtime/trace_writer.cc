@@ -36,6 +36,13 @@ std::vector<int> assign_lanes(const std::vector<Span>& spans, const std::vector<
   return lane;
 }
 
+// Spans whose index is a step number (the others' is a bucket's).
+bool indexed_by_step(const char* name) {
+  for (const char* n : {"step", "eval", "checkpoint_save", "checkpoint_snapshot", "checkpoint_write"})
+    if (std::strcmp(name, n) == 0) return true;
+  return false;
+}
+
 int thread_id(Track t, int lane) { return 1 + int(t) * 64 + lane; }
 
 std::string process_label(const TraceRankInfo& info) {
@@ -83,7 +90,7 @@ std::string write_rank_trace(const std::string& dir, const TraceRankInfo& info, 
     json args = json::object();
     if (s.microbatch >= 0) args["microbatch"] = s.microbatch;
     if (s.chunk >= 0) args["chunk"] = s.chunk;
-    if (s.index >= 0) args[std::strcmp(s.name, "step") == 0 ? "step" : "index"] = s.index;
+    if (s.index >= 0) args[indexed_by_step(s.name) ? "step" : "index"] = s.index;
     if (s.bytes >= 0) args["bytes"] = s.bytes;
     // Microseconds with a nanosecond fraction: durations of short spans survive.
     events.push_back({{"ph", "X"},
@@ -140,7 +147,7 @@ TraceWindow::TraceWindow(const MetricsConfig& m, ProcessGrid& grid)
 }
 
 void TraceWindow::before_step(int step, Timeline& tl) {
-  if (!enabled() || step != first_) return;
+  if (!enabled() || open_ || done_ || step < first_ || step > last_) return;
   info_.clock_sync_s = barrier_clock_sync(grid_.world());
   tl.take_spans();  // nothing from before the window
   tl.set_tracing(true);
@@ -148,23 +155,37 @@ void TraceWindow::before_step(int step, Timeline& tl) {
 }
 
 void TraceWindow::after_step(int step, Timeline& tl) {
-  if (open_ && step >= last_) write(tl, step);
+  if (!open_) return;
+  if (end_s_ == 0) {
+    if (step < last_) return;
+    last_traced_ = step;
+    end_s_ = now_seconds();
+  }
+  if (tl.open_spans() == 0) write(tl);
 }
 
 void TraceWindow::finish(Timeline& tl) {
-  if (open_) write(tl, -1);
+  if (!open_) return;
+  if (end_s_ == 0) {  // training ended inside the window: up to the last step traced
+    end_s_ = now_seconds();
+    std::vector<Span> spans = tl.take_spans();
+    for (const Span& s : spans) {
+      if (std::strcmp(s.name, "step") == 0) last_traced_ = std::max(last_traced_, s.index);
+      tl.add_span(s);
+    }
+  }
+  write(tl);  // the caller has joined the checkpoint writer
 }
 
-void TraceWindow::write(Timeline& tl, int last_step) {
+void TraceWindow::write(Timeline& tl) {
   tl.set_tracing(false);
   open_ = false;
+  done_ = true;
   std::vector<Span> spans = tl.take_spans();
-  int last = last_step;
-  if (last < 0)  // training ended inside the window: the last step traced
-    for (const Span& s : spans)
-      if (std::strcmp(s.name, "step") == 0) last = std::max(last, s.index);
+  // Steps after the window ran while a write begun inside it finished.
+  spans.erase(std::remove_if(spans.begin(), spans.end(), [&](const Span& s) { return s.t0 > end_s_; }), spans.end());
   info_.first_step = first_;
-  info_.last_step = last;
+  info_.last_step = last_traced_;
   path_ = write_rank_trace(dir_, info_, spans);
 }
 

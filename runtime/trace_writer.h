@@ -47,20 +47,27 @@ class TraceWindow {
  public:
   TraceWindow(const MetricsConfig& m, ProcessGrid& grid);
   bool enabled() const { return !dir_.empty(); }
-  // Before step `step` (1-based) starts: at the window's first step, every
-  // rank synchronizes its clock reference and tracing starts.
+  // Before step `step` (1-based) starts: at the window's first step (or the
+  // first step a resumed run makes inside the window), every rank
+  // synchronizes its clock reference and tracing starts. Every rank runs
+  // the same steps, so all of them take part in the barrier.
   void before_step(int step, Timeline& tl);
-  // After step `step` is complete: after the window's last, the file is written.
+  // After step `step` is complete: after the window's last, the file is
+  // written, once no span begun inside the window is still open (a
+  // checkpoint write on its own thread): until then tracing goes on and
+  // only spans that began inside the window are written.
   void after_step(int step, Timeline& tl);
   // Training ended: a window still open is written with the steps it has.
   void finish(Timeline& tl);
   const std::string& last_path() const { return path_; }
 
  private:
-  void write(Timeline& tl, int last_step);
+  void write(Timeline& tl);
   std::string dir_;
   int first_ = 0, last_ = 0;
-  bool open_ = false;
+  bool open_ = false, done_ = false;
+  int last_traced_ = -1;  // the last step inside the window once it has ended
+  double end_s_ = 0;      // when it ended (steady clock); 0 while open
   TraceRankInfo info_;
   ProcessGrid& grid_;
   std::string path_;

@@ -351,8 +351,8 @@ TrainResult Trainer::run() {
     if (opts_.print) progress.update(m, elapsed.seconds());
     trace_->after_step(m.step, timeline_);
   }
-  trace_->finish(timeline_);
   ckpt_->finish();
+  trace_->finish(timeline_);  // after the checkpoint writer: its span is in the window
   for (auto& o : observers_) o->on_finish();
   if (opts_.print) progress.finish();
   return result;

@@ -19,6 +19,8 @@ int eval_command(int argc, char** argv);
 int report_command(int argc, char** argv);
 // xirang sweep SPEC.yaml [--out DIR] [--resume] [--dry-run] (see tools/sweep_cmd.cc)
 int sweep_command(int argc, char** argv);
+// xirang trace merge DIR [-o OUT.json] (see tools/trace_cmd.cc)
+int trace_command(int argc, char** argv);
 
 // Whether a launcher (mpirun, srun) started this process: MPI is initialised only then.
 // Throws ErrorKind::Usage for an srun step of several tasks that has no MPI

@@ -5,6 +5,7 @@
 //   xirang data prepare --tokenizer bytes --out DIR FILE...
 //   xirang ckpt inspect PATH | convert SRC DST [...]
 //   xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [...]
+//   xirang trace merge DIR [-o OUT.json]
 //   xirang sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]
 //
 // Only this layer exits: library errors arrive as xirang::Error and leave as
@@ -34,9 +35,13 @@ const char* kUsage =
     "               [--config CFG.yaml] [--force]    reshard a checkpoint, export/import Hugging Face safetensors,\n"
     "                                                import an llm.c model file\n"
     "  report RUN [--baseline RUN2] [--plot DIR] [--json] [--config CFG.yaml [--set ...]] [--tolerance F]\n"
-    "             [--fail-on-regression]             summarise a run's metrics.jsonl: throughput, step-time split,\n"
+    "             [--fail-on-regression] [--trace PATH]\n"
+    "                                                summarise a run's metrics.jsonl: throughput, step-time split,\n"
     "                                                bottleneck and advice, deltas against a baseline (exit 3 on a\n"
-    "                                                regression with --fail-on-regression), plots\n"
+    "                                                regression with --fail-on-regression), plots, per-rank\n"
+    "                                                utilisation from a trace ([--trace PATH], or RUN/trace/)\n"
+    "  trace merge DIR [-o OUT.json]                 merge metrics.trace's rank files into one Chrome trace\n"
+    "                                                (default DIR/trace.json) on one time axis\n"
     "  sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]  run a benchmark sweep: results.jsonl/.csv, tables, plots\n";
 
 }  // namespace
@@ -54,8 +59,10 @@ int main(int argc, char** argv) {
     if (cmd == "ckpt") return xirang::tools::ckpt_command(argc - 1, argv + 1);
     if (cmd == "eval") return xirang::tools::eval_command(argc - 1, argv + 1);
     if (cmd == "report") return xirang::tools::report_command(argc - 1, argv + 1);
+    if (cmd == "trace") return xirang::tools::trace_command(argc - 1, argv + 1);
     if (cmd == "sweep") return xirang::tools::sweep_command(argc - 1, argv + 1);
-    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt, report or sweep)\n", cmd.c_str());
+    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt, report, trace or sweep)\n",
+                 cmd.c_str());
     return 2;
   } catch (const xirang::Error& e) {
     std::fprintf(stderr, "xirang: %s: %s\n", xirang::error_kind_name(e.kind()), e.what());

@@ -1,10 +1,11 @@
 // xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [--config FILE [--set k=v ...]]
-//                   [--tolerance F] [--fail-on-regression]
+//                   [--tolerance F] [--fail-on-regression] [--trace PATH]
 //
 // Summarises a run's metrics.jsonl: throughput, the step's time split into
 // parts, the dominant bottleneck with advice computed from the run (and its
 // config, for the pipeline simulator), a comparison with a baseline run, and
-// plots through gnuplot. The work lives in tools/report/; this file parses
+// plots through gnuplot, and with a timeline trace (metrics.trace) each
+// rank's utilisation over the traced steps. The work lives in tools/report/; this file parses
 // the arguments and prints text or one JSON object.
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "core/error.h"
 #include "tools/commands.h"
 #include "tools/report/report.h"
+#include "tools/report/trace.h"
 
 namespace xirang::tools {
 
@@ -25,7 +27,7 @@ using namespace report;
 
 const char* kReportUsage =
     "usage: xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [--config FILE [--set k=v ...]]\n"
-    "                         [--tolerance F] [--fail-on-regression]\n"
+    "                         [--tolerance F] [--fail-on-regression] [--trace PATH]\n"
     "  RUN                   a metrics.jsonl file or a directory holding one (and maybe its config.yaml)\n"
     "  --baseline RUN2       compare with another run: per-part deltas, regressions beyond the tolerance\n"
     "  --tolerance F         regression threshold as a fraction (default 0.05): tokens/s falling by more,\n"
@@ -33,11 +35,14 @@ const char* kReportUsage =
     "  --fail-on-regression  exit with 3 when a regression is flagged (otherwise the exit code is 0)\n"
     "  --config FILE         the run's training config (pipeline advice needs pp, schedule, microbatches);\n"
     "  --set section.key=v   overrides applied to it, as for `xirang train`\n"
-    "  --plot DIR            write step_breakdown.png, tokens_per_s.png and loss.png through gnuplot\n"
+    "  --trace PATH          a timeline trace (metrics.trace's directory, or the file `xirang trace merge`\n"
+    "                        wrote) for the per-rank utilisation; default: RUN's directory's trace/ when present\n"
+    "  --plot DIR            write step_breakdown.png, tokens_per_s.png and loss.png (and utilisation.png\n"
+    "                        with a trace) through gnuplot\n"
     "  --json                print one JSON object instead of the text tables\n";
 
 struct ReportArgs {
-  std::string run, baseline, plot_dir, config;
+  std::string run, baseline, plot_dir, config, trace;
   std::vector<std::string> overrides;
   double tolerance = 0.05;
   bool json = false, fail_on_regression = false;
@@ -62,6 +67,7 @@ ReportArgs parse_args(int argc, char** argv) {
     if (s == "--baseline") a.baseline = value();
     else if (s == "--plot") a.plot_dir = value();
     else if (s == "--config") a.config = value();
+    else if (s == "--trace") a.trace = value();
     else if (s == "--set") a.overrides.push_back(value());
     else if (s == "--tolerance") a.tolerance = parse_tolerance(value());
     else if (s == "--json") a.json = true;
@@ -136,6 +142,33 @@ void print_plots(const PlotResult& p) {
   else for (const std::string& f : p.files) std::printf("%s%s\n", &f == &p.files[0] ? "\nplots: " : "       ", f.c_str());
 }
 
+void print_utilisation(const Utilisation& u) {
+  std::printf("\nutilisation over traced steps %d-%d (trace: %s), share of each rank's step time\n", u.first_step,
+              u.last_step, u.source.c_str());
+  static const char* heads[kParts] = {"compute", "optim", "data", "dp wait", "tp comm", "bubble", "pp send", "ckpt", "other"};
+  std::printf("%-20s %9s", "rank (dp,tp,pp)", "step ms");
+  for (const char* h : heads) std::printf(" %8s", h);
+  std::printf("\n");
+  for (const RankUtilisation& r : u.ranks) {
+    char who[48];
+    std::snprintf(who, sizeof who, "%d (%d,%d,%d)", r.rank, r.dp, r.tp, r.pp);
+    std::printf("%-20s %9.3f", who, r.step_ms);
+    for (double s : r.share) std::printf(" %7.1f%%", 100 * s);
+    std::printf("\n");
+  }
+}
+
+nlohmann::ordered_json utilisation_json(const Utilisation& u) {
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (const RankUtilisation& r : u.ranks) {
+    nlohmann::ordered_json j = {{"rank", r.rank}, {"dp", r.dp}, {"tp", r.tp}, {"pp", r.pp},
+                                {"steps", r.steps}, {"step_ms", r.step_ms}};
+    for (int p = 0; p < kParts; ++p) j["parts"][part_key(Part(p))] = {{"ms", r.ms[size_t(p)]}, {"share", r.share[size_t(p)]}};
+    ranks.push_back(std::move(j));
+  }
+  return {{"trace", u.source}, {"first_step", u.first_step}, {"last_step", u.last_step}, {"ranks", std::move(ranks)}};
+}
+
 nlohmann::ordered_json summary_json(const Run& run, const Summary& s, const Advice& a) {
   nlohmann::ordered_json j = {{"metrics", run.metrics_path},
                               {"config", run.config_path.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(run.config_path)},
@@ -167,6 +200,26 @@ nlohmann::ordered_json comparison_json(const std::string& base_path, const Compa
   return j;
 }
 
+// The run's utilisation from --trace (its errors are the report's), or from
+// the trace found beside the run (a broken one is a note: the metrics still
+// make a report).
+struct TraceUtilisation {
+  std::optional<Utilisation> util;
+  std::string skipped;  // why a trace found beside the run was not used
+};
+TraceUtilisation trace_utilisation(const Run& run, const std::string& given) {
+  TraceUtilisation t;
+  const std::string path = find_run_trace(run, given);
+  if (path.empty()) return t;
+  try {
+    t.util = utilisation(load_trace(path));
+  } catch (const Error& e) {
+    if (!given.empty() || e.kind() != ErrorKind::Data) throw;
+    t.skipped = e.what();
+  }
+  return t;
+}
+
 int run_report(const ReportArgs& args) {
   const Run run = load_run(args.run, args.config, args.overrides);
   const Summary s = summarise(run);
@@ -178,17 +231,28 @@ int run_report(const ReportArgs& args) {
     base_path = base.metrics_path;
     cmp = compare(s, summarise(base), args.tolerance);
   }
+  const TraceUtilisation tu = trace_utilisation(run, args.trace);
+  const std::optional<Utilisation>& util = tu.util;
   std::optional<PlotResult> plots;
   if (!args.plot_dir.empty()) plots = write_plots(run, args.plot_dir);
+  if (plots && util && plots->skipped.empty()) {
+    const PlotResult u = plot_utilisation(*util, args.plot_dir);
+    plots->files.insert(plots->files.end(), u.files.begin(), u.files.end());
+    plots->skipped = u.skipped;
+  }
   if (args.json) {
     nlohmann::ordered_json j = summary_json(run, s, a);
     if (cmp) j["baseline"] = comparison_json(base_path, *cmp);
+    if (util) j["utilisation"] = utilisation_json(*util);
+    if (!tu.skipped.empty()) j["utilisation_skipped"] = tu.skipped;
     if (plots) j["plots"] = {{"files", plots->files}, {"skipped", plots->skipped}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_summary(run, s);
     print_advice(s, a);
     if (cmp) print_comparison(base_path, *cmp);
+    if (util) print_utilisation(*util);
+    if (!tu.skipped.empty()) std::printf("\nutilisation skipped: %s\n", tu.skipped.c_str());
     if (plots) print_plots(*plots);
   }
   return cmp && cmp->any_regression() && args.fail_on_regression ? 3 : 0;

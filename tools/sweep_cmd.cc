@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -32,8 +33,8 @@ const char* kSweepUsage =
     "                   (default runs/sweeps/<spec name>)\n"
     "  --resume         continue the sweep in DIR: points with a row in results.jsonl are not run again\n"
     "  --dry-run        print each point's validation and launch command; run nothing, write nothing\n"
-    "  --launcher L     replace the spec's launcher: mpirun, srun (srun --mpi=pmix), or a command\n"
-    "                   template with {args} and {ranks} {xirang} {id} {dir}\n";
+    "  --launcher L     replace the spec's launcher and its launcher_args: mpirun, srun (srun --mpi=pmix),\n"
+    "                   or a command template with {args} and {ranks} {xirang} {id} {dir}\n";
 
 struct SweepArgs {
   std::string spec, out, launcher;
@@ -82,7 +83,11 @@ Json run_point(const Spec& spec, const Point& p, const std::string& xirang, cons
     const std::string dir = out + "/points/" + p.id + (spec.repeats > 1 ? "/r" + std::to_string(k) : "");
     fs::create_directories(dir);
     fs::remove(dir + "/metrics.jsonl");  // the trainer appends to it
-    std::ofstream(dir + "/config.yaml") << pre.config->yaml;
+    // The config the run will read, with the sweep's own two keys: `xirang report` finds it there.
+    std::vector<std::string> keys = p.overrides;
+    keys.push_back("train.steps=" + std::to_string(spec.steps));
+    keys.push_back("metrics.jsonl=" + dir + "/metrics.jsonl");
+    std::ofstream(dir + "/config.yaml") << load_config(spec.base, keys).yaml;
     const std::string cmd = launch_command(spec, p, pre.ranks, xirang, dir);
     std::ofstream(dir + "/command.sh") << cmd << '\n';
     const LaunchResult r = run_command(cmd, dir + "/train.log", spec.timeout_s, spec.env);
@@ -101,9 +106,16 @@ std::string row_text(const Json& row) {
   return b;
 }
 
+// The sweep's first line: what runs where, and under which Slurm job when inside one.
+void print_header(const Spec& spec, const std::string& out, bool dry) {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  std::printf("sweep %s: %zu point(s) of %s, launcher %s%s; results %s %s\n", spec.path.c_str(), spec.points.size(),
+              spec.base.c_str(), spec.launcher.text.c_str(),
+              job ? str_cat(" inside Slurm job ", job).c_str() : "", dry ? "would go to" : "in", out.c_str());
+}
+
 int dry_run(const Spec& spec, const std::string& out) {
-  std::printf("sweep %s: %zu point(s) of %s, launcher %s; results would go to %s\n", spec.path.c_str(),
-              spec.points.size(), spec.base.c_str(), spec.launcher.text.c_str(), out.c_str());
+  print_header(spec, out, true);
   const std::string xirang = self_path();
   for (const Point& p : spec.points) {
     const Prepared pre = prepare(spec, p);
@@ -135,11 +147,8 @@ void finish(const Spec& spec, const std::map<std::string, Json>& rows, const std
 
 int run_sweep(const SweepArgs& args) {
   Spec spec = load_spec(args.spec);
-  if (!args.launcher.empty()) {
-    const std::vector<std::string> keep = spec.launcher.args;
-    spec.launcher = parse_launcher(args.launcher, "--launcher");
-    spec.launcher.args = keep;
-  }
+  // The launcher's arguments belong to it: --launcher replaces both.
+  if (!args.launcher.empty()) spec.launcher = parse_launcher(args.launcher, "--launcher");
   const std::string out = args.out.empty() ? "runs/sweeps/" + fs::path(args.spec).stem().string() : args.out;
   if (args.dry_run) return dry_run(spec, out);
   const std::string results = out + "/results.jsonl";
@@ -148,6 +157,7 @@ int run_sweep(const SweepArgs& args) {
   fs::create_directories(out);
   fs::copy_file(spec.path, out + "/spec.yaml", fs::copy_options::overwrite_existing);
   std::map<std::string, Json> rows = args.resume ? read_results(results) : std::map<std::string, Json>{};
+  print_header(spec, out, false);
   const std::string xirang = self_path();
   const size_t total = spec.points.size();
   size_t done = 0, ran = 0;

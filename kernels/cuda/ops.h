@@ -12,6 +12,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/context.h"
+#include "kernels/rope.h"
 
 namespace xirang::cuda {
 
@@ -75,5 +76,30 @@ void cross_entropy_shard_finish(const KernelContext& ctx, Tensor losses, Tensor 
 void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head);
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, int n_head);
+
+// kernels/rmsnorm.h (the residual add fused into the forward)
+void rmsnorm_forward(const KernelContext& ctx, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, double eps);
+void residual_rmsnorm_forward(const KernelContext& ctx, Tensor res, Tensor y, Tensor rstd, const Tensor& a,
+                              const Tensor& b, const Tensor& w, double eps);
+void rmsnorm_backward(const KernelContext& ctx, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                      const Tensor& w, const Tensor& rstd, GradMode dx_mode);
+
+// kernels/rope.h (the table filled on the device from rope_frequencies, in double)
+void rope_table(const KernelContext& ctx, Tensor cos, Tensor sin, const RopeConfig& cfg);
+void rope_forward(const KernelContext& ctx, Tensor x, const Tensor& cos, const Tensor& sin, int64_t seq_len,
+                  int64_t pos_offset);
+void rope_backward(const KernelContext& ctx, Tensor dx, const Tensor& cos, const Tensor& sin, int64_t seq_len,
+                   int64_t pos_offset);
+void rope_qkv_forward(const KernelContext& ctx, Tensor qkv, const Tensor& cos, const Tensor& sin, int n_head,
+                      int n_kv_head, int64_t seq_len, int64_t pos_offset);
+void rope_qkv_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& cos, const Tensor& sin, int n_head,
+                       int n_kv_head, int64_t seq_len, int64_t pos_offset);
+
+// kernels/swiglu.h (separate g, u and the packed [g | u] buffer)
+void swiglu_forward(const KernelContext& ctx, Tensor h, const Tensor& g, const Tensor& u);
+void swiglu_backward(const KernelContext& ctx, Tensor dg, Tensor du, const Tensor& dh, const Tensor& g,
+                     const Tensor& u);
+void swiglu_packed_forward(const KernelContext& ctx, Tensor h, const Tensor& gu);
+void swiglu_packed_backward(const KernelContext& ctx, Tensor dgu, const Tensor& dh, const Tensor& gu);
 
 }  // namespace xirang::cuda

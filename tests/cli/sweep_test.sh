@@ -11,7 +11,8 @@
 #   csv        results.csv parses (a quoted reason with commas) and matches results.jsonl
 #   plots      tokens_per_s, step_breakdown and scaling PNGs (77 without gnuplot)
 #   dry_run    the points and their launch commands, nothing run or written
-#   timeout    a hanging point is recorded as timeout and its processes are gone
+#   timeout    a hanging point is recorded as timeout and its processes are gone; so are they when
+#              the sweep itself is stopped with SIGTERM
 #   bad_input  malformed specs and arguments: one error line, non-zero exit
 set -uo pipefail
 xirang=$1 src=$2 work=$3 case=$4
@@ -112,9 +113,9 @@ case $case in
     none=$(jsonl_eval out/results.jsonl "rows.filter(r => r.status != 'ok').every(r => r.step_ms_median === null)" \
       "all(r['step_ms_median'] is None for r in rows if r['status'] != 'ok')")
     [ "$none" = true ] || [ "$none" = True ] || die "a refused or oom row has statistics"
-    lay=$(jsonl_eval out/results.jsonl "(r => [r.layout.dp, r.layout.pp, r.model.n_layer, r.precision, r.settings.ranks].join(' '))(rows.find(r => r.point == 4))" \
-      "(lambda r: ' '.join(str(x) for x in [r['layout']['dp'], r['layout']['pp'], r['model']['n_layer'], r['precision'], r['settings']['ranks']]))([r for r in rows if r['point'] == 4][0])")
-    [ "$lay" = "2 1 8 fp32 2" ] || die "point 4's layout, model, precision, settings: $lay"
+    lay=$(jsonl_eval out/results.jsonl "(r => [r.layout.dp, r.layout.pp, r.model.n_layer, r.precision, r.ranks, JSON.stringify(r.settings)].join(' '))(rows.find(r => r.point == 3))" \
+      "(lambda r: ' '.join(str(x) for x in [r['layout']['dp'], r['layout']['pp'], r['model']['n_layer'], r['precision'], r['ranks'], json.dumps(r['settings'], separators=(',', ':'))]))([r for r in rows if r['point'] == 3][0])")
+    [ "$lay" = '1 2 8 fp32 2 {"parallel.pp":2,"memory.limit_gb":0.0001}' ] || die "point 3's layout, model, precision, ranks, settings: $lay"
     grep -qE '^\[4/4\] ranks2 \(ranks 2\): ok, [0-9.]+ ms/step .* \| elapsed [0-9:]+, ETA 0:00:00$' sweep.txt ||
       die "no progress line for point 4: $(cat sweep.txt)"
     [ "$(wc -l <launches.txt)" = 3 ] || die "expected 3 launches (the refused point is not launched): $(cat launches.txt)"
@@ -187,7 +188,9 @@ set: {data.train: data/debug/train, faults.kind: hang, faults.rank: 1, faults.st
 points: [{ranks: 2, train.seed: 4242}]
 steps: 4
 timeout_s: 6
-launcher_args: [--oversubscribe]
+# The shell stays the parent of mpirun here (it does not exec the last command): only
+# killing the whole process group ends mpirun and the ranks.
+launcher: "echo launching; mpirun -np {ranks} --oversubscribe {xirang} {args}"
 env: {OMP_NUM_THREADS: "1"}
 EOF
     rm -rf hang
@@ -196,7 +199,19 @@ EOF
       die "not recorded as a timeout: $(cat hang/results.jsonl)"
     sleep 1
     ! pgrep -f 'hang/points/ranks2-seed4242/metrics.jsonl' >/dev/null || die "processes of the killed point remain: $(pgrep -af hang/points)"
-    echo "ok [$case]: timeout recorded, no process left" ;;
+    # The sweep itself stopped (as scancel or Ctrl-C would): its running point goes with it.
+    rm -rf hang
+    "$xirang" sweep hang.yaml --out hang >out.txt 2>err.txt &
+    sweep_pid=$!
+    for _ in $(seq 50); do pgrep -f 'hang/points/ranks2-seed4242/metrics.jsonl' >/dev/null && break; sleep 0.2; done
+    sleep 1
+    kill -TERM $sweep_pid
+    wait $sweep_pid
+    rc=$?
+    [ "$rc" = 143 ] || die "the stopped sweep exited with $rc, expected 143 (SIGTERM)"
+    ! pgrep -f 'hang/points/ranks2-seed4242/metrics.jsonl' >/dev/null ||
+      die "processes of the stopped sweep's point remain: $(pgrep -af hang/points)"
+    echo "ok [$case]: timeout recorded, no process left; a stopped sweep takes its running point along" ;;
   bad_input)
     write_spec
     printf 'base: %s\nbogus: 1\n' "$src/configs/gpt2_debug.yaml" >bad1.yaml

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -172,6 +173,53 @@ TEST(TraceWindow, TrainingThatEndsInsideTheWindowWritesWhatItHas) {
   const json doc = read_json(w.last_path());
   EXPECT_EQ(doc.at("otherData").at("last_step"), 4);
   EXPECT_EQ(parse(doc).spans.size(), 3u);
+}
+
+// A span of another thread begun inside the window (a checkpoint write)
+// holds the file back until it ends; spans of later steps are left out.
+TEST(TraceWindow, WaitsForASpanBegunInsideTheWindow) {
+  const std::string dir = fresh_test_dir("trace");
+  MetricsConfig mc;
+  mc.trace = dir;
+  mc.trace_first = 1;
+  mc.trace_last = 2;
+  auto grid = ProcessGrid::single();
+  TraceWindow w(mc, *grid);
+  Timeline tl;
+  std::optional<SpanScope> write;
+  for (int step = 1; step <= 4; ++step) {
+    w.before_step(step, tl);
+    { SpanScope s(&tl, "step", Track::Main, -1, -1, step); }
+    if (step == 2) write.emplace(&tl, "checkpoint_write", Track::Checkpoint, -1, -1, 2);
+    if (step == 3) write.reset();  // the write ends during step 3
+    w.after_step(step, tl);
+    EXPECT_EQ(w.last_path().empty(), step < 3) << step;
+  }
+  const json doc = read_json(w.last_path());
+  EXPECT_EQ(doc.at("otherData").at("last_step"), 2);
+  std::vector<std::string> names;
+  for (const json& s : parse(doc).spans) names.push_back(s.at("name"));
+  EXPECT_EQ(names, (std::vector<std::string>{"step", "step", "checkpoint_write"}));
+  EXPECT_FALSE(tl.tracing());
+}
+
+// A run resumed at step 4 of a 3-6 window traces from step 4.
+TEST(TraceWindow, AResumedRunOpensInsideTheWindow) {
+  const std::string dir = fresh_test_dir("trace");
+  MetricsConfig mc;
+  mc.trace = dir;
+  mc.trace_first = 3;
+  mc.trace_last = 6;
+  auto grid = ProcessGrid::single();
+  TraceWindow w(mc, *grid);
+  Timeline tl;
+  for (int step = 4; step <= 8; ++step) {
+    w.before_step(step, tl);
+    { SpanScope s(&tl, "step", Track::Main, -1, -1, step); }
+    w.after_step(step, tl);
+  }
+  w.finish(tl);
+  EXPECT_EQ(parse(read_json(w.last_path())).spans.size(), 3u);  // steps 4, 5, 6
 }
 
 TEST(TraceWindow, NoDirectoryNoWindow) {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -106,7 +107,10 @@ std::string script(const Run& run, const std::string& tmp, const std::string& di
 
 }  // namespace
 
-PlotResult write_plots(const Run& run, const std::string& dir) {
+std::string gnuplot_quote(const std::string& s) { return gq(s); }
+
+PlotResult run_gnuplot(const std::string& dir, const std::function<std::string(const std::string&)>& make_script,
+                       const std::vector<std::string>& files) {
   PlotResult res;
   const std::string gnuplot = find_gnuplot();
   if (gnuplot.empty()) {
@@ -117,8 +121,7 @@ PlotResult write_plots(const Run& run, const std::string& dir) {
   fs::create_directories(dir, ec);
   if (ec) fail(ErrorKind::Data, "report: cannot create the plot directory '", dir, "': ", ec.message());
   TempDir tmp;
-  write_data(run, tmp.path);
-  std::ofstream(tmp.path + "/plot.gp") << script(run, tmp.path, dir);
+  std::ofstream(tmp.path + "/plot.gp") << make_script(tmp.path);
   const std::string err = tmp.path + "/gnuplot.err";
   const int rc = std::system((shq(gnuplot) + " " + shq(tmp.path + "/plot.gp") + " 2>" + shq(err)).c_str());
   if (rc != 0) {
@@ -128,8 +131,18 @@ PlotResult write_plots(const Run& run, const std::string& dir) {
     res.skipped = "gnuplot failed (exit status " + std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : rc) + "): " + first;
     return res;
   }
-  for (const char* f : {"step_breakdown.png", "tokens_per_s.png", "loss.png"}) res.files.push_back(dir + "/" + f);
+  for (const std::string& f : files) res.files.push_back(dir + "/" + f);
   return res;
+}
+
+PlotResult write_plots(const Run& run, const std::string& dir) {
+  return run_gnuplot(
+      dir,
+      [&](const std::string& tmp) {
+        write_data(run, tmp);
+        return script(run, tmp, dir);
+      },
+      {"step_breakdown.png", "tokens_per_s.png", "loss.png"});
 }
 
 }  // namespace xirang::tools::report

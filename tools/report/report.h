@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -93,5 +94,12 @@ struct PlotResult {
   std::string skipped;
 };
 PlotResult write_plots(const Run& run, const std::string& dir);
+// Runs gnuplot on the script `make_script(TMP)` returns (it writes its data
+// files under the private temp directory TMP) and lists `files` under
+// `dir` as written; without gnuplot, or when it fails, says why instead.
+PlotResult run_gnuplot(const std::string& dir, const std::function<std::string(const std::string&)>& make_script,
+                       const std::vector<std::string>& files);
+// A gnuplot single-quoted string.
+std::string gnuplot_quote(const std::string& s);
 
 }  // namespace xirang::tools::report

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <thread>
 
 #include "core/error.h"
@@ -74,6 +76,31 @@ namespace {
   ::_exit(127);
 }
 
+// The process group of the run in progress (0: none). An interrupted sweep
+// (Ctrl-C, SIGTERM from scancel or a job's time limit) takes it along: the
+// group is not the terminal's foreground group, so nothing else would.
+volatile sig_atomic_t running_group = 0;
+
+// Only async-signal-safe calls: kill, nanosleep, signal, raise.
+extern "C" void end_with_run(int sig) {
+  const pid_t group = pid_t(running_group);
+  if (group > 0) {
+    ::kill(-group, SIGTERM);
+    const timespec tick{0, 100 * 1000 * 1000};
+    for (int i = 0; i < 30 && ::kill(-group, 0) == 0; ++i) ::nanosleep(&tick, nullptr);
+    ::kill(-group, SIGKILL);
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void forward_interrupts() {
+  static bool installed = false;
+  if (installed) return;
+  installed = true;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, end_with_run);
+}
+
 // SIGTERM to the group, then SIGKILL to whatever is left of it after a grace period.
 void kill_group(pid_t pid, int* status) {
   ::kill(-pid, SIGTERM);
@@ -93,11 +120,16 @@ void kill_group(pid_t pid, int* status) {
 
 LaunchResult run_command(const std::string& cmd, const std::string& log_path, double timeout_s,
                          const std::map<std::string, std::string>& env) {
+  forward_interrupts();
   const auto start = std::chrono::steady_clock::now();
   const pid_t pid = ::fork();
   if (pid < 0) fail(ErrorKind::Internal, "sweep: fork failed");
-  if (pid == 0) exec_child(cmd, log_path, env);
+  if (pid == 0) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
+    exec_child(cmd, log_path, env);
+  }
   ::setpgid(pid, pid);  // also here: no race with the kill below
+  running_group = pid;
   LaunchResult r;
   r.limit_s = timeout_s;
   int status = 0;
@@ -113,6 +145,7 @@ LaunchResult run_command(const std::string& cmd, const std::string& log_path, do
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  running_group = 0;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;

@@ -164,7 +164,8 @@ void add_statistics(Json& row, const std::vector<RunOutcome>& runs) {
 
 Json make_row(const Point& p, const Prepared& pre, const std::vector<RunOutcome>& runs) {
   Json row = {{"point", p.index}, {"id", p.id}, {"settings", Json::object()}};
-  for (const Setting& s : p.settings) row["settings"][s.key] = s.value;
+  for (const Setting& s : p.settings)
+    if (s.key != "ranks") row["settings"][s.key] = s.value;  // config keys only: ranks has its own field
   row["ranks"] = pre.ranks;
   std::string status = pre.refused.empty() ? "ok" : "refused", reason = pre.refused;
   std::optional<double> memory;

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -56,9 +57,11 @@ std::string points_plots(const std::vector<Json>& rows, const std::string& dir) 
   for (const std::string& k : parts()) d << ' ' << k.substr(0, k.size() - 3);
   d << '\n';
   int n = 0;
+  size_t longest = 0;
   for (const Json& r : rows) {
     if (r["status"] != "ok") continue;
     ++n;
+    longest = std::max(longest, r["id"].get<std::string>().size());
     d << r["id"].get<std::string>() << ' ' << r["tokens_per_s"].get<double>();
     for (const std::string& k : parts()) d << ' ' << std::max(0.0, r["breakdown_ms"][k].get<double>());
     d << '\n';
@@ -66,8 +69,11 @@ std::string points_plots(const std::vector<Json>& rows, const std::string& dir) 
   if (n == 0) return {};
   const std::string data = gq("points.dat");
   std::ostringstream s;
-  s << "set style data histograms\nset style fill solid 0.85 border -1\nset boxwidth 0.8\n"
-    << "set xtics rotate by -40 left\nset bmargin 8\n";
+  // Room below the bars for the ids, written at an angle.
+  const size_t label_lines = 2 + longest * 4 / 10;
+  s << "set terminal pngcairo size 900," << 380 + 16 * label_lines << " font ',10' noenhanced\n"
+    << "set style data histograms\nset style fill solid 0.85 border -1\nset boxwidth 0.8\n"
+    << "set xtics rotate by -40 left\nset bmargin " << label_lines << "\n";
   s << "set output " << gq("tokens_per_s.png") << "\nset title 'Throughput per point (median)'\n"
     << "set ylabel 'tokens/s'\nset yrange [0:*]\nunset key\n"
     << "plot " << data << " using 2:xtic(1) lc rgb '#4e79a7'\n";
@@ -75,7 +81,8 @@ std::string points_plots(const std::vector<Json>& rows, const std::string& dir) 
     << "set ylabel 'ms'\nset key outside right\nset style histogram rowstacked\n"
     << "plot for [i=3:" << parts().size() + 2 << "] " << data
     << " using i:xtic(1) lc rgb word(colors, i-2) title columnheader(i)\n";
-  s << "unset style\nset style data linespoints\nset xtics norotate\nset bmargin\nset key inside\n";
+  s << "unset style\nset style data linespoints\nset xtics norotate\nset bmargin\nset key inside\n"
+    << "set terminal pngcairo size 900,480 font ',10' noenhanced\n";
   return s.str();
 }
 

@@ -1,0 +1,180 @@
+// CPU RMSNorm: the sum of squares and the weight-gradient reduction in
+// double. 16-bit activations are widened to float per element; rstd is then
+// F32, and dw may be F32 (kernels/context.h).
+#include "kernels/rmsnorm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/common.h"
+
+namespace xirang {
+
+using cpu::compute_t;
+using cpu::dispatch_storage;
+using cpu::is_16bit_v;
+using cpu::load;
+using cpu::store;
+
+namespace {
+
+// One row: y = x * rstd * w, rstd from the double sum of squares, the
+// scaling in the compute type.
+template <class S>
+void normalize_row(const S* xi, const S* pw, S* yi, compute_t<S>* rstd, int64_t C, double eps) {
+  using T = compute_t<S>;
+  double ss = 0;
+  for (int64_t j = 0; j < C; ++j) ss += double(load(xi[j])) * load(xi[j]);
+  const double r = 1.0 / std::sqrt(ss / double(C) + eps);
+  const T rt = T(r);
+  for (int64_t j = 0; j < C; ++j) yi[j] = store<S>(T(load(xi[j]) * rt) * load(pw[j]));
+  *rstd = rt;
+}
+
+struct RmsNormDims {
+  int64_t N, C;
+};
+
+void check_eps(const char* op, double eps) {
+  if (!(eps >= 0) || !std::isfinite(eps)) fail(ErrorKind::Shape, op, ": eps must be finite and >= 0, got ", eps);
+}
+
+// Checks shared by the forward ops; returns (rows, width).
+RmsNormDims check_forward(const char* op, const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                          double eps) {
+  if (x.rank() < 1) fail(ErrorKind::Shape, op, ": x must have at least one dimension, got ", x.shape().str());
+  Tensor x2 = x.flat2d();
+  const int64_t N = x2.size(0), C = x2.size(1);
+  check_same_shape(op, y, x);
+  check_shape(op, "w", w, {C});
+  check_shape(op, "rstd", rstd.flat(), {N});
+  const DType s = x.dtype();
+  check_dtype(op, "y", y, s);
+  check_dtype(op, "w", w, s);
+  cpu::check_stat_dtype(op, "rstd", rstd, s);
+  check_eps(op, eps);
+  return {N, C};
+}
+
+}  // namespace
+
+void rmsnorm_forward(const KernelContext& ctx, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, double eps) {
+  OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Norm);
+  XR_ON_CUDA(ctx, rmsnorm_forward(ctx, y, rstd, x, w, eps));
+  const char* op = "rmsnorm_forward";
+  cpu::require_cpu(ctx, op);
+  auto [N, C] = check_forward(op, y, rstd, x, w, eps);
+  dispatch_storage(x.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    using St = compute_t<S>;
+    const S* px = x.data<S>();
+    const S* pw = w.data<S>();
+    S* py = y.data<S>();
+    St* pr = rstd.data<St>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) normalize_row(px + i * C, pw, py + i * C, pr + i, C, eps);
+  });
+}
+
+// Row by row: the sum is stored (rounded to S), then normalized from the
+// stored values, so the result equals add() followed by rmsnorm_forward()
+// bit for bit while the row is still in cache.
+void residual_rmsnorm_forward(const KernelContext& ctx, Tensor res, Tensor y, Tensor rstd, const Tensor& a,
+                              const Tensor& b, const Tensor& w, double eps) {
+  OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Norm);
+  XR_ON_CUDA(ctx, residual_rmsnorm_forward(ctx, res, y, rstd, a, b, w, eps));
+  const char* op = "residual_rmsnorm_forward";
+  cpu::require_cpu(ctx, op);
+  auto [N, C] = check_forward(op, y, rstd, a, w, eps);
+  check_same_shape(op, res, a);
+  check_same_shape(op, b, a);
+  check_dtype(op, "res", res, a.dtype());
+  check_dtype(op, "b", b, a.dtype());
+  dispatch_storage(a.dtype(), op, [&](auto tag) {
+    using S = decltype(tag);
+    using St = compute_t<S>;
+    const S* pa = a.data<S>();
+    const S* pb = b.data<S>();
+    const S* pw = w.data<S>();
+    S* pres = res.data<S>();
+    S* py = y.data<S>();
+    St* pr = rstd.data<St>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      S* ri = pres + i * C;  // may alias a row of a or b: each element is read before it is written
+      for (int64_t j = 0; j < C; ++j) ri[j] = store<S>(load(pa[i * C + j]) + load(pb[i * C + j]));
+      normalize_row(ri, pw, py + i * C, pr + i, C, eps);
+    }
+  });
+}
+
+void rmsnorm_backward(const KernelContext& ctx, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                      const Tensor& w, const Tensor& rstd, GradMode dx_mode) {
+  OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Norm);
+  XR_ON_CUDA(ctx, rmsnorm_backward(ctx, dx, dw, dy, x, w, rstd, dx_mode));
+  const char* op = "rmsnorm_backward";
+  cpu::require_cpu(ctx, op);
+  if (x.rank() < 1) fail(ErrorKind::Shape, op, ": x must have at least one dimension, got ", x.shape().str());
+  Tensor x2 = x.flat2d();
+  const int64_t N = x2.size(0), C = x2.size(1);
+  check_same_shape(op, dy, x);
+  check_same_shape(op, dx, x);
+  check_shape(op, "dw", dw, {C});
+  check_shape(op, "w", w, {C});
+  check_shape(op, "rstd", rstd.flat(), {N});
+  const DType s = x.dtype();
+  check_dtype(op, "dy", dy, s);
+  check_dtype(op, "dx", dx, s);
+  check_dtype(op, "w", w, s);
+  cpu::check_stat_dtype(op, "rstd", rstd, s);
+  cpu::check_grad_dtype(op, "dw", dw, s);
+  dispatch_storage(s, op, [&](auto tag) {
+    using S = decltype(tag);
+    using St = compute_t<S>;
+    const S* px = x.data<S>();
+    const S* pdy = dy.data<S>();
+    const S* pw = w.data<S>();
+    const St* pr = rstd.data<St>();
+    S* pdx = dx.data<S>();
+    const bool acc = dx_mode == GradMode::Accumulate;
+    // Per-chunk partial sums of dw, reduced in chunk order afterwards, so
+    // the result does not depend on the thread count.
+    double* part = cpu::thread_scratch<double, cpu::kScratchReduce>(size_t(cpu::kReduceChunks * C));
+    std::fill(part, part + cpu::kReduceChunks * C, 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < cpu::kReduceChunks; ++c) {
+      double* pdw = part + c * C;
+      for (int64_t i = cpu::chunk_begin(N, c); i < cpu::chunk_begin(N, c + 1); ++i) {
+        const S* xi = px + i * C;
+        const S* dyi = pdy + i * C;
+        const double r = pr[i];
+        double sum_gx = 0;  // sum_j g_j xhat_j
+        for (int64_t j = 0; j < C; ++j) {
+          const double xhat = double(load(xi[j])) * r;
+          sum_gx += double(load(dyi[j])) * load(pw[j]) * xhat;
+          pdw[j] += double(load(dyi[j])) * xhat;
+        }
+        const double mean_gx = sum_gx / double(C);
+        S* dxi = pdx + i * C;
+        for (int64_t j = 0; j < C; ++j) {
+          const double xhat = double(load(xi[j])) * r;
+          const double v = r * (double(load(dyi[j])) * load(pw[j]) - xhat * mean_gx);
+          dxi[j] = acc ? store<S>(load(dxi[j]) + v) : store<S>(v);
+        }
+      }
+    }
+    cpu::dispatch_grad<S>(dw.dtype(), [&](auto gtag) {
+      using G = decltype(gtag);
+      G* g = dw.data<G>();
+      for (int64_t j = 0; j < C; ++j) {
+        double sum = 0;
+        for (int64_t c = 0; c < cpu::kReduceChunks; ++c) sum += part[c * C + j];
+        // 16-bit: add in double, round once; F32/F64: add the sum rounded to G.
+        if constexpr (is_16bit_v<S>) g[j] = store<G>(double(load(g[j])) + sum);
+        else g[j] += G(sum);
+      }
+    });
+  });
+}
+
+}  // namespace xirang
