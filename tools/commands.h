@@ -21,6 +21,8 @@ int report_command(int argc, char** argv);
 int sweep_command(int argc, char** argv);
 // xirang trace merge DIR [-o OUT.json] (see tools/trace_cmd.cc)
 int trace_command(int argc, char** argv);
+// xirang plan CONFIG --cluster C.yaml ... (see tools/plan_cmd.cc)
+int plan_command(int argc, char** argv);
 
 // Whether a launcher (mpirun, srun) started this process: MPI is initialised only then.
 // Throws ErrorKind::Usage for an srun step of several tasks that has no MPI

@@ -42,6 +42,8 @@ const char* kUsage =
     "                                                utilisation from a trace ([--trace PATH], or RUN/trace/)\n"
     "  trace merge DIR [-o OUT.json]                 merge metrics.trace's rank files into one Chrome trace\n"
     "                                                (default DIR/trace.json) on one time axis\n"
+    "  plan CONFIG --cluster C.yaml (--gpus N | --layout tp=2,pp=4,...) [--top K] [--explain] [--json]\n"
+    "       [--calibrate RESULTS.jsonl -o C.yaml]   predict memory and step time, rank layouts, fit a cluster\n"
     "  sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]  run a benchmark sweep: results.jsonl/.csv, tables, plots\n";
 
 }  // namespace
@@ -60,8 +62,10 @@ int main(int argc, char** argv) {
     if (cmd == "eval") return xirang::tools::eval_command(argc - 1, argv + 1);
     if (cmd == "report") return xirang::tools::report_command(argc - 1, argv + 1);
     if (cmd == "trace") return xirang::tools::trace_command(argc - 1, argv + 1);
+    if (cmd == "plan") return xirang::tools::plan_command(argc - 1, argv + 1);
     if (cmd == "sweep") return xirang::tools::sweep_command(argc - 1, argv + 1);
-    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt, report, trace or sweep)\n",
+    std::fprintf(stderr,
+                 "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt, report, trace, plan or sweep)\n",
                  cmd.c_str());
     return 2;
   } catch (const xirang::Error& e) {
