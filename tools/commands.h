@@ -25,6 +25,8 @@ int trace_command(int argc, char** argv);
 int plan_command(int argc, char** argv);
 
 // Whether a launcher (mpirun, srun) started this process: MPI is initialised only then.
+// Throws ErrorKind::Usage for an srun step of several tasks that has no MPI
+// process-management interface (srun --mpi=none): its tasks cannot form one job.
 bool launched_by_mpi();
 // A rank of a multi-rank job failed: peers may be blocked in a collective
 // with it, so the whole job ends. Config and data errors are the same on
