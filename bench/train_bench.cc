@@ -7,6 +7,7 @@
 //
 // The token stream is random (throughput does not depend on the text) and
 // lives in a temporary dataset directory that is removed afterwards.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,8 +51,15 @@ std::vector<Shape2> parse_shapes(const std::string& s) {
 
 struct RunTime {
   double median_ms = 0;         // step time, the first step (one-time costs) left out
+  double cpu_ms_per_step = 0;   // the process's CPU time (all threads) over the run, per step
   double flops_per_token = 0;
 };
+
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 // Trains one configuration and times its steps.
 RunTime time_run(const std::vector<std::string>& overrides, double peak) {
@@ -61,30 +69,39 @@ RunTime time_run(const std::vector<std::string>& overrides, double peak) {
   opts.print = false;
   opts.peak = PeakFlops{peak, "measured sgemm"};
   Trainer t(c, opts);
+  const double cpu0 = process_cpu_seconds();
   TrainResult r = t.run();
+  const double cpu_ms = (process_cpu_seconds() - cpu0) * 1e3 / double(r.steps.size());
   std::vector<double> ms;
   for (size_t i = 1; i < r.steps.size(); ++i) ms.push_back(r.steps[i].step_ms);
-  return {bench::median(ms), t.model().flops_per_token()};
+  return {bench::median(ms), cpu_ms, t.model().flops_per_token()};
 }
 
 // Runs without and with `extra` alternately, `pairs` times: the ratio of
 // each pair's median step times shares the machine's noise of that moment.
+// The CPU time the process used per step is much less sensitive to other
+// processes on a shared machine than wall time: its ratio is printed too.
 void print_overhead(const Shape2& s, const std::vector<std::string>& base, const std::vector<std::string>& extra,
                     int pairs, double peak) {
   std::vector<std::string> with = base;
   with.insert(with.end(), extra.begin(), extra.end());
-  std::vector<double> off, on, ratios;
-  std::string per_pair;
+  std::vector<double> off, on, ratios, cpu_ratios;
+  std::string per_pair, cpu_per_pair;
   for (int i = 0; i < pairs; ++i) {
-    off.push_back(time_run(base, peak).median_ms);
-    on.push_back(time_run(with, peak).median_ms);
-    ratios.push_back(on.back() / off.back());
+    const RunTime a = time_run(base, peak), b = time_run(with, peak);
+    off.push_back(a.median_ms);
+    on.push_back(b.median_ms);
+    ratios.push_back(b.median_ms / a.median_ms);
+    cpu_ratios.push_back(b.cpu_ms_per_step / a.cpu_ms_per_step);
     char buf[16];
     std::snprintf(buf, sizeof buf, "%s%.3f", i ? " " : "", ratios.back());
     per_pair += buf;
+    std::snprintf(buf, sizeof buf, "%s%.3f", i ? " " : "", cpu_ratios.back());
+    cpu_per_pair += buf;
   }
-  std::printf("| %d x %d | %.1f | %.1f | %s | %.3f |\n", s.batch, s.seq, bench::median(off), bench::median(on),
-              per_pair.c_str(), bench::median(ratios));
+  std::printf("| %d x %d | %.1f | %.1f | %s | %.3f | %s | %.3f |\n", s.batch, s.seq, bench::median(off),
+              bench::median(on), per_pair.c_str(), bench::median(ratios), cpu_per_pair.c_str(),
+              bench::median(cpu_ratios));
   std::fflush(stdout);
 }
 
@@ -128,7 +145,8 @@ int main(int argc, char** argv) {
       std::printf("| B x T | tokens/step | step ms (median) | tokens/s | MFU vs sgemm |\n|---|---|---|---|---|\n");
     else
       std::printf("%s on against off, %d alternating pairs per shape (ratio: step time on / off)\n"
-                  "| B x T | off ms (median) | on ms (median) | ratio per pair | median ratio |\n|---|---|---|---|---|\n",
+                  "| B x T | off ms (median) | on ms (median) | wall ratio per pair | median | CPU-time ratio per pair | median |\n"
+                  "|---|---|---|---|---|---|---|\n",
                   overhead.c_str(), pairs);
     for (const Shape2& s : parse_shapes(shapes)) {
       std::vector<std::string> o = {"train.micro_batch=" + std::to_string(s.batch),

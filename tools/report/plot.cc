@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "tools/gnuplot.h"
 #include "tools/report/report.h"
 
 namespace xirang::tools::report {
@@ -17,17 +18,6 @@ namespace xirang::tools::report {
 namespace fs = std::filesystem;
 
 namespace {
-
-// The first executable `gnuplot` on PATH, or empty.
-std::string find_gnuplot() {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path ? path : "");
-  for (std::string d; std::getline(dirs, d, ':');) {
-    const fs::path p = fs::path(d.empty() ? "." : d) / "gnuplot";
-    if (::access(p.c_str(), X_OK) == 0) return p.string();
-  }
-  return {};
-}
 
 // A private temp directory, removed with everything in it at scope exit.
 struct TempDir {
@@ -43,17 +33,7 @@ struct TempDir {
   }
 };
 
-// gnuplot single-quoted string ('' is a quote) and sh single-quoted word.
-std::string gq(const std::string& s) {
-  std::string r = "'";
-  for (char c : s) r += c == '\'' ? std::string("''") : std::string(1, c);
-  return r + "'";
-}
-std::string shq(const std::string& s) {
-  std::string r = "'";
-  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return r + "'";
-}
+std::string gq(const std::string& s) { return tools::gnuplot_quote(s); }
 
 // Writes the three data files: the per-step breakdown (warm-up skipped),
 // tokens/s, and the losses ("?" where a step has no val_loss).
@@ -107,8 +87,6 @@ std::string script(const Run& run, const std::string& tmp, const std::string& di
 
 }  // namespace
 
-std::string gnuplot_quote(const std::string& s) { return gq(s); }
-
 PlotResult run_gnuplot(const std::string& dir, const std::function<std::string(const std::string&)>& make_script,
                        const std::vector<std::string>& files) {
   PlotResult res;
@@ -122,15 +100,8 @@ PlotResult run_gnuplot(const std::string& dir, const std::function<std::string(c
   if (ec) fail(ErrorKind::Data, "report: cannot create the plot directory '", dir, "': ", ec.message());
   TempDir tmp;
   std::ofstream(tmp.path + "/plot.gp") << make_script(tmp.path);
-  const std::string err = tmp.path + "/gnuplot.err";
-  const int rc = std::system((shq(gnuplot) + " " + shq(tmp.path + "/plot.gp") + " 2>" + shq(err)).c_str());
-  if (rc != 0) {
-    std::string first;
-    std::ifstream e(err);
-    while (first.find_first_not_of(" \t^") == std::string::npos && std::getline(e, first)) {}
-    res.skipped = "gnuplot failed (exit status " + std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : rc) + "): " + first;
-    return res;
-  }
+  res.skipped = run_gnuplot_script(gnuplot, tmp.path + "/plot.gp");
+  if (!res.skipped.empty()) return res;
   for (const std::string& f : files) res.files.push_back(dir + "/" + f);
   return res;
 }

@@ -17,6 +17,7 @@
 
 #include "core/timeline.h"
 #include "runtime/config/config.h"
+#include "tools/gnuplot.h"
 
 namespace xirang::tools::report {
 
@@ -103,8 +104,6 @@ PlotResult write_plots(const Run& run, const std::string& dir);
 // `dir` as written; without gnuplot, or when it fails, says why instead.
 PlotResult run_gnuplot(const std::string& dir, const std::function<std::string(const std::string&)>& make_script,
                        const std::vector<std::string>& files);
-// A gnuplot single-quoted string.
-std::string gnuplot_quote(const std::string& s);
 
 // Per-op profile (tools/report/ops.cc), from runs with metrics.op_profile:
 // per kind of op, the median over the profiled steps (warm-up skipped) of

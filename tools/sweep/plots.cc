@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "runtime/schedule.h"
+#include "tools/gnuplot.h"
 #include "tools/sweep/sweep.h"
 
 namespace xirang::tools::sweep {
@@ -21,22 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string find_gnuplot() {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path ? path : "");
-  for (std::string d; std::getline(dirs, d, ':');) {
-    const fs::path p = fs::path(d.empty() ? "." : d) / "gnuplot";
-    if (::access(p.c_str(), X_OK) == 0) return p.string();
-  }
-  return {};
-}
-
-// A gnuplot single-quoted string.
-std::string gq(const std::string& s) {
-  std::string r = "'";
-  for (char c : s) r += c == '\'' ? std::string("''") : std::string(1, c);
-  return r + "'";
-}
+std::string gq(const std::string& s) { return gnuplot_quote(s); }
 
 const char* kHeader =
     "set terminal pngcairo size 900,480 font ',10' noenhanced\nset datafile missing '?'\nset grid ytics\n"
@@ -173,16 +159,8 @@ PlotResult write_plots(const std::vector<Json>& rows, const std::string& dir) {
   }
   // The script names its files relative to DIR: `cd DIR && gnuplot plots.gp` redraws them.
   std::ofstream(dir + "/plots.gp") << kHeader << body << "unset output\n";
-  const std::string err = dir + "/gnuplot.err";
-  const int rc = std::system(str_cat("cd ", shell_quote(dir), " && ", shell_quote(gnuplot), " plots.gp 2>gnuplot.err").c_str());
-  if (rc != 0) {
-    std::string first;
-    std::ifstream e(err);
-    while (first.find_first_not_of(" \t^") == std::string::npos && std::getline(e, first)) {}
-    res.skipped = "gnuplot failed (exit status " + std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : rc) + "): " + first;
-    return res;
-  }
-  fs::remove(err, ec);
+  res.skipped = run_gnuplot_script(gnuplot, "plots.gp", dir);
+  if (!res.skipped.empty()) return res;
   res.files = outputs(body, dir);
   return res;
 }
