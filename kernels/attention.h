@@ -1,9 +1,18 @@
-// kernels/attention.h: causal multi-head self-attention.
+// kernels/attention.h: causal multi-head self-attention, and (flash pair
+// only) grouped-query attention.
 //
 // qkv (B, T, 3C) holds, per token, all heads' queries, then keys, then values:
 // [q_0 .. q_{H-1} | k_0 .. k_{H-1} | v_0 .. v_{H-1}], each head D = C / H wide.
-// Forward saves the softmax probabilities (B, H, T, T) for backward (entries
-// above the diagonal are zero).
+// The probability-based pair saves the softmax probabilities (B, H, T, T) for
+// backward (entries above the diagonal are zero).
+//
+// Grouped-query attention (flash pair): H query heads share KV = n_kv_head
+// key/value heads (KV divides H; KV = H is multi-head, KV = 1 multi-query).
+// qkv is then (B, T, (H + 2 KV) D), [q_0 .. q_{H-1} | k_0 .. k_{KV-1} |
+// v_0 .. v_{KV-1}], and query head h attends with key/value head h / (H / KV);
+// out and dout stay (B, T, C = H D) and lse (B, H, T). In dqkv, the dk and dv
+// of a key/value head are the sums over the H / KV query heads that share it.
+// A tensor-parallel rank passes its own H / tp and KV / tp in the same layout.
 //
 // qkv, out, dout and dqkv share one of F32, F64, BF16, F16; 16-bit inputs are
 // widened to float per (batch, head) and each output is rounded once.
@@ -16,6 +25,7 @@
 //   attention_backward(ctx, dqkv, dout, qkv, probs, n_head);
 //   flash_attention_forward(ctx, out, lse, qkv, n_head);  // lse (B, H, T)
 //   flash_attention_backward(ctx, dqkv, dout, qkv, out, lse, n_head);
+//   flash_attention_forward(ctx, out, lse, qkv, 8, 2);    // GQA: qkv (B, T, 12 D)
 #pragma once
 
 #include "kernels/context.h"
@@ -32,11 +42,15 @@ void attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dou
 // qkv's dtype); backward recomputes the probabilities from q, k and lse, so
 // memory grows with T, not T^2. Scores are scaled by 1/sqrt(D). Backward
 // takes delta_t = dout_t . out_t from the stored out (so with 16-bit storage
-// it reads out as rounded). On the CPU, one task per (batch, head), each
-// holding O(T D) of scratch; softmax sums and delta accumulate in double.
-void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head);
-// dqkv (B, T, 3C) is overwritten; out is the forward's output.
+// it reads out as rounded). On the CPU, one task per (batch, head) forward
+// and per (batch, key/value head) backward, each holding O(T D) of scratch;
+// softmax sums, delta and the dk, dv sums over a group's query heads
+// accumulate in double (on CUDA in float). n_kv_head 0 (the default) means
+// n_head: multi-head attention, bit for bit as without the argument.
+void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
+                             int n_kv_head = 0);
+// dqkv (qkv's shape) is overwritten; out is the forward's output.
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
-                              const Tensor& out, const Tensor& lse, int n_head);
+                              const Tensor& out, const Tensor& lse, int n_head, int n_kv_head = 0);
 
 }  // namespace xirang

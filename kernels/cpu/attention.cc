@@ -1,11 +1,12 @@
-// CPU causal self-attention. One task per (batch, head): each touches a
-// disjoint slice of the outputs, so the parallel loop needs no reductions and
-// the results do not depend on the thread count. The loops run inside the
+// CPU causal self-attention. One task per (batch, head), or for the flash
+// backward per (batch, key/value head): each touches a disjoint slice of the
+// outputs, so the parallel loop needs no reductions and the results do not
+// depend on the thread count. The loops run inside the
 // OpenMP region rather than calling BLAS there, so OpenBLAS's own threads
 // never nest inside ours.
 //
-// A task gathers its head's q, k and v (T rows of D, strided 3C apart in
-// qkv) into contiguous per-thread scratch in the compute type, accumulates
+// A task gathers its head's q, k and v (T rows of D, a qkv row apart) into
+// contiguous per-thread scratch in the compute type, accumulates
 // the head's gradients there and writes them back at the end, rounding once
 // for BF16 and F16; per-thread memory stays O(T D). The flash pair always
 // gathers (the contiguous rows are faster); the probability-based pair works
@@ -65,8 +66,9 @@ void narrow(const compute_t<S>* src, S* dst, int64_t n) {
 }
 
 // One (batch, head)'s q, k and v rows in the compute type: row t of q is
-// q + t * ld. Gathered into `scratch` (3 T D values) when it is given, else
-// pointing into qkv itself (F32/F64 only).
+// q + t * ld; k and v are those of the head's key/value head. Gathered into
+// `scratch` (3 T D values) when it is given, else pointing into qkv itself
+// (F32/F64 only).
 template <class T>
 struct Head {
   const T* q;
@@ -75,23 +77,35 @@ struct Head {
   int64_t ld;
 };
 
+// T rows of one D-wide head slice, `ld` apart in src, widened into
+// contiguous dst.
+template <class S>
+void gather(const S* src, int64_t ld, const Dims& d, compute_t<S>* dst) {
+  for (int64_t t = 0; t < d.T; ++t) widen(src + t * ld, dst + t * d.D, d.D);
+}
+
 template <class S>
 Head<compute_t<S>> head_of(const Dims& d, const S* pqkv, int64_t b, int64_t h, compute_t<S>* scratch) {
-  const int64_t C3 = 3 * d.C;
-  const S* base = pqkv + b * d.T * C3 + h * d.D;
+  const S* base = pqkv + b * d.T * d.W;
+  const int64_t g = d.kv_head(h);
   if (scratch) {
     const int64_t TD = d.T * d.D;
-    for (int64_t t = 0; t < d.T; ++t)
-      for (int part = 0; part < 3; ++part) widen(base + t * C3 + part * d.C, scratch + part * TD + t * d.D, d.D);
+    for (int64_t t = 0; t < d.T; ++t) {
+      const S* row = base + t * d.W;
+      widen(row + d.q_off(h), scratch + t * d.D, d.D);
+      widen(row + d.k_off(g), scratch + TD + t * d.D, d.D);
+      widen(row + d.v_off(g), scratch + 2 * TD + t * d.D, d.D);
+    }
     return {scratch, scratch + TD, scratch + 2 * TD, d.D};
   }
   if constexpr (is_16bit_v<S>) fail(ErrorKind::Internal, "attention: 16-bit q, k, v need scratch");
-  else return {base, base + d.C, base + 2 * d.C, C3};
+  else return {base + d.q_off(h), base + d.k_off(g), base + d.v_off(g), d.W};
 }
 
-// Gradient rows of one (batch, head), zeroed: row t of dq is dq + t * ld. In
-// `scratch` (3 T D values, see store_grads) when it is given, else in dqkv
-// itself (F32/F64 only).
+// Gradient rows of one (batch, head) of the probability-based pair (which
+// has as many key/value heads as query heads), zeroed: row t of dq is dq + t
+// * ld. In `scratch` (3 T D values, see store_grads) when it is given, else
+// in dqkv itself (F32/F64 only).
 template <class T>
 struct HeadGrads {
   T* dq;
@@ -103,7 +117,6 @@ struct HeadGrads {
 template <class S>
 HeadGrads<compute_t<S>> grads_of(const Dims& d, S* pd, int64_t b, int64_t h, compute_t<S>* scratch) {
   using T = compute_t<S>;
-  const int64_t C3 = 3 * d.C;
   if (scratch) {
     const int64_t TD = d.T * d.D;
     std::fill(scratch, scratch + 3 * TD, T(0));
@@ -112,23 +125,28 @@ HeadGrads<compute_t<S>> grads_of(const Dims& d, S* pd, int64_t b, int64_t h, com
   if constexpr (is_16bit_v<S>) {
     fail(ErrorKind::Internal, "attention: 16-bit gradients need scratch");
   } else {
-    S* base = pd + b * d.T * C3 + h * d.D;
+    S* base = pd + b * d.T * d.W;
     for (int64_t t = 0; t < d.T; ++t)
-      for (int part = 0; part < 3; ++part) std::fill(base + t * C3 + part * d.C, base + t * C3 + part * d.C + d.D, S(0));
-    return {base, base + d.C, base + 2 * d.C, C3};
+      for (int64_t off : {d.q_off(h), d.k_off(h), d.v_off(h)})
+        std::fill(base + t * d.W + off, base + t * d.W + off + d.D, S(0));
+    return {base + d.q_off(h), base + d.k_off(h), base + d.v_off(h), d.W};
   }
+}
+
+// T contiguous rows of one head slice written into dqkv at column `off`
+// (rounded once for 16-bit).
+template <class S>
+void scatter(const compute_t<S>* src, const Dims& d, S* pd, int64_t b, int64_t off) {
+  S* base = pd + b * d.T * d.W + off;
+  for (int64_t t = 0; t < d.T; ++t) narrow(src + t * d.D, base + t * d.W, d.D);
 }
 
 // Scratch gradient rows written into dqkv (rounded once for 16-bit).
 template <class S>
 void store_grads(const Dims& d, const HeadGrads<compute_t<S>>& g, S* pd, int64_t b, int64_t h) {
-  const int64_t C3 = 3 * d.C;
-  S* base = pd + b * d.T * C3 + h * d.D;
-  for (int64_t t = 0; t < d.T; ++t) {
-    narrow(g.dq + t * g.ld, base + t * C3, d.D);
-    narrow(g.dk + t * g.ld, base + t * C3 + d.C, d.D);
-    narrow(g.dv + t * g.ld, base + t * C3 + 2 * d.C, d.D);
-  }
+  scatter<S>(g.dq, d, pd, b, d.q_off(h));
+  scatter<S>(g.dk, d, pd, b, d.k_off(h));
+  scatter<S>(g.dv, d, pd, b, d.v_off(h));
 }
 
 // Per-thread scratch of one task, in the compute type: q, k, v, (backward)
@@ -325,52 +343,89 @@ void flash_forward_impl(const Dims& d, const S* pqkv, S* pout, compute_t<S>* pls
   }
 }
 
+// One task per (batch, key/value head): it walks the query heads that share
+// the key/value head, writes each one's dq, and sums their dk and dv (each
+// head's own sum in the compute type, the sum over heads in double), so no
+// two tasks write the same element. With one query head per key/value head
+// this is the multi-head loop, bit for bit.
 template <class S>
 void flash_backward_impl(const Dims& d, S* pd, const S* pdo, const S* pqkv, const S* pout, const compute_t<S>* plse) {
   using T = compute_t<S>;
   const T scale = T(1.0 / std::sqrt(double(d.D)));
+  const int64_t G = d.group(), TD = d.T * d.D;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
-    int64_t b = bh / d.H, h = bh % d.H;
+  for (int64_t bg = 0; bg < d.B * d.KV; ++bg) {
+    const int64_t b = bg / d.KV, g = bg % d.KV;
     T* scratch = task_scratch<T>(d, true);
-    Head<T> hd = head_of(d, pqkv, b, h, scratch);
-    HeadGrads<T> g = grads_of(d, pd, b, h, scratch + 3 * d.T * d.D);
-    T* do_scratch = scratch + 6 * d.T * d.D;
-    for (int64_t t = 0; t < d.T; ++t) {
-      const S* do_row = pdo + (b * d.T + t) * d.C + h * d.D;
-      const S* o_row = pout + (b * d.T + t) * d.C + h * d.D;
-      double delta = 0;  // dO_t . O_t, a row sum: double
-      for (int64_t c = 0; c < d.D; ++c) delta += double(load(do_row[c])) * double(load(o_row[c]));
-      const T* dot_;
-      if constexpr (is_16bit_v<S>) {
-        cpu::load_row(do_row, do_scratch, d.D);
-        dot_ = do_scratch;
-      } else {
-        dot_ = do_row;
+    T* k = scratch;        // (T, D) each: k, v of head g; q of the current query head
+    T* v = k + TD;
+    T* qh = v + TD;
+    T* dq = qh + TD;       // the current query head's gradients
+    T* dk = dq + TD;
+    T* dv = dk + TD;
+    T* do_scratch = dv + TD;
+    const S* row0 = pqkv + b * d.T * d.W;
+    gather(row0 + d.k_off(g), d.W, d, k);
+    gather(row0 + d.v_off(g), d.W, d, v);
+    double* acc = G > 1 ? cpu::thread_scratch<double, cpu::kScratchB>(size_t(2 * TD)) : nullptr;  // dk, dv summed
+    if (acc) std::fill(acc, acc + 2 * TD, 0.0);
+    for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+      const int64_t bh = b * d.H + h;
+      gather(row0 + d.q_off(h), d.W, d, qh);
+      std::fill(dq, dq + 3 * TD, T(0));
+      for (int64_t t = 0; t < d.T; ++t) {
+        const S* do_row = pdo + (b * d.T + t) * d.C + h * d.D;
+        const S* o_row = pout + (b * d.T + t) * d.C + h * d.D;
+        double delta = 0;  // dO_t . O_t, a row sum: double
+        for (int64_t c = 0; c < d.D; ++c) delta += double(load(do_row[c])) * double(load(o_row[c]));
+        const T* dot_;
+        if constexpr (is_16bit_v<S>) {
+          cpu::load_row(do_row, do_scratch, d.D);
+          dot_ = do_scratch;
+        } else {
+          dot_ = do_row;
+        }
+        const T* q = qh + t * d.D;
+        T* dqt = dq + t * d.D;
+        const T lse = plse[bh * d.T + t];
+        for (int64_t j = 0; j <= t; ++j) {
+          const T p = std::exp(scale * dot(q, k + j * d.D, d.D) - lse);
+          const T dp = dot(dot_, v + j * d.D, d.D);
+          axpy(p, dot_, dv + j * d.D, d.D);
+          const T ds = T(p * (dp - delta) * scale);
+          axpy(ds, k + j * d.D, dqt, d.D);
+          axpy(ds, q, dk + j * d.D, d.D);
+        }
       }
-      const T* q = hd.q + t * hd.ld;
-      T* dq = g.dq + t * g.ld;
-      const T lse = plse[bh * d.T + t];
-      for (int64_t j = 0; j <= t; ++j) {
-        const T p = std::exp(scale * dot(q, hd.k + j * hd.ld, d.D) - lse);
-        const T dp = dot(dot_, hd.v + j * hd.ld, d.D);
-        axpy(p, dot_, g.dv + j * g.ld, d.D);
-        const T ds = T(p * (dp - delta) * scale);
-        axpy(ds, hd.k + j * hd.ld, dq, d.D);
-        axpy(ds, q, g.dk + j * g.ld, d.D);
-      }
+      scatter<S>(dq, d, pd, b, d.q_off(h));
+      if (acc)
+        for (int64_t i = 0; i < TD; ++i) {
+          acc[i] += double(dk[i]);
+          acc[TD + i] += double(dv[i]);
+        }
     }
-    store_grads(d, g, pd, b, h);
+    if (acc) {
+      S* base = pd + b * d.T * d.W;
+      for (int64_t t = 0; t < d.T; ++t)
+        for (int64_t c = 0; c < d.D; ++c) {
+          base[t * d.W + d.k_off(g) + c] = cpu::store<S>(acc[t * d.D + c]);
+          base[t * d.W + d.v_off(g) + c] = cpu::store<S>(acc[TD + t * d.D + c]);
+        }
+    } else {
+      scatter<S>(dk, d, pd, b, d.k_off(g));
+      scatter<S>(dv, d, pd, b, d.v_off(g));
+    }
   }
 }
 
 }  // namespace
 
-void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head) {
-  XR_ON_CUDA(ctx, flash_attention_forward(ctx, out, lse, qkv, n_head));
+void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
+                             int n_kv_head) {
+  XR_ON_CUDA(ctx, flash_attention_forward(ctx, out, lse, qkv, n_head, n_kv_head));
   const char* op = "flash_attention_forward";
   cpu::require_cpu(ctx, op);
-  Dims d = check_dims(op, qkv, n_head);
+  Dims d = check_dims(op, qkv, n_head, n_kv_head);
   check_shape(op, "out", out, {d.B, d.T, d.C});
   check_shape(op, "lse", lse, {d.B, d.H, d.T});
   check_dtype(op, "out", out, qkv.dtype());
@@ -382,11 +437,11 @@ void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, c
 }
 
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
-                              const Tensor& out, const Tensor& lse, int n_head) {
-  XR_ON_CUDA(ctx, flash_attention_backward(ctx, dqkv, dout, qkv, out, lse, n_head));
+                              const Tensor& out, const Tensor& lse, int n_head, int n_kv_head) {
+  XR_ON_CUDA(ctx, flash_attention_backward(ctx, dqkv, dout, qkv, out, lse, n_head, n_kv_head));
   const char* op = "flash_attention_backward";
   cpu::require_cpu(ctx, op);
-  Dims d = check_dims(op, qkv, n_head);
+  Dims d = check_dims(op, qkv, n_head, n_kv_head);
   check_same_shape(op, dqkv, qkv);
   check_shape(op, "dout", dout, {d.B, d.T, d.C});
   check_shape(op, "out", out, {d.B, d.T, d.C});

@@ -1,5 +1,8 @@
 // CUDA causal flash attention: storage S in {f32, bf16, f16}, arithmetic
-// and accumulation in float (CUDA cores; no tensor cores).
+// and accumulation in float (CUDA cores; no tensor cores). Grouped-query
+// attention: H query heads share KV key/value heads (kernels/attention.h);
+// a qkv row is W = (H + 2 KV) D wide, query head h reads key/value head
+// h / (H / KV).
 //
 // Forward: one block per (64 query rows, batch, head). Q stays in shared
 // memory while the block walks the key/value tiles up to the diagonal,
@@ -11,8 +14,10 @@
 // atomics, so it is deterministic:
 //   1. rowdot[b, h, t] = dout_t . out_t (the softmax-backward row term),
 //      into the context's workspace (B*H*T floats);
-//   2. one block per (64 key rows, b, h) walks the query tiles at or below
-//      the diagonal and accumulates dK = scale dS^T Q and dV = P^T dO;
+//   2. one block per (64 key rows, b, key/value head) walks, for each query
+//      head of its group in turn, the query tiles at or below the diagonal
+//      and accumulates dK = scale dS^T Q and dV = P^T dO (so the sum over
+//      the group's query heads needs no atomics either);
 //   3. one block per (64 query rows, b, h) walks the key tiles and
 //      accumulates dQ = scale dS K, with dS = P (dP - rowdot), dP = dO V^T.
 // S and dP are recomputed in both 2 and 3: the price of having each output
@@ -115,8 +120,8 @@ constexpr size_t dq_smem_bytes() {
 // tiles near the end of the sequence have the most key tiles to visit.
 template <class S, int DMAX>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(S* __restrict__ out, float* __restrict__ lse, const S* __restrict__ qkv, int64_t T, int C,
-                         int H, int D, float scale_log2) {
+    flash_forward_kernel(S* __restrict__ out, float* __restrict__ lse, const S* __restrict__ qkv, int64_t T, int W,
+                         int H, int KV, int D, float scale_log2) {
   constexpr int LD = DMAX + 1, DPT = DMAX / 16;
   extern __shared__ float smem[];
   float* Qs = smem;               // (kTile, LD)
@@ -125,10 +130,13 @@ __global__ void __launch_bounds__(kThreads)
   float* Ps = Vs + kTile * LD;    // (kTile, kLdP): this tile's exp(S - m)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);
-  const int bh = blockIdx.y, b = bh / H, h = bh % H;
-  const int64_t q0 = int64_t(qt) * kTile, C3 = 3 * int64_t(C);
-  const S* base = qkv + int64_t(b) * T * C3 + int64_t(h) * D;  // q of head h, token 0
-  load_tile<kTile, DMAX>(Qs, base, C3, q0, T, D);
+  const int bh = blockIdx.y, b = bh / H, h = bh % H, g = h / (H / KV);
+  const int64_t q0 = int64_t(qt) * kTile, C = int64_t(H) * D;
+  const S* row0 = qkv + int64_t(b) * T * W;
+  const S* qbase = row0 + int64_t(h) * D;           // q of head h, token 0
+  const S* kbase = row0 + C + int64_t(g) * D;       // k of its key/value head
+  const S* vbase = kbase + int64_t(KV) * D;         // v of its key/value head
+  load_tile<kTile, DMAX>(Qs, qbase, W, q0, T, D);
 
   // Per owned row: running max m (log2 units), running sum l, and O.
   float o[kPer][DPT], m[kPer], l[kPer];
@@ -144,8 +152,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = int64_t(kt) * kTile;
     __syncthreads();  // the previous tile's K, V and P are no longer read
-    load_tile<kTile, DMAX>(Ks, base + C, C3, k0, T, D);
-    load_tile<kTile, DMAX>(Vs, base + 2 * int64_t(C), C3, k0, T, D);
+    load_tile<kTile, DMAX>(Ks, kbase, W, k0, T, D);
+    load_tile<kTile, DMAX>(Vs, vbase, W, k0, T, D);
     __syncthreads();
     float s[kPer][kPer];
     tile_dot<DMAX>(s, Qs, Ks, ty, tx, D);
@@ -243,12 +251,13 @@ __device__ __forceinline__ void load_row_stats(float* lse_s, float* dv_s, const 
   }
 }
 
-// grid (key tiles, B * H): dK and dV of 64 key rows of one head.
+// grid (key tiles, B * KV): dK and dV of 64 key rows of one key/value
+// head, summed over the query heads of its group.
 template <class S, int DMAX>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkdv_kernel(S* __restrict__ dqkv, const S* __restrict__ qkv, const S* __restrict__ dout,
-                               const float* __restrict__ lse, const float* __restrict__ rowdot, int64_t T, int C, int H,
-                               int D, float scale, float scale_log2) {
+                               const float* __restrict__ lse, const float* __restrict__ rowdot, int64_t T, int W, int H,
+                               int KV, int D, float scale, float scale_log2) {
   constexpr int LD = DMAX + 1, DPT = DMAX / 16;
   extern __shared__ float smem[];
   float* Ks = smem;                 // (kTile, LD)
@@ -261,12 +270,12 @@ __global__ void __launch_bounds__(kThreads)
   float* dv_s = lse_s + kTile;        // (kTile)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const int kt = blockIdx.x;
-  const int bh = blockIdx.y, b = bh / H, h = bh % H;
-  const int64_t k0 = int64_t(kt) * kTile, C3 = 3 * int64_t(C);
-  const S* base = qkv + int64_t(b) * T * C3 + int64_t(h) * D;
-  const S* gbase = dout + int64_t(b) * T * C + int64_t(h) * D;
-  load_tile<kTile, DMAX>(Ks, base + C, C3, k0, T, D);
-  load_tile<kTile, DMAX>(Vs, base + 2 * int64_t(C), C3, k0, T, D);
+  const int bg = blockIdx.y, b = bg / KV, g = bg % KV, G = H / KV;
+  const int64_t k0 = int64_t(kt) * kTile, C = int64_t(H) * D;
+  const S* row0 = qkv + int64_t(b) * T * W;
+  const int64_t k_off = C + int64_t(g) * D, v_off = k_off + int64_t(KV) * D;  // in a qkv row
+  load_tile<kTile, DMAX>(Ks, row0 + k_off, W, k0, T, D);
+  load_tile<kTile, DMAX>(Vs, row0 + v_off, W, k0, T, D);
 
   // Accumulators for key rows ty + 16 i, head columns tx + 16 dd.
   float dk[kPer][DPT], dvv[kPer][DPT];
@@ -275,53 +284,59 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int dd = 0; dd < DPT; ++dd) dk[i][dd] = dvv[i][dd] = 0.f;
 
-  // Query tiles from the diagonal down (earlier queries never see these
-  // keys) to the last; there are as many query tiles as key tiles.
-  for (int qt = kt; qt < int(gridDim.x); ++qt) {
-    const int64_t q0 = int64_t(qt) * kTile;
-    __syncthreads();  // the previous tile's Q, dO, P, dS are no longer read
-    load_tile<kTile, DMAX>(Qs, base, C3, q0, T, D);
-    load_tile<kTile, DMAX>(Gs, gbase, C, q0, T, D);
-    load_row_stats(lse_s, dv_s, lse, rowdot, bh, q0, T);
-    __syncthreads();
-    float s[kPer][kPer], dp[kPer][kPer];
-    tile_dot<DMAX>(s, Qs, Ks, ty, tx, D);   // rows: queries, columns: keys
-    tile_dot<DMAX>(dp, Gs, Vs, ty, tx, D);  // dP = dO V^T
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int r = ty + 16 * i;
-      const int64_t qi = q0 + r;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int c = tx + 16 * j;
-        const int64_t kj = k0 + c;
-        const float p = (qi < T && kj <= qi) ? exp2f(s[i][j] * scale_log2 - lse_s[r]) : 0.f;
-        Ps[r * kLdP + c] = p;
-        dSs[r * kLdP + c] = p * (dp[i][j] - dv_s[r]);
-      }
-    }
-    __syncthreads();
-    // dV += P^T dO, dK += dS^T Q (scaled at the end), over this tile's queries.
-#pragma unroll 2
-    for (int r = 0; r < kTile; ++r) {
-      float pr[kPer], dsr[kPer], gv[DPT], qv[DPT];
+  // For each query head of the group, query tiles from the diagonal down
+  // (earlier queries never see these keys) to the last; there are as many
+  // query tiles as key tiles.
+  for (int h = g * G; h < (g + 1) * G; ++h) {
+    const int64_t bh = int64_t(b) * H + h;
+    const S* qbase = row0 + int64_t(h) * D;
+    const S* gbase = dout + int64_t(b) * T * C + int64_t(h) * D;
+    for (int qt = kt; qt < int(gridDim.x); ++qt) {
+      const int64_t q0 = int64_t(qt) * kTile;
+      __syncthreads();  // the previous tile's Q, dO, P, dS are no longer read
+      load_tile<kTile, DMAX>(Qs, qbase, W, q0, T, D);
+      load_tile<kTile, DMAX>(Gs, gbase, C, q0, T, D);
+      load_row_stats(lse_s, dv_s, lse, rowdot, bh, q0, T);
+      __syncthreads();
+      float s[kPer][kPer], dp[kPer][kPer];
+      tile_dot<DMAX>(s, Qs, Ks, ty, tx, D);   // rows: queries, columns: keys
+      tile_dot<DMAX>(dp, Gs, Vs, ty, tx, D);  // dP = dO V^T
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
-        pr[i] = Ps[r * kLdP + ty + 16 * i];
-        dsr[i] = dSs[r * kLdP + ty + 16 * i];
-      }
+        const int r = ty + 16 * i;
+        const int64_t qi = q0 + r;
 #pragma unroll
-      for (int dd = 0; dd < DPT; ++dd) {
-        gv[dd] = Gs[r * LD + tx + 16 * dd];
-        qv[dd] = Qs[r * LD + tx + 16 * dd];
+        for (int j = 0; j < kPer; ++j) {
+          const int c = tx + 16 * j;
+          const int64_t kj = k0 + c;
+          const float p = (qi < T && kj <= qi) ? exp2f(s[i][j] * scale_log2 - lse_s[r]) : 0.f;
+          Ps[r * kLdP + c] = p;
+          dSs[r * kLdP + c] = p * (dp[i][j] - dv_s[r]);
+        }
       }
+      __syncthreads();
+      // dV += P^T dO, dK += dS^T Q (scaled at the end), over this tile's queries.
+#pragma unroll 2
+      for (int r = 0; r < kTile; ++r) {
+        float pr[kPer], dsr[kPer], gv[DPT], qv[DPT];
 #pragma unroll
-      for (int i = 0; i < kPer; ++i)
+        for (int i = 0; i < kPer; ++i) {
+          pr[i] = Ps[r * kLdP + ty + 16 * i];
+          dsr[i] = dSs[r * kLdP + ty + 16 * i];
+        }
 #pragma unroll
         for (int dd = 0; dd < DPT; ++dd) {
-          dvv[i][dd] = fmaf(pr[i], gv[dd], dvv[i][dd]);
-          dk[i][dd] = fmaf(dsr[i], qv[dd], dk[i][dd]);
+          gv[dd] = Gs[r * LD + tx + 16 * dd];
+          qv[dd] = Qs[r * LD + tx + 16 * dd];
         }
+#pragma unroll
+        for (int i = 0; i < kPer; ++i)
+#pragma unroll
+          for (int dd = 0; dd < DPT; ++dd) {
+            dvv[i][dd] = fmaf(pr[i], gv[dd], dvv[i][dd]);
+            dk[i][dd] = fmaf(dsr[i], qv[dd], dk[i][dd]);
+          }
+      }
     }
   }
 
@@ -329,13 +344,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < kPer; ++i) {
     const int64_t kj = k0 + ty + 16 * i;
     if (kj >= T) continue;
-    S* row = dqkv + (int64_t(b) * T + kj) * C3 + int64_t(h) * D;
+    S* row = dqkv + (int64_t(b) * T + kj) * W;
 #pragma unroll
     for (int dd = 0; dd < DPT; ++dd) {
       const int d = tx + 16 * dd;
       if (d >= D) continue;
-      row[C + d] = store<S>(dk[i][dd] * scale);
-      row[2 * int64_t(C) + d] = store<S>(dvv[i][dd]);
+      row[k_off + d] = store<S>(dk[i][dd] * scale);
+      row[v_off + d] = store<S>(dvv[i][dd]);
     }
   }
 }
@@ -344,8 +359,8 @@ __global__ void __launch_bounds__(kThreads)
 template <class S, int DMAX>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(S* __restrict__ dqkv, const S* __restrict__ qkv, const S* __restrict__ dout,
-                             const float* __restrict__ lse, const float* __restrict__ rowdot, int64_t T, int C, int H,
-                             int D, float scale, float scale_log2) {
+                             const float* __restrict__ lse, const float* __restrict__ rowdot, int64_t T, int W, int H,
+                             int KV, int D, float scale, float scale_log2) {
   constexpr int LD = DMAX + 1, DPT = DMAX / 16;
   extern __shared__ float smem[];
   float* Qs = smem;                   // (kTile, LD)
@@ -357,10 +372,12 @@ __global__ void __launch_bounds__(kThreads)
   float* dv_s = lse_s + kTile;        // (kTile)
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);
-  const int bh = blockIdx.y, b = bh / H, h = bh % H;
-  const int64_t q0 = int64_t(qt) * kTile, C3 = 3 * int64_t(C);
-  const S* base = qkv + int64_t(b) * T * C3 + int64_t(h) * D;
-  load_tile<kTile, DMAX>(Qs, base, C3, q0, T, D);
+  const int bh = blockIdx.y, b = bh / H, h = bh % H, g = h / (H / KV);
+  const int64_t q0 = int64_t(qt) * kTile, C = int64_t(H) * D;
+  const S* row0 = qkv + int64_t(b) * T * W;
+  const S* kbase = row0 + C + int64_t(g) * D;  // k of its key/value head
+  const S* vbase = kbase + int64_t(KV) * D;
+  load_tile<kTile, DMAX>(Qs, row0 + int64_t(h) * D, W, q0, T, D);
   load_tile<kTile, DMAX>(Gs, dout + int64_t(b) * T * C + int64_t(h) * D, C, q0, T, D);
   load_row_stats(lse_s, dv_s, lse, rowdot, bh, q0, T);
 
@@ -373,8 +390,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = int64_t(kt) * kTile;
     __syncthreads();  // the previous tile's K, V, dS are no longer read
-    load_tile<kTile, DMAX>(Ks, base + C, C3, k0, T, D);
-    load_tile<kTile, DMAX>(Vs, base + 2 * int64_t(C), C3, k0, T, D);
+    load_tile<kTile, DMAX>(Ks, kbase, W, k0, T, D);
+    load_tile<kTile, DMAX>(Vs, vbase, W, k0, T, D);
     __syncthreads();
     float s[kPer][kPer], dp[kPer][kPer];
     tile_dot<DMAX>(s, Qs, Ks, ty, tx, D);
@@ -411,7 +428,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < kPer; ++i) {
     const int64_t qi = q0 + ty + 16 * i;
     if (qi >= T) continue;
-    S* row = dqkv + (int64_t(b) * T + qi) * C3 + int64_t(h) * D;
+    S* row = dqkv + (int64_t(b) * T + qi) * W + int64_t(h) * D;
 #pragma unroll
     for (int dd = 0; dd < DPT; ++dd) {
       const int d = tx + 16 * dd;
@@ -428,11 +445,11 @@ S* tensor_ptr(const Tensor& t) {  // callers have checked t's dtype against S
 using attention_checks::Dims;
 
 // The shared shape checks, plus the CUDA kernels' own limits.
-Dims check_dims(const char* op, const Tensor& qkv, int n_head) {
-  const Dims d = attention_checks::check_dims(op, qkv, n_head);
+Dims check_dims(const char* op, const Tensor& qkv, int n_head, int n_kv_head) {
+  const Dims d = attention_checks::check_dims(op, qkv, n_head, n_kv_head);
   if (d.D > kMaxHeadDim) fail(ErrorKind::Shape, op, ": head dim ", d.D, " exceeds ", kMaxHeadDim, " on CUDA");
   if (d.B * d.H > 65535) fail(ErrorKind::Shape, op, ": B * n_head = ", d.B * d.H, " exceeds 65535 (grid y)");
-  if (3 * d.C > 0x7fffffff) fail(ErrorKind::Shape, op, ": width ", d.C, " is too large");
+  if (d.W > 0x7fffffff) fail(ErrorKind::Shape, op, ": qkv width ", d.W, " is too large");
   check_on_device(op, {{"qkv", &qkv}});
   return d;
 }
@@ -459,10 +476,11 @@ void allow_smem(K* kernel, size_t bytes) {
 
 }  // namespace
 
-void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head) {
+void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
+                             int n_kv_head) {
   const char* op = "flash_attention_forward";
   require_cuda(ctx, op);
-  const Dims d = check_dims(op, qkv, n_head);
+  const Dims d = check_dims(op, qkv, n_head, n_kv_head);
   check_shape(op, "out", out, {d.B, d.T, d.C});
   check_dtype(op, "out", out, qkv.dtype());
   check_on_device(op, {{"out", &out}});
@@ -480,18 +498,18 @@ void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, c
       constexpr size_t smem = forward_smem_bytes<DMAX>();
       allow_smem(flash_forward_kernel<S, DMAX>, smem);
       flash_forward_kernel<S, DMAX><<<grid, kThreads, smem, stream(ctx)>>>(
-          tensor_ptr<S>(out), tensor_ptr<float>(lse), tensor_ptr<S>(qkv), d.T, int(d.C), int(d.H), int(d.D),
-          scale_log2);
+          tensor_ptr<S>(out), tensor_ptr<float>(lse), tensor_ptr<S>(qkv), d.T, int(d.W), int(d.H), int(d.KV),
+          int(d.D), scale_log2);
       XR_CUDA_LAUNCH_CHECK();
     });
   });
 }
 
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
-                              const Tensor& out, const Tensor& lse, int n_head) {
+                              const Tensor& out, const Tensor& lse, int n_head, int n_kv_head) {
   const char* op = "flash_attention_backward";
   require_cuda(ctx, op);
-  const Dims d = check_dims(op, qkv, n_head);
+  const Dims d = check_dims(op, qkv, n_head, n_kv_head);
   check_same_shape(op, dqkv, qkv);
   check_dtype(op, "dqkv", dqkv, qkv.dtype());
   check_on_device(op, {{"dqkv", &dqkv}});
@@ -509,7 +527,7 @@ void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tenso
   const float scale = float(1.0 / std::sqrt(double(d.D)));
   const float scale_log2 = float(kLog2e / std::sqrt(double(d.D)));
   const unsigned n_tiles = unsigned((d.T + kTile - 1) / kTile);
-  const dim3 grid(n_tiles, unsigned(d.B * d.H));
+  const dim3 grid(n_tiles, unsigned(d.B * d.H)), grid_kv(n_tiles, unsigned(d.B * d.KV));
   dispatch_storage(qkv.dtype(), op, [&](auto tag) {
     using S = decltype(tag);
     flash_backward_rowdot_kernel<S><<<blocks_for(rows, kThreads / 32), kThreads, 0, stream(ctx)>>>(
@@ -519,15 +537,15 @@ void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tenso
       constexpr int DMAX = decltype(dim)::value;
       constexpr size_t smem_kv = dkdv_smem_bytes<DMAX>();
       allow_smem(flash_backward_dkdv_kernel<S, DMAX>, smem_kv);
-      flash_backward_dkdv_kernel<S, DMAX><<<grid, kThreads, smem_kv, stream(ctx)>>>(
+      flash_backward_dkdv_kernel<S, DMAX><<<grid_kv, kThreads, smem_kv, stream(ctx)>>>(
           tensor_ptr<S>(dqkv), tensor_ptr<S>(qkv), tensor_ptr<S>(dout), tensor_ptr<float>(lse), rowdot, d.T,
-          int(d.C), int(d.H), int(d.D), scale, scale_log2);
+          int(d.W), int(d.H), int(d.KV), int(d.D), scale, scale_log2);
       XR_CUDA_LAUNCH_CHECK();
       constexpr size_t smem_q = dq_smem_bytes<DMAX>();
       allow_smem(flash_backward_dq_kernel<S, DMAX>, smem_q);
       flash_backward_dq_kernel<S, DMAX><<<grid, kThreads, smem_q, stream(ctx)>>>(
           tensor_ptr<S>(dqkv), tensor_ptr<S>(qkv), tensor_ptr<S>(dout), tensor_ptr<float>(lse), rowdot, d.T,
-          int(d.C), int(d.H), int(d.D), scale, scale_log2);
+          int(d.W), int(d.H), int(d.KV), int(d.D), scale, scale_log2);
       XR_CUDA_LAUNCH_CHECK();
     });
   });

@@ -72,10 +72,12 @@ void cross_entropy_shard_finish(const KernelContext& ctx, Tensor losses, Tensor 
                                 const Tensor& targets, const Tensor& row_max, const Tensor& sums,
                                 int64_t vocab_begin, int64_t vocab_size, double dloss);
 
-// kernels/attention.h (causal flash attention: lse saved, probabilities recomputed)
-void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head);
+// kernels/attention.h (causal flash attention: lse saved, probabilities
+// recomputed; n_kv_head key/value heads, 0: n_head)
+void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
+                             int n_kv_head = 0);
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
-                              const Tensor& out, const Tensor& lse, int n_head);
+                              const Tensor& out, const Tensor& lse, int n_head, int n_kv_head = 0);
 
 // kernels/rmsnorm.h (the residual add fused into the forward)
 void rmsnorm_forward(const KernelContext& ctx, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, double eps);

@@ -26,6 +26,9 @@ std::string gpt2_layout_problem(const ModelDims& d, const ParallelLayout& l) {
 // ---- the layers and their parameters
 
 GPT2Layers::GPT2Layers(const ModelDims& d, const ChunkPlacement& at, int tp) : dims(d), placement(at) {
+  // The activation and gradient buffers are laid out for a 3C-wide qkv.
+  XR_CHECK(d.kv_heads() == d.n_head, "GPT-2 has no grouped-query attention: model.n_kv_head ", d.n_kv_head,
+           " must be 0 or n_head ", d.n_head);
   if (at.has_embedding || at.has_head) wte.emplace(d.vocab_size, d.padded_vocab());
   if (at.has_embedding) wpe.emplace();
   const int head_dim = d.d_model / d.n_head;

@@ -6,11 +6,16 @@
 namespace xirang {
 
 CausalSelfAttention::CausalSelfAttention(int n_head, int n_kv_head, int head_dim, int tp)
-    : n_head_(n_head), n_kv_head_(n_kv_head), head_dim_(head_dim), tp_(tp), local_heads_(n_head / tp) {
+    : n_head_(n_head),
+      n_kv_head_(n_kv_head),
+      head_dim_(head_dim),
+      tp_(tp),
+      local_heads_(n_head / tp),
+      local_kv_heads_(n_kv_head / tp) {
+  XR_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0, "attention: n_kv_head ", n_kv_head, " must divide n_head ",
+           n_head);
   XR_CHECK(n_head % tp == 0 && n_kv_head % tp == 0, "attention: tp ", tp, " must divide n_head ", n_head,
            " and n_kv_head ", n_kv_head);
-  XR_CHECK(n_kv_head == n_head, "attention: grouped-query attention (n_kv_head ", n_kv_head, " < n_head ", n_head,
-           ") needs an attention kernel with a key/value head count, which does not exist yet");
 }
 
 void CausalSelfAttention::declare(ParamList& list, const std::string& qkv_name, const std::string& proj_name,
@@ -32,12 +37,12 @@ int64_t CausalSelfAttention::local_qkv_width() const {
 void CausalSelfAttention::forward(const KernelContext& ctx, Tensor qkv, Tensor lse, Tensor y,
                                   const Tensor& x_full) const {
   qkv_.forward(ctx, qkv.flat2d(), x_full);
-  flash_attention_forward(ctx, y, lse, qkv, local_heads_);
+  flash_attention_forward(ctx, y, lse, qkv, local_heads_, local_kv_heads_);
 }
 
 void CausalSelfAttention::backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy,
                                    const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& x_full) const {
-  flash_attention_backward(ctx, dqkv, dy, qkv, y, lse, local_heads_);
+  flash_attention_backward(ctx, dqkv, dy, qkv, y, lse, local_heads_, local_kv_heads_);
   qkv_.backward(ctx, tp.partial(), dqkv.flat2d(), x_full);
 }
 

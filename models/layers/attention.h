@@ -5,9 +5,10 @@
 // head_dim rows, k and v: n_kv_head x head_dim rows each), so a rank holds
 // the q, k and v rows of its heads; the output projection is row-parallel.
 // The attention itself is causal flash attention over the rank's heads,
-// keeping only the log-sum-exp for backward. Grouped-query attention
-// (n_kv_head < n_head) is declared here but needs an attention kernel that
-// takes a key/value head count: until it has one, construction refuses it.
+// keeping only the log-sum-exp for backward. With grouped-query attention
+// (n_kv_head < n_head, dividing it) a rank's n_head / P query heads share its
+// n_kv_head / P key/value heads; the kernel sees the rank's slice as a whole
+// attention in the same packed layout.
 //
 //   CausalSelfAttention attn(n_head, n_kv_head, head_dim, tp_size);
 //   attn.declare(list, "h.0.attn.c_attn", "h.0.attn.c_proj", C, 0, InitRule::normal(0.02),
@@ -35,16 +36,17 @@ class CausalSelfAttention {
   int64_t local_qkv_width() const;
   const RowParallelLinear& proj() const { return proj_; }
 
-  // qkv (B, T, 3C/P) = x_full (N, C) W_qkv^T + b; y (B, T, C/P) the
-  // attention of the rank's heads; lse (B, H/P, T) kept for backward.
+  // qkv (B, T, local_qkv_width()) = x_full (N, C) W_qkv^T + b; y (B, T,
+  // H head_dim / P) the attention of the rank's heads; lse (B, H/P, T) kept
+  // for backward.
   void forward(const KernelContext& ctx, Tensor qkv, Tensor lse, Tensor y, const Tensor& x_full) const;
-  // From dy (B, T, C/P): dqkv, then this rank's partial input gradient in
+  // From dy (B, T, H head_dim / P): dqkv (qkv's shape), then this rank's partial input gradient in
   // tp.partial() (ColumnParallelLinear::input_grad reduces it).
   void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const Tensor& qkv,
                 const Tensor& y, const Tensor& lse, const Tensor& x_full) const;
 
  private:
-  int n_head_, n_kv_head_, head_dim_, tp_, local_heads_;
+  int n_head_, n_kv_head_, head_dim_, tp_, local_heads_, local_kv_heads_;
   ColumnParallelLinear qkv_;
   RowParallelLinear proj_;
 };

@@ -120,7 +120,8 @@ TEST(ModelInit, InitRulesDrawFromTheGlobalIndex) {
 
 TEST(ModelLayers, UnbuiltPiecesAreRefusedWithTheirReason) {
   expect_error([] { Norm n(NormKind::RMSNorm); }, ErrorKind::Internal, {"RMSNorm has no kernel yet"});
-  expect_error([] { CausalSelfAttention a(8, 2, 16, 1); }, ErrorKind::Internal, {"grouped-query attention"});
+  expect_error([] { CausalSelfAttention a(8, 3, 16, 1); }, ErrorKind::Internal, {"n_kv_head 3 must divide n_head 8"});
+  expect_error([] { CausalSelfAttention a(8, 2, 16, 4); }, ErrorKind::Internal, {"tp 4 must divide"});
   ModelDims gqa = kDims;
   gqa.n_kv_head = 2;
   expect_error([&] { model_arch("gpt2").parameters(gqa, ChunkPlacement::whole(4), 1, 0); }, ErrorKind::Internal,
