@@ -43,7 +43,8 @@ void attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dou
 // memory grows with T, not T^2. Scores are scaled by 1/sqrt(D). Backward
 // takes delta_t = dout_t . out_t from the stored out (so with 16-bit storage
 // it reads out as rounded). On the CPU, one task per (batch, head) forward
-// and per (batch, key/value head) backward, each holding O(T D) of scratch;
+// and per (batch, key/value head) backward (B KV tasks: multi-query attention
+// with a small batch leaves cores idle), each holding O(T D) of scratch;
 // softmax sums, delta and the dk, dv sums over a group's query heads
 // accumulate in double (on CUDA in float). n_kv_head 0 (the default) means
 // n_head: multi-head attention, bit for bit as without the argument.

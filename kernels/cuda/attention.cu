@@ -17,7 +17,11 @@
 //   2. one block per (64 key rows, b, key/value head) walks, for each query
 //      head of its group in turn, the query tiles at or below the diagonal
 //      and accumulates dK = scale dS^T Q and dV = P^T dO (so the sum over
-//      the group's query heads needs no atomics either);
+//      the group's query heads needs no atomics either). With few
+//      key/value heads this is B * KV * T / 64 blocks, each doing H / KV
+//      heads' work: fewer blocks than SMs for multi-query attention at small
+//      B and T; per-head partial sums in the workspace, reduced in a fixed
+//      order, would restore the parallelism without giving up determinism;
 //   3. one block per (64 query rows, b, h) walks the key tiles and
 //      accumulates dQ = scale dS K, with dS = P (dP - rowdot), dP = dO V^T.
 // S and dP are recomputed in both 2 and 3: the price of having each output

@@ -22,6 +22,7 @@
 //   stays within 4u of the sum's scale.
 #include <omp.h>
 
+#include <array>
 #include <cstring>
 #include <tuple>
 #include <string>
@@ -241,6 +242,42 @@ TYPED_TEST(GqaWideTest, IndependentOfThreadCount) {
   EXPECT_EQ(one.out, four.out);
   EXPECT_EQ(one.lse, four.lse);
   EXPECT_EQ(one.dqkv, four.dqkv);
+}
+
+// A tensor-parallel rank of P holds query heads [r H/P, (r+1) H/P) and
+// key/value heads [r KV/P, (r+1) KV/P) in the same packed layout, and each
+// group stays on one rank; so the kernel on a rank's columns, told H/P and
+// KV/P, gives exactly that rank's columns of the whole op's out, lse and
+// dqkv.
+TYPED_TEST(GqaWideTest, TensorParallelSliceIsTheWholeOpsSlice) {
+  using T = TypeParam;
+  const GqaShape a{2, 9, 8, 4, 4};
+  auto qkv = cast_vec<T>(randn(a.B * a.T * a.W(), 1671));
+  auto dout = cast_vec<T>(randn(a.B * a.T * a.C(), 1672));
+  auto whole = run_gqa(qkv, dout, a);
+  for (int64_t P : {2, 4}) {
+    const GqaShape s{a.B, a.T, a.H / P, a.KV / P, a.D};
+    for (int64_t r = 0; r < P; ++r) {
+      SCOPED_TRACE(testing::Message() << "tp " << P << " rank " << r);
+      // Column ranges of rank r: its q, k and v blocks of a qkv row; its heads of out.
+      const int64_t qc = s.H * a.D, kc = s.KV * a.D;
+      const int64_t qkv_cols[3][2] = {{r * qc, qc}, {a.C() + r * kc, kc}, {a.C() + a.KV * a.D + r * kc, kc}};
+      auto cols = [&](const auto& v, int64_t rows, int64_t width, std::initializer_list<std::array<int64_t, 2>> ranges) {
+        std::remove_cvref_t<decltype(v)> out;
+        for (int64_t i = 0; i < rows; ++i)
+          for (auto [begin, n] : ranges) out.insert(out.end(), v.begin() + i * width + begin, v.begin() + i * width + begin + n);
+        return out;
+      };
+      const auto qkv_ranges = {std::array<int64_t, 2>{qkv_cols[0][0], qkv_cols[0][1]},
+                               std::array<int64_t, 2>{qkv_cols[1][0], qkv_cols[1][1]},
+                               std::array<int64_t, 2>{qkv_cols[2][0], qkv_cols[2][1]}};
+      const auto out_range = {std::array<int64_t, 2>{r * qc, qc}};
+      auto part = run_gqa(cols(qkv, a.B * a.T, a.W(), qkv_ranges), cols(dout, a.B * a.T, a.C(), out_range), s);
+      EXPECT_EQ(part.out, cols(whole.out, a.B * a.T, a.C(), out_range));
+      EXPECT_EQ(part.lse, cols(whole.lse, a.B, a.H * a.T, {std::array<int64_t, 2>{r * s.H * a.T, s.H * a.T}}));
+      EXPECT_EQ(part.dqkv, cols(whole.dqkv, a.B * a.T, a.W(), qkv_ranges));
+    }
+  }
 }
 
 // Central differences of L = sum(out * R) in float64 against the F64 flash
