@@ -62,9 +62,7 @@ void check_model(const Validator& v, const ModelConfig& m) {
   v.at_least("model.vocab_multiple", m.vocab_multiple, 1);
   v.divisible("model.d_model", m.d_model, "model.n_head", m.n_head);
   v.at_least("model.n_kv_head", m.n_kv_head, 0, " (0 means model.n_head)");
-  if (m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
-    v.fail_rule(str_cat("model.n_kv_head=", m.n_kv_head, " does not divide model.n_head=", m.n_head,
-                        " (query heads share key/value heads in equal groups)"));
+  // n_kv_head dividing n_head is layout_problem()'s (models/model.cc): every layout needs it.
   if (m.arch == "gpt2") {
     // GPT-2 has none of LLaMA's options; the ones that would change it are refused.
     if (m.n_kv_head != 0 && m.n_kv_head != m.n_head)
