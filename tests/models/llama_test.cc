@@ -1,11 +1,14 @@
 // LLaMA: a float64 finite-difference check of the hand-written backward pass
 // for every parameter tensor (tied and untied head, grouped-query attention,
 // rotary embeddings with Llama 3.1 scaling), initialisation, Meta's MLP
-// width rule and the Llama 3 8B shape.
+// width rule, the forward against a direct transcription of transformers'
+// Llama, and the Llama 3 8B shape.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -97,6 +100,108 @@ void check_every_parameter(bool tied) {
 
 TEST(LlamaGradCheck, EveryParameterTensorMatchesFiniteDifferencesUntied) { check_every_parameter(false); }
 TEST(LlamaGradCheck, EveryParameterTensorMatchesFiniteDifferencesTied) { check_every_parameter(true); }
+
+// The loss of the model's forward against a direct float64 transcription of
+// transformers' LlamaForCausalLM (modeling_llama.py): RMSNorm, rotate-half
+// RoPE, grouped-query attention with query head h on key/value head
+// h / (H / KV), SwiGLU with silu on the gate, an untied or tied head.
+double reference_loss(TinyLlama& m) {
+  const ModelDims& d = m.shape;
+  const int64_t C = d.d_model, H = d.n_head, KV = d.kv_heads(), D = C / H, F = d.ffn_hidden, V = d.vocab_size;
+  const int64_t B = m.batch.micro_batch, T = m.batch.seq_len;
+  std::map<std::string, const double*> w;
+  for (auto& p : m.model.parameters()) w[p.name] = p.value.data<double>();
+  const double* head = w.count("lm_head.weight") ? w["lm_head.weight"] : w["embed_tokens.weight"];
+  const std::vector<double> freq = rope_frequencies(d.rope, D);
+  auto rmsnorm = [&](const std::vector<double>& x, const double* g) {
+    std::vector<double> y(x.size());
+    for (int64_t r = 0; r < int64_t(x.size()) / C; ++r) {
+      double ss = 0;
+      for (int64_t j = 0; j < C; ++j) ss += x[r * C + j] * x[r * C + j];
+      const double rstd = 1 / std::sqrt(ss / double(C) + d.norm_eps);
+      for (int64_t j = 0; j < C; ++j) y[r * C + j] = x[r * C + j] * rstd * g[j];
+    }
+    return y;
+  };
+  // y (rows, out) = x (rows, in) W^T with W (out, in).
+  auto matmul = [](const std::vector<double>& x, const double* W, int64_t in, int64_t out) {
+    const int64_t rows = int64_t(x.size()) / in;
+    std::vector<double> y(size_t(rows * out), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) y[r * out + o] += x[r * in + i] * W[o * in + i];
+    return y;
+  };
+  auto rotate = [&](double* head_row, int64_t pos) {
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double c = std::cos(double(pos) * freq[size_t(i)]), s = std::sin(double(pos) * freq[size_t(i)]);
+      const double a = head_row[i], b = head_row[i + D / 2];
+      head_row[i] = a * c - b * s;
+      head_row[i + D / 2] = b * c + a * s;
+    }
+  };
+  double loss = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<double> x(size_t(T * C));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < C; ++j) x[t * C + j] = w["embed_tokens.weight"][m.tokens[b * T + t] * C + j];
+    for (int l = 0; l < d.n_layer; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      std::vector<double> qkv = matmul(rmsnorm(x, w[p + "input_layernorm.weight"]), w[p + "self_attn.qkv_proj.weight"],
+                                       C, (H + 2 * KV) * D);
+      const int64_t W3 = (H + 2 * KV) * D;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H + KV; ++h) rotate(&qkv[t * W3 + h * D], t);  // q heads, then k heads
+      std::vector<double> att(size_t(T * C), 0.0);
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t kvh = h / (H / KV);
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<double> s(size_t(t + 1));
+          double mx = -1e300, sum = 0;
+          for (int64_t u = 0; u <= t; ++u) {
+            double dot = 0;
+            for (int64_t i = 0; i < D; ++i) dot += qkv[t * W3 + h * D + i] * qkv[u * W3 + (H + kvh) * D + i];
+            s[size_t(u)] = dot / std::sqrt(double(D));
+            mx = std::max(mx, s[size_t(u)]);
+          }
+          for (auto& e : s) sum += (e = std::exp(e - mx));
+          for (int64_t u = 0; u <= t; ++u)
+            for (int64_t i = 0; i < D; ++i)
+              att[t * C + h * D + i] += s[size_t(u)] / sum * qkv[u * W3 + (H + KV + kvh) * D + i];
+        }
+      }
+      const std::vector<double> o = matmul(att, w[p + "self_attn.o_proj.weight"], C, C);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+      const std::vector<double> gu =
+          matmul(rmsnorm(x, w[p + "post_attention_layernorm.weight"]), w[p + "mlp.gate_up_proj.weight"], C, 2 * F);
+      std::vector<double> a(size_t(T * F));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t f = 0; f < F; ++f) {
+          const double g = gu[t * 2 * F + f], u = gu[t * 2 * F + F + f];
+          a[t * F + f] = g / (1 + std::exp(-g)) * u;
+        }
+      const std::vector<double> down = matmul(a, w[p + "mlp.down_proj.weight"], F, C);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += down[i];
+    }
+    const std::vector<double> logits = matmul(rmsnorm(x, w["norm.weight"]), head, C, V);
+    for (int64_t t = 0; t < T; ++t) {
+      double mx = -1e300, sum = 0;
+      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, logits[t * V + v]);
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[t * V + v] - mx);
+      loss += std::log(sum) + mx - logits[t * V + m.targets[b * T + t]];
+    }
+  }
+  return loss / double(B * T);
+}
+
+TEST(Llama, ForwardMatchesADirectTranscriptionOfTransformers) {
+  for (bool tied : {false, true}) {
+    TinyLlama m(DType::F64, tied);
+    randomize_parameters(m.model, 5);
+    const double want = reference_loss(m);
+    EXPECT_NEAR(m.loss(), want, 1e-12 * std::abs(want)) << (tied ? "tied" : "untied");
+  }
+}
 
 TEST(Llama, ShapesOfTheFusedProjections) {
   TinyLlama m(DType::F32, false);
