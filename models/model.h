@@ -223,7 +223,7 @@ struct ModelArch {
 // The architecture named `name`; a Config error listing the known ones otherwise.
 const ModelArch& model_arch(const std::string& name);
 bool model_arch_known(const std::string& name);
-// Names of every registered architecture, comma-separated ("gpt2").
+// Names of every registered architecture, comma-separated ("gpt2, llama").
 std::string model_arch_names();
 
 // Every rule a layout must meet to hold the model, stated once: the
