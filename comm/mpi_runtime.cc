@@ -59,6 +59,23 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   XR_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
 }
 
+NodeLayout MpiRuntime::node_layout() const {
+  MPI_Comm node = MPI_COMM_NULL;
+  XR_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  NodeLayout at;
+  int rc_rank = MPI_Comm_rank(node, &at.local_rank);
+  int rc_size = MPI_Comm_size(node, &at.local_size);
+  MPI_Comm_free(&node);
+  XR_MPI_CHECK(rc_rank);
+  XR_MPI_CHECK(rc_size);
+  // One rank per node counts it; the extremes of the per-node counts show an uneven placement.
+  int leader = at.local_rank == 0 ? 1 : 0;
+  XR_MPI_CHECK(MPI_Allreduce(&leader, &at.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  XR_MPI_CHECK(MPI_Allreduce(&at.local_size, &at.min_per_node, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  XR_MPI_CHECK(MPI_Allreduce(&at.local_size, &at.max_per_node, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  return at;
+}
+
 MpiRuntime::~MpiRuntime() {
   if (g_we_initialised.exchange(false) && active()) MPI_Finalize();
 }

@@ -5,12 +5,24 @@
 // thread) and finalises it on destruction. After an unrecoverable error
 // (a timed-out collective, a dead peer) the program calls abort_world(),
 // which ends every rank of the job instead of leaving them hanging.
+// node_layout() says how the launcher (mpirun, srun) spread the ranks over
+// nodes, as MPI sees it rather than as any launcher's variables claim.
 //
 //   MpiRuntime mpi(&argc, &argv);
+//   NodeLayout at = mpi.node_layout();   // e.g. 2 nodes, 4 ranks on each
 //   auto grid = ProcessGrid::create_mpi(shape, options);
 #pragma once
 
 namespace xirang {
+
+// The ranks of MPI_COMM_WORLD grouped by the node (shared-memory domain) they run on.
+struct NodeLayout {
+  int nodes = 1;         // nodes the job spans
+  int local_rank = 0;    // this rank's index among its node's ranks (world order)
+  int local_size = 1;    // ranks on this rank's node
+  int min_per_node = 1;  // fewest and most ranks on any node: equal when the
+  int max_per_node = 1;  //   launcher placed the same number on every node
+};
 
 class MpiRuntime {
  public:
@@ -22,6 +34,8 @@ class MpiRuntime {
 
   int world_rank() const { return rank_; }
   int world_size() const { return size_; }
+  // Collective over MPI_COMM_WORLD (every rank must call it).
+  NodeLayout node_layout() const;
   // Ends every rank of the job with `code` (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] static void abort_world(int code);
   // True when MPI has been initialised and not finalised in this process.

@@ -7,8 +7,24 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "kernels/elementwise.h"
+#ifdef XIRANG_HAVE_CUDA
+#include "core/cuda_stream.h"
+#endif
 
 namespace xirang {
+
+// The compute stream's waits for dp communication on a device: events
+// recorded before and after each join; the time between a pair is the
+// stream's wait beyond its own work. Created on first use.
+#ifdef XIRANG_HAVE_CUDA
+struct GradSync::DeviceWaits {
+  CudaEvent before{EventTiming::Enabled}, after{EventTiming::Enabled};              // the buckets
+  CudaEvent gather_before{EventTiming::Enabled}, gather_after{EventTiming::Enabled};  // the ZeRO gather
+  bool buckets = false, gather = false;  // a pair is recorded and not yet read
+};
+#else
+struct GradSync::DeviceWaits {};
+#endif
 
 namespace {
 // The bytes of parameters a bucket's ZeRO gather delivers.
@@ -65,6 +81,8 @@ GradSync::GradSync(std::vector<Parameter>& params, Communicator& dp, Communicato
   if (opts_.zero) shard_elems_ = shard_off;
 }
 
+GradSync::~GradSync() = default;
+
 void GradSync::layout(Arena& shard) {
   if (opts_.zero) shard_grads_ = shard.alloc({shard_elems_}, flat_grads_.dtype(), "ZeRO gradient shard");
   norm_sum_ = shard.alloc({1}, DType::F64, "gradient norm sum");
@@ -100,7 +118,7 @@ void GradSync::begin_step() {
     b.pending = int(b.params.size());
     b.work.reset();
   }
-  comm_ms_ = exposed_ms_ = 0;
+  comm_ms_ = exposed_ms_ = device_exposed_ms_ = 0;
   first_launch_ = 0;
   settled_ = false;
 }
@@ -116,6 +134,18 @@ void GradSync::launch(Bucket& b) {
     b.work = dp_.all_reduce_async(grads, ReduceOp::Sum);
   // The launch holds the caller (inside backward, or finish()): exposed.
   exposed_ms_ += (now_seconds() - b.launched_at) * 1e3;
+}
+
+double GradSync::exposed_ms() {
+  if (!stream_) return exposed_ms_;
+#ifdef XIRANG_HAVE_CUDA
+  // Read once the stream has passed the joins (grad_norm synchronized it).
+  if (waits_ && waits_->buckets && waits_->after.query()) {
+    device_exposed_ms_ += elapsed_ms(waits_->before, waits_->after);
+    waits_->buckets = false;
+  }
+#endif
+  return device_exposed_ms_;
 }
 
 void GradSync::record(const WorkPtr& w, OpKind kind, double t0, int bucket, int64_t bytes) {
@@ -144,7 +174,19 @@ void GradSync::finish(void* stream) {
   // bucket and the host goes on (settle() waits once, with the timeout).
   const double t0 = now_seconds();
   SpanScope span(tl_, "dp_wait", Track::Main);
+#ifdef XIRANG_HAVE_CUDA
+  if (stream) {
+    if (!waits_) waits_ = std::make_unique<DeviceWaits>();
+    waits_->before.record(static_cast<cudaStream_t>(stream));
+  }
+#endif
   for (auto& b : buckets_) b.work->join(stream);
+#ifdef XIRANG_HAVE_CUDA
+  if (stream) {
+    waits_->after.record(static_cast<cudaStream_t>(stream));
+    waits_->buckets = true;
+  }
+#endif
   joined_at_ = now_seconds();
   exposed_ms_ += (joined_at_ - t0) * 1e3;
   if (!stream) settle();
@@ -191,7 +233,22 @@ void GradSync::gather_parameters() {
                                             flat_params_.flat_range(b.begin, b.end)));
   // On a device the next step's kernels wait for the gathers on the stream,
   // and their time is counted when the next step settles.
+#ifdef XIRANG_HAVE_CUDA
+  if (stream_) {
+    if (!waits_) waits_ = std::make_unique<DeviceWaits>();
+    // The previous step's gather: the stream passed it before this step's grad_norm returned.
+    if (waits_->gather && waits_->gather_after.query())
+      device_exposed_ms_ += elapsed_ms(waits_->gather_before, waits_->gather_after);
+    waits_->gather_before.record(static_cast<cudaStream_t>(stream_));
+  }
+#endif
   for (auto& w : gathers_) w->join(stream_);
+#ifdef XIRANG_HAVE_CUDA
+  if (stream_) {
+    waits_->gather_after.record(static_cast<cudaStream_t>(stream_));
+    waits_->gather = true;
+  }
+#endif
   if (stream_) return;
   for (size_t i = 0; i < gathers_.size(); ++i)
     record(gathers_[i], OpKind::DpAllGather, gather_start_, int(i), gather_bytes(buckets_[i], dtype_size(flat_params_.dtype())));

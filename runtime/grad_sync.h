@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -50,6 +51,7 @@ class GradSync {
   // `dp` moves device tensors (NCCL).
   GradSync(std::vector<Parameter>& params, Communicator& dp, Communicator* tp, Communicator* pp,
            GradSyncOptions opts, Communicator* dp_host = nullptr);
+  ~GradSync();
 
   // Carves the ZeRO shard-gradient buffer (nothing without ZeRO).
   void layout(Arena& shard);
@@ -78,13 +80,19 @@ class GradSync {
 
   // Time dp communication was in flight this step (from the first launch to
   // the last completion, per phase: gradients, then ZeRO parameter gather)
-  // and the time the caller was held by it: launching buckets (inside
-  // backward, or in finish()) and waiting for them. On the host the span
-  // lasts at least until the waits returned, so exposed <= comm. On a device the
-  // ZeRO gather completes behind the host and is counted in the next step,
-  // and the wait for the buckets includes the end of the backward pass.
+  // and the time the step was held by it. On the host: launching buckets
+  // (inside backward, or in finish()) and waiting for them, and the span
+  // lasts at least until the waits returned, so exposed <= comm. On a
+  // device: the time the compute stream waited for the buckets after its
+  // backward work (a pair of timing events around finish()'s joins, read
+  // once the stream has passed them: after grad_norm), and for the previous
+  // step's ZeRO gather, which completes behind the host and is counted in
+  // the next step like its communication time.
   double comm_ms() const { return comm_ms_; }
-  double exposed_ms() const { return exposed_ms_; }
+  double exposed_ms();
+  // The host's time held by dp communication this step: launches and waits
+  // (on a device the one host wait for the buckets in grad_norm).
+  double host_held_ms() const { return exposed_ms_; }
   int num_buckets() const { return int(buckets_.size()); }
   int64_t shard_elements() const { return shard_elems_; }
 
@@ -119,6 +127,7 @@ class GradSync {
   Tensor shard_grads_;               // (shard_elems_) ZeRO
   int64_t shard_elems_ = 0;
   double comm_ms_ = 0, exposed_ms_ = 0;
+  double device_exposed_ms_ = 0;  // the compute stream's waits, read from timing events
   double first_launch_ = 0;  // seconds; 0 before the first launch of the step
   double joined_at_ = 0;     // seconds; when finish()'s host waits returned (null stream)
   void* stream_ = nullptr;   // finish()'s stream: null on the host
@@ -126,6 +135,8 @@ class GradSync {
   Tensor norm_sum_;          // (1) F64 sum of squares, on the gradients' device
   std::vector<WorkPtr> gathers_;  // ZeRO gathers not yet counted (device)
   double gather_start_ = 0;
+  struct DeviceWaits;  // timing events around the compute stream's joins (CUDA builds)
+  std::unique_ptr<DeviceWaits> waits_;
   Timeline* tl_ = nullptr;
 };
 

@@ -73,7 +73,8 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"loss_scale", m.loss_scale},
                       {"skipped", m.skipped},
                       {"peak_tflops", peak_.flops / 1e12},
-                      {"peak_source", peak_.source}};
+                      {"peak_source", peak_.source},
+                      {"memory_planned_bytes", planned_bytes_}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (fields_.straggler) {
     j["slowest_rank"] = m.slowest_rank;

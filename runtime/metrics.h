@@ -76,11 +76,14 @@ class MetricsLog {
   MetricsLog& operator=(const MetricsLog&) = delete;
   void write(const StepMetrics& m);
   const std::string& path() const { return path_; }
+  // The writer's memory plan total (bytes), written on every line as memory_planned_bytes.
+  void set_planned_bytes(size_t bytes) { planned_bytes_ = bytes; }
 
  private:
   std::string path_;
   PeakFlops peak_;
   JsonlFields fields_;
+  size_t planned_bytes_ = 0;
   std::FILE* f_ = nullptr;
 };
 

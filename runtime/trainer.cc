@@ -298,6 +298,7 @@ TrainResult Trainer::run() {
   TrainResult result;
   MetricsLog log(is_logger() ? cfg_.metrics.jsonl : std::string(), peak_,
                  JsonlFields{cfg_.metrics.straggler_every > 0, !cfg_.metrics.baseline.empty(), cfg_.metrics.op_profile});
+  log.set_planned_bytes(plan_.total());
   ProgressLine progress(cfg_.train.steps, cfg_.metrics.log_every);
   if (opts_.print) print_run();
   Stopwatch elapsed;
@@ -315,10 +316,11 @@ TrainResult Trainer::run() {
     accumulate_gradients(step, m);  // forward and backward of every microbatch, buckets reduced as they fill
     sync_->finish(ctx_.cuda_stream);
     wait_step_transfers();
-    // The optimizer's part leaves out its waits for data-parallel
+    // The optimizer's part leaves out the host's waits for data-parallel
     // communication (ZeRO's parameter gather; on a device the buckets'
-    // host wait in grad_norm): they are dp_comm_exposed_ms.
-    const double dp_waits = sync_->exposed_ms();
+    // host wait in grad_norm): on the CPU they are dp_comm_exposed_ms (on a
+    // device that is the compute stream's wait, from timing events).
+    const double dp_waits = sync_->host_held_ms();
     Stopwatch ow;
     SpanScope optimizer_span(ctx_.timeline, "optimizer");
     const double scale = loss_scale_.scale();
@@ -330,7 +332,7 @@ TrainResult Trainer::run() {
     m.lr = lr_at(cfg_.train, step);
     m.skipped = skip_step(m.grad_norm);
     if (!m.skipped) update_parameters(m.lr, m.grad_norm, scale);
-    m.optimizer_ms = ow.ms() - (sync_->exposed_ms() - dp_waits);
+    m.optimizer_ms = ow.ms() - (sync_->host_held_ms() - dp_waits);
     optimizer_span.end();
     m.loss = global_loss(local_loss);
     take_comm_times(m);

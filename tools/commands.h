@@ -17,10 +17,16 @@ int ckpt_command(int argc, char** argv);
 int eval_command(int argc, char** argv);
 // xirang report RUN [--baseline RUN2] [--plot DIR] [--json] ... (see tools/report_cmd.cc)
 int report_command(int argc, char** argv);
+// xirang sweep SPEC.yaml [--out DIR] [--resume] [--dry-run] (see tools/sweep_cmd.cc)
+int sweep_command(int argc, char** argv);
 // xirang trace merge DIR [-o OUT.json] (see tools/trace_cmd.cc)
 int trace_command(int argc, char** argv);
+// xirang plan CONFIG --cluster C.yaml ... (see tools/plan_cmd.cc)
+int plan_command(int argc, char** argv);
 
 // Whether a launcher (mpirun, srun) started this process: MPI is initialised only then.
+// Throws ErrorKind::Usage for an srun step of several tasks that has no MPI
+// process-management interface (srun --mpi=none): its tasks cannot form one job.
 bool launched_by_mpi();
 // A rank of a multi-rank job failed: peers may be blocked in a collective
 // with it, so the whole job ends. Config and data errors are the same on

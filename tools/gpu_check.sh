@@ -11,6 +11,8 @@
 #    (mpi_nccl_tests),
 # 3. trains gpt2_124m in bf16 on one GPU for a few steps and prints tokens/s
 #    and MFU (metrics JSONL in OUT).
+# 4. trains 4 steps with a trace and the per-op profile and checks their CUDA
+#    paths (device-stream spans, op times from stream events, parts >= 0).
 # Budget: under 8 minutes on an H200 (the build is most of it).
 #
 # A machine without the Debian packages tools/setup.sh installs (and no way
@@ -113,6 +115,39 @@ mfu = sum(r["mfu"] for r in warm) / len(warm)
 print(f"gpt2_124m bf16, 1 GPU, {len(rows)} steps: {tok:,.0f} tokens/s, MFU {100*mfu:.1f}% "
       f"of {rows[-1]['peak_tflops']:.0f} TFLOP/s ({rows[-1]['peak_source']}); "
       f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}")
+EOF
+fi
+# The metrics' CUDA paths: the device-stream spans of a trace, the per-op
+# profile from stream events, and the step's parts (device-timed forward,
+# backward, tp and dp waits), checked for sanity and printed.
+log "trace and per-op profile on the GPU, 4 steps"
+"$root/build-gpu/bin/xirang" train "$root/configs/gpt2_124m.yaml" \
+  --set device.backend=cuda --set precision.dtype=bf16 --set train.steps=4 --set train.warmup_steps=2 \
+  --set train.global_batch=16 --set train.micro_batch=8 --set train.eval_every=0 \
+  --set data.train="$data/train" --set data.val= --set checkpoint.dir= --set metrics.op_profile=true \
+  --set metrics.trace="$out/trace" --set metrics.trace_steps=2-3 \
+  --set metrics.jsonl="$out/observe.jsonl" >"$out/observe.log" 2>&1 || { tail "$out/observe.log"; status=1; }
+"$root/build-gpu/bin/xirang" trace merge "$out/trace" >>"$out/observe.log" 2>&1 || { tail -3 "$out/observe.log"; status=1; }
+if [[ -s "$out/observe.jsonl" && -s "$out/trace/trace.json" ]]; then
+  python3 - "$out/observe.jsonl" "$out/trace/trace.json" <<'EOF' | tee -a "$out/summary.txt" || status=1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+trace = json.load(open(sys.argv[2]))
+parts = ["forward_ms", "backward_ms", "optimizer_ms", "data_wait_ms", "dp_comm_exposed_ms", "tp_comm_ms",
+         "pp_bubble_ms", "pp_comm_exposed_ms", "ckpt_stall_ms"]
+bad = []
+for r in rows[1:]:
+    bad += [f"step {r['step']}: {p} {r[p]:.3f} < 0" for p in parts if r[p] < 0]
+    ops = r.get("op_ms", {})
+    if not ops.get("matmul", 0) > 0: bad.append(f"step {r['step']}: no matmul time in op_ms {ops}")
+    print(f"step {r['step']}: step {r['step_ms']:.1f} ms, parts " + ", ".join(f"{p[:-3]} {r[p]:.1f}" for p in parts)
+          + "; ops " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])))
+device = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "device stream"]
+if not device: bad.append("the trace has no device-stream spans")
+if any(e["dur"] < 0 for e in trace["traceEvents"] if e.get("ph") == "X"): bad.append("a span has a negative duration")
+print(f"trace: {len(device)} device-stream spans")
+for b in bad: print("FAIL:", b)
+sys.exit(1 if bad else 0)
 EOF
 fi
 log "done in $(( $(date +%s) - t0 )) s, status $status"

@@ -6,6 +6,7 @@
 //   xirang ckpt inspect PATH | convert SRC DST [...]
 //   xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [...]
 //   xirang trace merge DIR [-o OUT.json]
+//   xirang sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]
 //
 // Only this layer exits: library errors arrive as xirang::Error and leave as
 // one line on stderr ("xirang: config error: ...") and exit code 1; usage
@@ -40,7 +41,10 @@ const char* kUsage =
     "                                                regression with --fail-on-regression), plots, per-rank\n"
     "                                                utilisation from a trace ([--trace PATH], or RUN/trace/)\n"
     "  trace merge DIR [-o OUT.json]                 merge metrics.trace's rank files into one Chrome trace\n"
-    "                                                (default DIR/trace.json) on one time axis\n";
+    "                                                (default DIR/trace.json) on one time axis\n"
+    "  plan CONFIG --cluster C.yaml (--gpus N | --layout tp=2,pp=4,...) [--top K] [--explain] [--json]\n"
+    "       [--calibrate RESULTS.jsonl -o C.yaml]   predict memory and step time, rank layouts, fit a cluster\n"
+    "  sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]  run a benchmark sweep: results.jsonl/.csv, tables, plots\n";
 
 }  // namespace
 
@@ -58,7 +62,10 @@ int main(int argc, char** argv) {
     if (cmd == "eval") return xirang::tools::eval_command(argc - 1, argv + 1);
     if (cmd == "report") return xirang::tools::report_command(argc - 1, argv + 1);
     if (cmd == "trace") return xirang::tools::trace_command(argc - 1, argv + 1);
-    std::fprintf(stderr, "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt, report or trace)\n",
+    if (cmd == "plan") return xirang::tools::plan_command(argc - 1, argv + 1);
+    if (cmd == "sweep") return xirang::tools::sweep_command(argc - 1, argv + 1);
+    std::fprintf(stderr,
+                 "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt, report, trace, plan or sweep)\n",
                  cmd.c_str());
     return 2;
   } catch (const xirang::Error& e) {

@@ -4,8 +4,9 @@
 // Summarises a run's metrics.jsonl: throughput, the step's time split into
 // parts, the dominant bottleneck with advice computed from the run (and its
 // config, for the pipeline simulator), a comparison with a baseline run, and
-// plots through gnuplot, and with a timeline trace (metrics.trace) each
-// rank's utilisation over the traced steps. The work lives in tools/report/; this file parses
+// plots through gnuplot, with a timeline trace (metrics.trace) each
+// rank's utilisation over the traced steps, and with metrics.op_profile the
+// time per kind of op. The work lives in tools/report/; this file parses
 // the arguments and prints text or one JSON object.
 #include <cmath>
 #include <cstdio>
@@ -38,7 +39,7 @@ const char* kReportUsage =
     "  --trace PATH          a timeline trace (metrics.trace's directory, or the file `xirang trace merge`\n"
     "                        wrote) for the per-rank utilisation; default: RUN's directory's trace/ when present\n"
     "  --plot DIR            write step_breakdown.png, tokens_per_s.png and loss.png (and utilisation.png\n"
-    "                        with a trace) through gnuplot\n"
+    "                        with a trace, ops.png with per-op times) through gnuplot\n"
     "  --json                print one JSON object instead of the text tables\n";
 
 struct ReportArgs {
@@ -137,6 +138,46 @@ void print_comparison(const std::string& base_path, const Comparison& c) {
   std::printf("regressions: %s\n", flagged.empty() ? "none" : flagged.c_str());
 }
 
+// ---------------------------------------------------------------- per-op profile
+
+const char* kOpCommNote =
+    "in-flight time, from submission to completion: it overlaps compute and other transfers, so it is not a "
+    "part of the step and the shares need not add up";
+
+void print_op_rows(const std::vector<OpRow>& rows) {
+  for (const OpRow& r : rows)
+    std::printf("%-24s %10.3f %7.1f%% %10.*f\n", op_kind_name(r.kind), r.ms, 100 * r.share,
+                r.calls == std::floor(r.calls) ? 0 : 1, r.calls);
+}
+
+void print_ops(const OpProfile& p) {
+  std::printf("\nper-op time (metrics.op_profile; median per step over %d steps, share of the median step %.3f ms)\n",
+              p.steps, p.step_ms);
+  std::printf("%-24s %10s %8s %10s\n", "compute op", "ms", "share", "calls");
+  print_op_rows(p.compute);
+  std::printf("%-24s %10.3f %7.1f%%\n", "compute total", p.compute_ms, 100 * p.compute_share);
+  if (p.comm.empty()) return;
+  std::printf("%-24s %10s %8s %10s\n", "communication", "ms", "share", "calls");
+  print_op_rows(p.comm);
+  std::printf("note: communication is %s\n", kOpCommNote);
+}
+
+nlohmann::ordered_json ops_json(const OpProfile& p) {
+  auto rows = [](const std::vector<OpRow>& v) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (const OpRow& r : v) j[op_kind_name(r.kind)] = {{"ms", r.ms}, {"share", r.share}, {"calls", r.calls}};
+    return j;
+  };
+  return {{"steps", p.steps},
+          {"step_ms", p.step_ms},
+          {"compute", rows(p.compute)},
+          {"compute_total", {{"ms", p.compute_ms}, {"share", p.compute_share}}},
+          {"communication", rows(p.comm)},
+          {"communication_note", kOpCommNote}};
+}
+
+// ----------------------------------------------------------------
+
 void print_plots(const PlotResult& p) {
   if (!p.skipped.empty()) std::printf("\nplots skipped: %s\n", p.skipped.c_str());
   else for (const std::string& f : p.files) std::printf("%s%s\n", &f == &p.files[0] ? "\nplots: " : "       ", f.c_str());
@@ -233,6 +274,7 @@ int run_report(const ReportArgs& args) {
   }
   const TraceUtilisation tu = trace_utilisation(run, args.trace);
   const std::optional<Utilisation>& util = tu.util;
+  const OpProfile ops = op_profile(run);
   std::optional<PlotResult> plots;
   if (!args.plot_dir.empty()) plots = write_plots(run, args.plot_dir);
   if (plots && util && plots->skipped.empty()) {
@@ -240,8 +282,14 @@ int run_report(const ReportArgs& args) {
     plots->files.insert(plots->files.end(), u.files.begin(), u.files.end());
     plots->skipped = u.skipped;
   }
+  if (plots && plots->skipped.empty() && !(ops.compute.empty() && ops.comm.empty())) {
+    const PlotResult o = write_op_plot(ops, args.plot_dir);
+    plots->files.insert(plots->files.end(), o.files.begin(), o.files.end());
+    plots->skipped = o.skipped;
+  }
   if (args.json) {
     nlohmann::ordered_json j = summary_json(run, s, a);
+    if (ops.steps > 0) j["ops"] = ops_json(ops);
     if (cmp) j["baseline"] = comparison_json(base_path, *cmp);
     if (util) j["utilisation"] = utilisation_json(*util);
     if (!tu.skipped.empty()) j["utilisation_skipped"] = tu.skipped;
@@ -250,6 +298,7 @@ int run_report(const ReportArgs& args) {
   } else {
     print_summary(run, s);
     print_advice(s, a);
+    if (ops.steps > 0) print_ops(ops);
     if (cmp) print_comparison(base_path, *cmp);
     if (util) print_utilisation(*util);
     if (!tu.skipped.empty()) std::printf("\nutilisation skipped: %s\n", tu.skipped.c_str());

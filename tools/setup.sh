@@ -9,6 +9,8 @@ packages=(
   libyaml-cpp-dev libpcre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libcpp-httplib-dev prometheus curl
   fortunes fortunes-min gnuplot-nox
+  # tests/cli/slurm_test.sh runs a one-node Slurm; its pmix plugin comes with slurm-wlm-basic-plugins.
+  munge slurmctld slurmd slurm-client
 )
 
 missing=()

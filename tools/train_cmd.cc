@@ -6,6 +6,11 @@
 // data): rank 0 reports them and all ranks exit normally. After that, a
 // failing rank reports its error with its rank and aborts the whole job, so
 // no peer is left waiting on a collective.
+//
+// Under Slurm, `srun --mpi=pmix` (or mpirun inside the allocation) starts the
+// ranks. A multi-task srun step whose tasks got no process-management
+// interface is refused before MPI starts, since every task would otherwise
+// train alone as a world of one; rank 0 prints how the ranks lie on the nodes.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,13 +36,72 @@ void abort_job(const Error& e, int rank) {
   MpiRuntime::abort_world(1);
 }
 
+namespace {
+
+// The task count of the srun step that started this process; 0 outside one.
+// (The batch script of an sbatch job is no step: SLURM_NTASKS there is the
+// allocation's, and mpirun or srun in the script start the ranks.)
+int srun_step_tasks() {
+  const char* v = std::getenv("SLURM_STEP_NUM_TASKS");
+  return v ? std::atoi(v) : 0;
+}
+
+// This task's index in its Slurm step (SLURM_PROCID); 0 outside Slurm.
+int slurm_task() {
+  const char* v = std::getenv("SLURM_PROCID");
+  return v ? std::atoi(v) : 0;
+}
+
+}  // namespace
+
 bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
     if (std::getenv(v)) return true;
+  if (int n = srun_step_tasks(); n > 1)
+    fail(ErrorKind::Usage, "srun started ", n, " tasks without an MPI process-management interface, so each "
+         "would train alone as a world of one: launch with `srun --mpi=pmix` (`srun --mpi=list` shows what this "
+         "Slurm offers; MpiDefault=pmix in slurm.conf makes it the default) or with mpirun inside the allocation");
   return false;
 }
 
 namespace {
+
+// Who started the ranks, read before MPI_Init (which may add variables of its own).
+struct Launch {
+  bool mpirun = false;  // Open MPI's mpirun or MPICH's Hydra, also inside a Slurm allocation
+  int srun_tasks = 0;   // the srun step's tasks when srun started the ranks itself
+  std::string slurm_job;
+
+  static Launch detect() {
+    Launch l;
+    l.mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("MPI_LOCALRANKID");
+    if (!l.mpirun) l.srun_tasks = srun_step_tasks();
+    if (const char* j = std::getenv("SLURM_JOB_ID")) l.slurm_job = j;
+    return l;
+  }
+};
+
+// srun's tasks must be one MPI world: fewer means the PMI plugin did not join them.
+void check_world(const Launch& launch, int world) {
+  if (launch.srun_tasks > 1 && world != launch.srun_tasks)
+    fail(ErrorKind::Comm, "srun started ", launch.srun_tasks, " tasks but MPI joined them into a world of ", world,
+         ": the step's MPI plugin does not match this MPI library; use `srun --mpi=pmix` with Open MPI "
+         "(`srun --mpi=list` shows the plugins) or mpirun inside the allocation");
+}
+
+// "ranks: 4 on 2 nodes (2 per node), started by srun in Slurm job 17"
+void print_placement(const Launch& launch, const MpiRuntime& mpi) {
+  const NodeLayout at = mpi.node_layout();  // collective: every rank computes it
+  if (mpi.world_rank() != 0) return;
+  const std::string per_node = at.min_per_node == at.max_per_node
+                                   ? str_cat(at.max_per_node, " per node")
+                                   : str_cat(at.min_per_node, " to ", at.max_per_node, " per node");
+  const char* by = launch.mpirun ? "mpirun" : launch.srun_tasks > 0 ? "srun" : "an MPI launcher";
+  const std::string job = launch.slurm_job.empty() ? "" : str_cat(" in Slurm job ", launch.slurm_job);
+  std::printf("ranks: %d on %d node%s (%s), started by %s%s\n", mpi.world_size(), at.nodes, at.nodes > 1 ? "s" : "",
+              per_node.c_str(), by, job.c_str());
+  std::fflush(stdout);
+}
 
 struct TrainArgs {
   std::string config_path;
@@ -65,14 +129,16 @@ TrainArgs parse_args(int argc, char** argv) {
   return a;
 }
 
-int train(const TrainArgs& args, MpiRuntime* mpi) {
+int train(const TrainArgs& args, MpiRuntime* mpi, const Launch& launch) {
   const int world = mpi ? mpi->world_size() : 1;
   const int rank = mpi ? mpi->world_rank() : 0;
+  if (mpi) check_world(launch, world);
   Config cfg = load_config(args.config_path, args.overrides);
   validate(cfg, world);
 
   std::unique_ptr<ProcessGrid> grid;
   if (mpi) {
+    print_placement(launch, *mpi);
     LinkModel link{cfg.comm.latency_us, cfg.comm.bandwidth_gbps};
     // A transfer-failure fault is injected by the link decorator, so it must be present.
     if (cfg.faults.kind == FaultKind::FailTransfer && !link.active()) link.latency_us = 1e-3;
@@ -112,13 +178,23 @@ int train_command(int argc, char** argv) {
       return 0;
     }
   TrainArgs args = parse_args(argc, argv);
-  if (!launched_by_mpi()) return train(args, nullptr);
+  const Launch launch = Launch::detect();
+  bool multi_rank = false;
+  try {
+    multi_rank = launched_by_mpi();
+  } catch (const Error&) {
+    // The same refusal on every task of the srun step: the first task reports it.
+    if (slurm_task() != 0) return 2;
+    throw;
+  }
+  if (!multi_rank) return train(args, nullptr, launch);
   MpiRuntime mpi(&argc, &argv);
   try {
-    return train(args, &mpi);
+    return train(args, &mpi, launch);
   } catch (const Error& e) {
     // Raised before any rank could diverge (config, data): every rank sees the same error.
-    if (mpi.world_rank() != 0) return 1;
+    // (srun's tasks that are each a world of one all have rank 0: the step's first reports.)
+    if (mpi.world_rank() != 0 || (launch.srun_tasks > 0 && slurm_task() != 0)) return 1;
     throw;
   }
 }

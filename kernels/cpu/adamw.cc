@@ -13,6 +13,7 @@ using cpu::dispatch_float;
 
 void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s,
                   Tensor model_copy) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Optimizer);
   XR_ON_CUDA(ctx, adamw_update(ctx, param, grad, m, v, s, model_copy));
   cpu::require_cpu(ctx, "adamw_update");
   if (model_copy.defined()) {

@@ -274,6 +274,7 @@ void dispatch_probs(const char* op, const Tensor& probs, F&& f) {
 }  // namespace
 
 void attention_forward(const KernelContext& ctx, Tensor out, Tensor probs, const Tensor& qkv, int n_head) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Attention);
   cpu::require_cpu(ctx, "attention_forward");
   Dims d = check_dims("attention_forward", qkv, n_head);
   check_shape("attention_forward", "out", out, {d.B, d.T, d.C});
@@ -290,6 +291,7 @@ void attention_forward(const KernelContext& ctx, Tensor out, Tensor probs, const
 
 void attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                         const Tensor& probs, int n_head) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Attention);
   cpu::require_cpu(ctx, "attention_backward");
   Dims d = check_dims("attention_backward", qkv, n_head);
   check_same_shape("attention_backward", dqkv, qkv);
@@ -422,6 +424,7 @@ void flash_backward_impl(const Dims& d, S* pd, const S* pdo, const S* pqkv, cons
 
 void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
                              int n_kv_head) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Attention);
   XR_ON_CUDA(ctx, flash_attention_forward(ctx, out, lse, qkv, n_head, n_kv_head));
   const char* op = "flash_attention_forward";
   cpu::require_cpu(ctx, op);
@@ -438,6 +441,7 @@ void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, c
 
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, int n_head, int n_kv_head) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Attention);
   XR_ON_CUDA(ctx, flash_attention_backward(ctx, dqkv, dout, qkv, out, lse, n_head, n_kv_head));
   const char* op = "flash_attention_backward";
   cpu::require_cpu(ctx, op);

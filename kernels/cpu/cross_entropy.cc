@@ -40,6 +40,7 @@ void softmax_gradient_row(const S* row, S* drow, int64_t n, int64_t t, double lo
 
 void cross_entropy_forward_backward(const KernelContext& ctx, Tensor losses, Tensor dlogits, const Tensor& logits,
                                     const Tensor& targets, int64_t vocab_size, double dloss) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Loss);
   XR_ON_CUDA(ctx, cross_entropy_forward_backward(ctx, losses, dlogits, logits, targets, vocab_size, dloss));
   cpu::require_cpu(ctx, "cross_entropy");
   Tensor l2 = logits.flat2d();
@@ -121,6 +122,7 @@ void check_targets(const char* op, const Tensor& targets, int64_t N, int64_t voc
 
 void cross_entropy_shard_max(const KernelContext& ctx, Tensor row_max, const Tensor& logits, int64_t vocab_begin,
                              int64_t vocab_size) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Loss);
   XR_ON_CUDA(ctx, cross_entropy_shard_max(ctx, row_max, logits, vocab_begin, vocab_size));
   const char* op = "cross_entropy_shard_max";
   cpu::require_cpu(ctx, op);
@@ -146,6 +148,7 @@ void cross_entropy_shard_max(const KernelContext& ctx, Tensor row_max, const Ten
 
 void cross_entropy_shard_sums(const KernelContext& ctx, Tensor sums, const Tensor& logits, const Tensor& targets,
                               const Tensor& row_max, int64_t vocab_begin, int64_t vocab_size) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Loss);
   XR_ON_CUDA(ctx, cross_entropy_shard_sums(ctx, sums, logits, targets, row_max, vocab_begin, vocab_size));
   const char* op = "cross_entropy_shard_sums";
   cpu::require_cpu(ctx, op);
@@ -181,6 +184,7 @@ void cross_entropy_shard_sums(const KernelContext& ctx, Tensor sums, const Tenso
 void cross_entropy_shard_finish(const KernelContext& ctx, Tensor losses, Tensor dlogits, const Tensor& logits,
                                 const Tensor& targets, const Tensor& row_max, const Tensor& sums,
                                 int64_t vocab_begin, int64_t vocab_size, double dloss) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Loss);
   XR_ON_CUDA(ctx, cross_entropy_shard_finish(ctx, losses, dlogits, logits, targets, row_max, sums, vocab_begin, vocab_size, dloss));
   const char* op = "cross_entropy_shard_finish";
   cpu::require_cpu(ctx, op);

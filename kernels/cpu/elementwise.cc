@@ -21,6 +21,7 @@ constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
 }
 
 void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, gelu_forward(ctx, y, x));
   cpu::require_cpu(ctx, "gelu_forward");
   check_same_shape("gelu_forward", y, x);
@@ -40,6 +41,7 @@ void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x) {
 }
 
 void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, gelu_backward(ctx, dx, dy, x));
   cpu::require_cpu(ctx, "gelu_backward");
   check_same_shape("gelu_backward", dx, x);
@@ -66,6 +68,7 @@ void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const 
 }
 
 void add_bias(const KernelContext& ctx, Tensor y, const Tensor& bias) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, add_bias(ctx, y, bias));
   cpu::require_cpu(ctx, "add_bias");
   if (bias.rank() != 1) fail(ErrorKind::Shape, "add_bias: bias must be (C), got ", bias.shape().str());
@@ -87,6 +90,7 @@ void add_bias(const KernelContext& ctx, Tensor y, const Tensor& bias) {
 }
 
 void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, add(ctx, out, a, b));
   cpu::require_cpu(ctx, "add");
   check_same_shape("add", out, a);
@@ -105,6 +109,7 @@ void add(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b)
 }
 
 void scale(const KernelContext& ctx, Tensor x, double s) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, scale(ctx, x, s));
   cpu::require_cpu(ctx, "scale");
   int64_t n = x.numel();
@@ -119,6 +124,7 @@ void scale(const KernelContext& ctx, Tensor x, double s) {
 }
 
 void zero(const KernelContext& ctx, Tensor x) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, zero(ctx, x));
   cpu::require_cpu(ctx, "zero");
   std::memset(x.raw(), 0, x.bytes());
@@ -135,6 +141,7 @@ double load_double(const T* p, int64_t i) {
 }  // namespace
 
 void cast(const KernelContext& ctx, Tensor out, const Tensor& in) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, cast(ctx, out, in));
   cpu::require_cpu(ctx, "cast");
   if (out.numel() != in.numel())
@@ -155,6 +162,7 @@ void cast(const KernelContext& ctx, Tensor out, const Tensor& in) {
 }
 
 double sum_squares(const KernelContext& ctx, const Tensor& x) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, sum_squares(ctx, x));
   cpu::require_cpu(ctx, "sum_squares");
   int64_t n = x.numel();
@@ -178,6 +186,7 @@ double sum_squares(const KernelContext& ctx, const Tensor& x) {
 }
 
 bool all_finite(const KernelContext& ctx, const Tensor& x) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, all_finite(ctx, x));
   cpu::require_cpu(ctx, "all_finite");
   int64_t n = x.numel();
@@ -192,6 +201,7 @@ bool all_finite(const KernelContext& ctx, const Tensor& x) {
 }
 
 void sum_squares_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, sum_squares_accumulate(ctx, acc, x));
   cpu::require_cpu(ctx, "sum_squares_accumulate");
   reduce_checks::check_accumulate("sum_squares_accumulate", acc, x, false);
@@ -199,6 +209,7 @@ void sum_squares_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& 
 }
 
 void mean_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, mean_accumulate(ctx, acc, x));
   cpu::require_cpu(ctx, "mean_accumulate");
   reduce_checks::check_accumulate("mean_accumulate", acc, x, true);

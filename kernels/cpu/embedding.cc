@@ -107,6 +107,7 @@ void positions_backward_grouped(const E* pd, int64_t N, int64_t C, int64_t seq_l
 
 void embedding_lookup(const KernelContext& ctx, Tensor out, const Tensor& tokens, const Tensor& wte,
                       int64_t vocab_begin, int64_t vocab_size) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Embedding);
   XR_ON_CUDA(ctx, embedding_lookup(ctx, out, tokens, wte, vocab_begin, vocab_size));
   const char* op = "embedding_lookup";
   cpu::require_cpu(ctx, op);
@@ -135,6 +136,7 @@ void embedding_lookup(const KernelContext& ctx, Tensor out, const Tensor& tokens
 
 void embedding_lookup_backward(const KernelContext& ctx, Tensor dwte, const Tensor& dout, const Tensor& tokens,
                                int64_t vocab_begin, int64_t vocab_size) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Embedding);
   XR_ON_CUDA(ctx, embedding_lookup_backward(ctx, dwte, dout, tokens, vocab_begin, vocab_size));
   const char* op = "embedding_lookup_backward";
   cpu::require_cpu(ctx, op);
@@ -171,6 +173,7 @@ void embedding_lookup_backward(const KernelContext& ctx, Tensor dwte, const Tens
 }
 
 void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_t seq_len, int64_t row_offset) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Embedding);
   XR_ON_CUDA(ctx, add_positions(ctx, x, wpe, seq_len, row_offset));
   const char* op = "add_positions";
   cpu::require_cpu(ctx, op);
@@ -197,6 +200,7 @@ void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_
 
 void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, int64_t seq_len,
                             int64_t row_offset) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Embedding);
   XR_ON_CUDA(ctx, add_positions_backward(ctx, dwpe, dx, seq_len, row_offset));
   const char* op = "add_positions_backward";
   cpu::require_cpu(ctx, op);
@@ -239,6 +243,7 @@ void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor&
 // order as the former fused loops, so results are bitwise unchanged.
 void embedding_forward(const KernelContext& ctx, Tensor out, const Tensor& tokens, const Tensor& wte,
                        const Tensor& wpe) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Embedding);
   cpu::require_cpu(ctx, "embedding_forward");
   if (tokens.rank() != 2) fail(ErrorKind::Shape, "embedding_forward: tokens must be (B, T), got ", tokens.shape().str());
   check_table("embedding_forward", "wte", wte);
@@ -256,6 +261,7 @@ void embedding_forward(const KernelContext& ctx, Tensor out, const Tensor& token
 }
 
 void embedding_backward(const KernelContext& ctx, Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Embedding);
   cpu::require_cpu(ctx, "embedding_backward");
   if (tokens.rank() != 2)
     fail(ErrorKind::Shape, "embedding_backward: tokens must be (B, T), got ", tokens.shape().str());

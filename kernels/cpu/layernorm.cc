@@ -61,6 +61,7 @@ LayerNormDims check_forward(const char* op, const Tensor& y, const Tensor& mean,
 
 void layernorm_forward(const KernelContext& ctx, Tensor y, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& w,
                        const Tensor& b) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Norm);
   XR_ON_CUDA(ctx, layernorm_forward(ctx, y, mean, rstd, x, w, b));
   cpu::require_cpu(ctx, "layernorm_forward");
   auto [N, C] = check_forward("layernorm_forward", y, mean, rstd, x, w, b);
@@ -83,6 +84,7 @@ void layernorm_forward(const KernelContext& ctx, Tensor y, Tensor mean, Tensor r
 // bit for bit while the row is still in cache.
 void residual_layernorm_forward(const KernelContext& ctx, Tensor res, Tensor y, Tensor mean, Tensor rstd,
                                 const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Norm);
   XR_ON_CUDA(ctx, residual_layernorm_forward(ctx, res, y, mean, rstd, a, b, w, bias));
   const char* op = "residual_layernorm_forward";
   cpu::require_cpu(ctx, op);
@@ -130,6 +132,7 @@ void add_partials(G* grad, const double* part, int64_t stride, int64_t C) {
 
 void layernorm_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const Tensor& x,
                         const Tensor& w, const Tensor& mean, const Tensor& rstd, GradMode dx_mode) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Norm);
   XR_ON_CUDA(ctx, layernorm_backward(ctx, dx, dw, db, dy, x, w, mean, rstd, dx_mode));
   const char* op = "layernorm_backward";
   cpu::require_cpu(ctx, op);

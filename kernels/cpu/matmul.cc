@@ -39,6 +39,7 @@ void check_2d(const char* op, const char* what, const Tensor& t) {
 
 void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
             double alpha, double beta) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Matmul);
   XR_ON_CUDA(ctx, matmul(ctx, out, a, b, trans_a, trans_b, alpha, beta));
   cpu::require_cpu(ctx, "matmul");
   check_2d("matmul", "a", a);
@@ -63,6 +64,7 @@ void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor&
 }
 
 void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Matmul);
   XR_ON_CUDA(ctx, linear_forward(ctx, y, x, w, bias));
   cpu::require_cpu(ctx, "linear_forward");
   check_2d("linear_forward", "x", x);
@@ -122,6 +124,7 @@ void add_column_sums(const S* pdy, int64_t N, int64_t out, G* pdb) {
 
 void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& w, GradMode dx_mode) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Matmul);
   XR_ON_CUDA(ctx, linear_backward(ctx, dx, dw, dbias, dy, x, w, dx_mode));
   const char* op = "linear_backward";
   cpu::require_cpu(ctx, op);
@@ -169,6 +172,7 @@ void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbia
 // dominates, and the results equal the unfused composition bit for bit.
 void linear_gelu_forward(const KernelContext& ctx, Tensor y, Tensor pre, const Tensor& x, const Tensor& w,
                          const Tensor& bias) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Matmul);
   XR_ON_CUDA(ctx, linear_gelu_forward(ctx, y, pre, x, w, bias));
   cpu::require_cpu(ctx, "linear_gelu_forward");
   check_same_shape("linear_gelu_forward", y, pre);
@@ -179,6 +183,7 @@ void linear_gelu_forward(const KernelContext& ctx, Tensor y, Tensor pre, const T
 
 void linear_gelu_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, Tensor dpre, const Tensor& dy,
                           const Tensor& pre, const Tensor& x, const Tensor& w, GradMode dx_mode) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Matmul);
   XR_ON_CUDA(ctx, linear_gelu_backward(ctx, dx, dw, dbias, dpre, dy, pre, x, w, dx_mode));
   cpu::require_cpu(ctx, "linear_gelu_backward");
   check_same_shape("linear_gelu_backward", dpre, pre);

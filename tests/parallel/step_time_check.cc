@@ -2,7 +2,7 @@
 // disjoint and leave little unnamed.
 //
 //   mpirun -np 8 parallel_step_time_check --data DIR --set parallel.dp=2 --set parallel.tp=2 --set parallel.pp=2
-//       [--steps 8] [--max-unaccounted 0.10]
+//       [--steps 8] [--max-unaccounted 0.10] [--op-profile]
 //
 // Every rank trains the layout and checks its own StepMetrics for every
 // step after the first (the first pays for warm-up): each part is >= 0,
@@ -11,6 +11,21 @@
 // push the sum over). Over those steps the median of the unaccounted
 // fraction, 1 - parts / step_ms, must stay under --max-unaccounted. Each
 // rank prints its medians; exits non-zero on any failure on any rank.
+//
+// --op-profile trains with metrics.op_profile and also checks the per-op
+// times (StepMetrics::ops) of every step after the first: every op_ms is
+// >= 0; the compute kinds (the kernels' wall time on the CPU) fit inside
+// the passes that run them, forward + backward + optimizer + data_wait
+// (x 1.05 + 1 ms for clock noise; the few ops outside them, such as
+// zeroing the gradients, are small); the layout's collectives are there
+// (tp > 1: tp_all_reduce, or with sequence parallelism tp_all_gather and
+// tp_reduce_scatter; dp > 1: dp_all_reduce, or with ZeRO-1
+// dp_reduce_scatter and dp_all_gather; pp > 1: pp_send and pp_recv). Over
+// the steps, the compute ops' median share of forward + backward +
+// optimizer is at least half (the ops are most of the passes; a median,
+// because a rank descheduled between two ops, 8 ranks on 2 cores, stretches
+// one step's passes alone), and matmul has the largest median of the
+// compute kinds (true of gpt2_debug on every stage).
 #include <mpi.h>
 
 #include <algorithm>
@@ -21,6 +36,7 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "runtime/config/config.h"
+#include "core/timeline.h"
 #include "runtime/trainer.h"
 
 using namespace xirang;
@@ -32,6 +48,7 @@ struct Args {
   std::vector<std::string> overrides;
   int steps = 8;
   double max_unaccounted = 0.10;  // median fraction of step_ms
+  bool op_profile = false;        // also check the per-op times
 };
 
 Args parse(int argc, char** argv) {
@@ -42,6 +59,7 @@ Args parse(int argc, char** argv) {
     else if (s == "--set" && i + 1 < argc) a.overrides.push_back(argv[++i]);
     else if (s == "--steps" && i + 1 < argc) a.steps = std::stoi(argv[++i]);
     else if (s == "--max-unaccounted" && i + 1 < argc) a.max_unaccounted = std::stod(argv[++i]);
+    else if (s == "--op-profile") a.op_profile = true;
     else fail(ErrorKind::Usage, "parallel_step_time_check: unexpected argument '", s, "'");
   }
   if (a.data.empty()) fail(ErrorKind::Usage, "parallel_step_time_check: --data DIR is required");
@@ -76,6 +94,60 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The collectives a layout must show in op_calls.
+std::vector<OpKind> expected_comm(const ParallelConfig& p) {
+  std::vector<OpKind> kinds;
+  if (p.tp > 1) {
+    if (p.sequence_parallel) kinds.insert(kinds.end(), {OpKind::TpAllGather, OpKind::TpReduceScatter});
+    else kinds.push_back(OpKind::TpAllReduce);
+  }
+  if (p.dp > 1) {
+    if (p.zero == 1) kinds.insert(kinds.end(), {OpKind::DpReduceScatter, OpKind::DpAllGather});
+    else kinds.push_back(OpKind::DpAllReduce);
+  }
+  if (p.pp > 1) kinds.insert(kinds.end(), {OpKind::PpSend, OpKind::PpRecv});
+  return kinds;
+}
+
+// The compute kinds' share of forward + backward + optimizer.
+double compute_share(const StepMetrics& m) {
+  double compute = 0;
+  for (int k = 0; k < kOpKindCount; ++k)
+    if (!op_kind_is_comm(OpKind(k))) compute += m.ops->ms[size_t(k)];
+  const double passes = m.forward_ms + m.backward_ms + m.optimizer_ms;
+  return passes > 0 ? compute / passes : 1;
+}
+
+// The per-op checks of one step (--op-profile); appends failures to `fails`.
+void check_ops(const StepMetrics& m, const std::vector<OpKind>& comm, std::string& fails) {
+  char buf[200];
+  if (!m.ops) {
+    std::snprintf(buf, sizeof buf, " step %d: no op times;", m.step);
+    fails += buf;
+    return;
+  }
+  const OpTimes& ops = *m.ops;
+  double compute = 0;
+  for (int k = 0; k < kOpKindCount; ++k) {
+    if (ops.ms[size_t(k)] < 0) {
+      std::snprintf(buf, sizeof buf, " step %d: op_ms %s %.3f < 0;", m.step, op_kind_name(OpKind(k)), ops.ms[size_t(k)]);
+      fails += buf;
+    }
+    if (!op_kind_is_comm(OpKind(k))) compute += ops.ms[size_t(k)];
+  }
+  const double passes = m.forward_ms + m.backward_ms + m.optimizer_ms;
+  if (compute > (passes + m.data_wait_ms) * 1.05 + 1) {
+    std::snprintf(buf, sizeof buf, " step %d: compute ops %.3f ms > (passes %.3f + data_wait %.3f) x 1.05 + 1;",
+                  m.step, compute, passes, m.data_wait_ms);
+    fails += buf;
+  }
+  for (OpKind k : comm)
+    if (ops.calls[size_t(k)] <= 0) {
+      std::snprintf(buf, sizeof buf, " step %d: no %s;", m.step, op_kind_name(k));
+      fails += buf;
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,6 +158,7 @@ int main(int argc, char** argv) {
     const Args args = parse(argc, argv);
     std::vector<std::string> o = {"data.train=" + args.data + "/train", "train.steps=" + std::to_string(args.steps),
                                   "metrics.jsonl="};
+    if (args.op_profile) o.push_back("metrics.op_profile=true");
     o.insert(o.end(), args.overrides.begin(), args.overrides.end());
     Config cfg = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", o);
     validate(cfg, world);
@@ -101,6 +174,9 @@ int main(int argc, char** argv) {
     std::string fails;
     std::vector<double> unaccounted, step_ms;
     std::vector<std::vector<double>> part_ms(std::size(kParts));
+    const std::vector<OpKind> comm = expected_comm(cfg.parallel);
+    std::vector<std::vector<double>> op_ms(kOpKindCount);
+    std::vector<double> op_share;  // compute ops / (forward + backward + optimizer), per step
     for (size_t i = 1; i < r.steps.size(); ++i) {
       const StepMetrics& m = r.steps[i];
       char buf[160];
@@ -122,6 +198,13 @@ int main(int argc, char** argv) {
       unaccounted.push_back(1 - sum / m.step_ms);
       step_ms.push_back(m.step_ms);
       for (size_t k = 0; k < std::size(kParts); ++k) part_ms[k].push_back(r.steps[i].*kParts[k].field);
+      if (args.op_profile) {
+        check_ops(m, comm, fails);
+        if (m.ops) {
+          for (int k = 0; k < kOpKindCount; ++k) op_ms[size_t(k)].push_back(m.ops->ms[size_t(k)]);
+          op_share.push_back(compute_share(m));
+        }
+      }
     }
     const double u = median(unaccounted);
     if (u >= args.max_unaccounted) {
@@ -139,6 +222,32 @@ int main(int argc, char** argv) {
     char tail[64];
     std::snprintf(tail, sizeof tail, "; unaccounted %.1f%%", 100 * u);
     line += tail;
+    if (args.op_profile && !op_ms[0].empty()) {
+      line += "; ops";
+      int largest = 0;
+      for (int k = 0; k < kOpKindCount; ++k) {
+        const double med = median(op_ms[size_t(k)]);
+        if (!op_kind_is_comm(OpKind(k)) && med > median(op_ms[size_t(largest)])) largest = k;
+        if (med == 0) continue;
+        char buf[48];
+        std::snprintf(buf, sizeof buf, " %s %.1f", op_kind_name(OpKind(k)), med);
+        line += buf;
+      }
+      char share[64];
+      std::snprintf(share, sizeof share, "; compute ops %.0f%% of the passes", 100 * median(op_share));
+      line += share;
+      if (median(op_share) < 0.5) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " median compute ops %.1f%% < 50%% of the passes;", 100 * median(op_share));
+        fails += buf;
+      }
+      if (OpKind(largest) != OpKind::Matmul) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " the largest compute kind is %s, not matmul;",
+                      op_kind_name(OpKind(largest)));
+        fails += buf;
+      }
+    }
     bad = fails.empty() ? 0 : 1;
     for (int rr = 0; rr < world; ++rr) {
       if (rr == rank) {

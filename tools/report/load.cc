@@ -54,6 +54,15 @@ StepRow parse_row(const nlohmann::json& j) {
   for (int i = 0; i < kParts - 1; ++i) named += m[i];
   m[int(Part::Unaccounted)] = r.step_ms - named;
   if (auto it = j.find("val_loss"); it != j.end() && it->is_number()) r.val_loss = it->get<double>();
+  // metrics.op_profile (tools/report/ops.cc): the kinds this version knows.
+  if (auto ms = j.find("op_ms"); ms != j.end() && ms->is_object()) {
+    r.has_ops = true;
+    const auto calls = j.find("op_calls");
+    for (int k = 0; k < kOpKindCount; ++k) {
+      r.op_ms[size_t(k)] = number(*ms, op_kind_name(OpKind(k)));
+      if (calls != j.end() && calls->is_object()) r.op_calls[size_t(k)] = number(*calls, op_kind_name(OpKind(k)));
+    }
+  }
   return r;
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/timeline.h"
 #include "runtime/config/config.h"
 
 namespace xirang::tools::report {
@@ -32,6 +33,9 @@ struct StepRow {
   double dp_comm_ms = 0;            // all dp communication, hidden or not
   std::array<double, kParts> ms{};  // per Part; Unaccounted may be negative here
   std::optional<double> val_loss;
+  // metrics.op_profile: op_ms and op_calls by OpKind (0 where the line has none).
+  bool has_ops = false;
+  std::array<double, kOpKindCount> op_ms{}, op_calls{};
 };
 
 struct Run {
@@ -101,5 +105,27 @@ PlotResult run_gnuplot(const std::string& dir, const std::function<std::string(c
                        const std::vector<std::string>& files);
 // A gnuplot single-quoted string.
 std::string gnuplot_quote(const std::string& s);
+
+// Per-op profile (tools/report/ops.cc), from runs with metrics.op_profile:
+// per kind of op, the median over the profiled steps (warm-up skipped) of
+// its time and calls per step. Compute kinds are the kernels' own time;
+// communication kinds are in-flight time (submission to completion), which
+// overlaps compute and each other, so their shares are not parts of the step.
+struct OpRow {
+  OpKind kind = OpKind::Matmul;
+  double ms = 0;     // median ms per step
+  double share = 0;  // ms / the median step_ms
+  double calls = 0;  // median calls per step
+};
+struct OpProfile {
+  int steps = 0;               // profiled steps summarised; 0: the run has no op_ms
+  double step_ms = 0;          // their median step time
+  std::vector<OpRow> compute;  // kinds with calls in any of them, in OpKind order
+  std::vector<OpRow> comm;
+  double compute_ms = 0, compute_share = 0;  // the compute rows' sum
+};
+OpProfile op_profile(const Run& run);
+// ops.png: a bar chart of the rows (median ms per step), compute and communication in two colours.
+PlotResult write_op_plot(const OpProfile& ops, const std::string& dir);
 
 }  // namespace xirang::tools::report

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# `xirang plan`: bad input gives one error line and a non-zero exit; JSON
+# output parses; the planner's memory per rank equals the memory plan the
+# trainer prints for the same layout under mpirun; calibration writes a
+# cluster file.
+# Usage: plan_test.sh XIRANG_BINARY SOURCE_DIR WORK_DIR CASE
+set -uo pipefail
+xirang=$1 src=$2 work=$3 case=$4
+mkdir -p "$work"
+cd "$work" || exit 1
+
+. "$src/tests/cli/lib.sh"
+
+cfg=$src/configs/gpt2_debug.yaml
+here=$src/configs/clusters/this_machine.yaml
+a100=$src/configs/clusters/A100-80GB.yaml
+
+prepare_data() {
+  [ -f data/debug/train/index.json ] && return
+  "$xirang" data prepare --tokenizer bytes --out data/debug --force "$src/tests/assets/text/english.txt" \
+    >/dev/null || die "data prepare failed"
+}
+
+
+# memory_matches RANKS LAYOUT SETS...: the trainer's printed plan (rank 0) and the planner's agree per category.
+memory_matches() {
+  local ranks=$1 layout=$2; shift 2
+  prepare_data
+  local sets=(--set data.train=data/debug/train --set train.steps=1 "$@")
+  mpirun --oversubscribe --allow-run-as-root -np "$ranks" "$xirang" train "$cfg" "${sets[@]}" >train.txt 2>&1 ||
+    die "training failed: $(tail -n 3 train.txt)"
+  "$xirang" plan "$cfg" --cluster "$here" --layout "$layout" --explain "${sets[@]}" >plan.txt 2>&1 ||
+    die "plan failed: $(cat plan.txt)"
+  local cats=(parameters gradients "optimizer state" activations "input batch")
+  grep -q "gradient shard" train.txt && cats+=("gradient shard")
+  for c in "${cats[@]}"; do
+    local t p
+    t=$(grep -E "^ +$c +[0-9]" train.txt | head -n 1 | sed -E "s/^ +$c +([0-9.]+ [KMG]?i?B).*/\1/")
+    p=$(grep -E "^ +$c +[0-9]" plan.txt | head -n 1 | sed -E "s/^ +$c +([0-9.]+ [KMG]?i?B).*/\1/")
+    [ -n "$t" ] || die "no '$c' line in the trainer's plan: $(cat train.txt)"
+    [ "$t" = "$p" ] || die "$c: trainer $t, planner $p (layout $layout)"
+  done
+  echo "ok [$case]: trainer and planner agree for $layout"
+}
+
+case $case in
+  missing_cluster_option) expect_error 2 "usage error: plan: --cluster" -- plan "$cfg" --gpus 2 ;;
+  missing_cluster_key)
+    grep -v '^peak_tflops:' "$a100" >bad_cluster.yaml
+    expect_error 1 "config error: .*missing key 'peak_tflops'" -- plan "$cfg" --cluster bad_cluster.yaml --gpus 8 ;;
+  unknown_cluster_key)
+    { cat "$a100"; echo "flux_capacitor: 1"; } >bad_cluster.yaml
+    expect_error 1 "config error: .*unknown key 'flux_capacitor'" -- plan "$cfg" --cluster bad_cluster.yaml --gpus 8 ;;
+  impossible_layout)
+    # tp=8 fits a node but not the model's 4 heads: the model's own rule, as a config error.
+    expect_error 1 "config error: --layout tp=8: model.n_head=4 is not divisible by parallel.tp=8" -- \
+      plan "$cfg" --cluster "$a100" --layout tp=8 ;;
+  unknown_layout_key) expect_error 2 "usage error: --layout: unknown key 'tensor'" -- plan "$cfg" --cluster "$a100" --layout tensor=2 ;;
+  unknown_model_key)
+    expect_error 1 "config error: .*model.flavour" -- plan "$cfg" --cluster "$a100" --gpus 8 --set model.flavour=1 ;;
+  gpus_mismatch)
+    expect_error 1 "config error: .*uses 4 devices, not --gpus 8" -- plan "$cfg" --cluster "$a100" --gpus 8 --layout dp=2,tp=2 ;;
+  json_output)
+    "$xirang" plan "$cfg" --cluster "$a100" --gpus 8 --top 3 --json >out.json 2>err.txt || die "plan failed: $(cat err.txt)"
+    python3 - out.json <<'PY' || die "bad JSON: $(head -c 400 out.json)"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["devices"] == 8 and 1 <= len(j["layouts"]) <= 3, j
+for l in j["layouts"]:
+    lay = l["layout"]
+    assert lay["dp"] * lay["tp"] * lay["pp"] == 8, lay
+    assert l["fits"] and l["memory_bytes"]["total"] > 0 and l["step_s"] > 0 and 0 < l["mfu"] < 1
+    assert abs(sum(l["breakdown_s"].values()) - l["step_s"]) < 1e-9 * l["step_s"] + 1e-12
+tps = [l["tokens_per_s"] for l in j["layouts"]]
+assert tps == sorted(tps, reverse=True), tps
+PY
+    echo "ok [$case]" ;;
+  explain_recompute)
+    "$xirang" plan "$cfg" --cluster "$a100" --layout dp=2,tp=2,recompute=1 --explain >out.txt 2>err.txt || die "$(cat err.txt)"
+    grep -q "recomputation is modelled" out.txt || die "no recomputation note: $(cat out.txt)"
+    echo "ok [$case]" ;;
+  memory_one_rank) memory_matches 1 dp=1 --set train.micro_batch=2 ;;
+  memory_tp2) memory_matches 2 dp=1,tp=2 --set parallel.tp=2 ;;
+  memory_pp2) memory_matches 2 dp=1,pp=2 --set parallel.pp=2 ;;
+  memory_dp2_zero) memory_matches 2 dp=2,zero=1 --set parallel.zero=1 --set parallel.bucket_mb=0.01 ;;
+  calibrate)
+    "$xirang" plan --calibrate "$src/tests/assets/sweeps/this_machine.jsonl" --cluster "$here" -o fitted.yaml \
+      >out.txt 2>err.txt || die "calibrate failed: $(cat err.txt)"
+    grep -q "held-out points" out.txt || die "no held-out report: $(cat out.txt)"
+    "$xirang" plan "$cfg" --cluster fitted.yaml --gpus 2 >out2.txt 2>err.txt || die "fitted cluster unusable: $(cat err.txt)"
+    echo "ok [$case]: $(tail -n 1 out.txt)" ;;
+  *) die "unknown case $case" ;;
+esac

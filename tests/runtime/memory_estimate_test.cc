@@ -1,0 +1,118 @@
+// The memory estimate (runtime/memory_estimate.h) against the trainer's own
+// memory plan: the same categories and bytes for single-rank configs, and
+// layout-only shards that add up for tensor- and pipeline-parallel layouts.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/config/config.h"
+#include "runtime/data/dataset.h"
+#include "runtime/memory_estimate.h"
+#include "runtime/trainer.h"
+#include "tests/runtime/temp_dir.h"
+
+namespace xirang {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string tiny_dataset() {
+  static const std::string dir = [] {
+    const fs::path out = fs::path(::testing::TempDir()) / ("xirang_memest_" + std::to_string(::getpid())) / "train";
+    testing_util::temp_dirs->paths.push_back(out.parent_path().string());
+    fs::remove_all(out);
+    DatasetWriter w(out.string(), "bytes", 256, -1);
+    std::vector<int32_t> ids(20000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 7919) % 256);
+    w.add_document(ids.data(), ids.size());
+    w.finish();
+    return out.string();
+  }();
+  return dir;
+}
+
+Config debug_config(std::vector<std::string> overrides, int world = 1) {
+  overrides.insert(overrides.begin(), "data.train=" + tiny_dataset());
+  Config c = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", overrides);
+  validate(c, world);
+  return c;
+}
+
+void expect_same_plan(const MemoryPlan& want, const MemoryPlan& got) {
+  for (const auto& item : want.items()) {
+    if (item.category == "checkpoint snapshot") continue;
+    EXPECT_EQ(got.bytes_of(item.category), item.bytes) << item.category;
+  }
+  for (const auto& item : got.items()) EXPECT_GT(want.bytes_of(item.category), 0u) << item.category;
+}
+
+class MemoryEstimateMatchesTrainer : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(MemoryEstimateMatchesTrainer, SameBytesPerCategory) {
+  const Config cfg = debug_config(GetParam());
+  TrainerOptions opts;
+  opts.print = false;
+  opts.peak = PeakFlops{1e11, "test"};
+  Trainer trainer(cfg, opts);
+  expect_same_plan(trainer.memory_plan(), estimate_memory(cfg));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SingleRank, MemoryEstimateMatchesTrainer,
+    ::testing::Values(std::vector<std::string>{}, std::vector<std::string>{"train.micro_batch=4"},
+                      std::vector<std::string>{"precision.dtype=bf16", "train.micro_batch=2"},
+                      std::vector<std::string>{"parallel.zero=1", "parallel.bucket_mb=0.01"},
+                      std::vector<std::string>{"precision.dtype=fp16", "parallel.zero=1", "parallel.bucket_mb=0.02",
+                                               "model.d_model=128"}));
+
+// Tensor-parallel shards: each rank holds 1/tp of the split matrices; the
+// whole model's parameters over the shards equal the single-rank count
+// plus the replicated tensors (norms, row-parallel biases, positions) tp-1 times more.
+TEST(MemoryEstimate, TensorParallelShardsAreSmaller) {
+  const Config one = debug_config({});
+  const Config two = debug_config({"parallel.tp=2", "parallel.dp=1"}, 2);
+  const size_t p1 = estimate_memory(one).bytes_of("parameters");
+  const size_t p2a = estimate_memory(two, {0, 0, 0}).bytes_of("parameters");
+  const size_t p2b = estimate_memory(two, {0, 1, 0}).bytes_of("parameters");
+  EXPECT_EQ(p2a, p2b);
+  EXPECT_LT(p2a, p1 * 6 / 10);
+  EXPECT_GT(p2a, p1 * 4 / 10);
+}
+
+// Pipeline stages: the first keeps more microbatches in flight under 1F1B.
+TEST(MemoryEstimate, FirstStageHoldsMoreActivations) {
+  const Config c = debug_config({"parallel.pp=4", "parallel.dp=1"}, 4);
+  EXPECT_GT(estimate_memory(c, {0, 0, 0}).bytes_of("activations"), estimate_memory(c, {3, 0, 0}).bytes_of("activations"));
+  int rank = -1;
+  estimate_peak_memory(c, &rank);
+  EXPECT_TRUE(rank == 0 || rank == 3);
+}
+
+// A trillion-parameter layout is measured, not allocated: fast, and the
+// bytes are those of 1/(tp x pp) of the model.
+TEST(MemoryEstimate, HugeModelIsFastAndAllocatesNothing) {
+  Config c = debug_config({"model.n_layer=128", "model.d_model=25600", "model.n_head=160", "model.seq_len=2048",
+                           "model.vocab_size=51200", "parallel.tp=8", "parallel.pp=64", "parallel.dp=6",
+                           "train.global_batch=3072", "train.micro_batch=1", "precision.dtype=fp16"},
+                          3072);
+  auto peak_rss_kb = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return long(u.ru_maxrss);
+  };
+  const long rss0 = peak_rss_kb();
+  const auto t0 = std::chrono::steady_clock::now();
+  const MemoryPlan plan = estimate_memory(c, {0, 0, 0});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 2.0);
+  EXPECT_LT(peak_rss_kb() - rss0, 64 * 1024) << "the estimate touched more than 64 MiB";
+  const double params = double(plan.bytes_of("parameters")) / 2;  // fp16
+  EXPECT_GT(params, 1.0e12 / 512 * 0.9);
+  EXPECT_LT(params, 1.0e12 / 512 * 1.3);
+}
+
+}  // namespace
+}  // namespace xirang
