@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
 
 namespace xirang {
 
@@ -9,7 +10,7 @@ namespace {
 
 // The registry: one entry per architecture, in the order they are listed.
 const std::vector<ModelArch>& registry() {
-  static const std::vector<ModelArch> archs = {gpt2_arch()};
+  static const std::vector<ModelArch> archs = {gpt2_arch(), llama_arch()};
   return archs;
 }
 
@@ -38,6 +39,9 @@ std::string layout_problem(const ModelDims& m, const ParallelLayout& l) {
     return "model.n_layer, n_head, d_model, seq_len, vocab_size and vocab_multiple must be >= 1";
   if (m.d_model % m.n_head != 0)
     return str_cat("model.d_model=", m.d_model, " is not divisible by model.n_head=", m.n_head);
+  if (m.n_kv_head < 0 || m.n_head % m.kv_heads() != 0)
+    return str_cat("model.n_kv_head=", m.n_kv_head, " does not divide model.n_head=", m.n_head,
+                   " (query heads share key/value heads in equal groups; 0 means n_head)");
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1)
     return "parallel.dp, tp, pp and virtual_stages must be >= 1";
   if (l.virtual_stages > 1 && l.pp == 1)

@@ -38,12 +38,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "core/arena.h"
 #include "kernels/context.h"
+#include "kernels/rope.h"
 #include "models/file_adapter.h"
 #include "models/parameter.h"
 #include "models/placement.h"
@@ -71,6 +73,15 @@ struct ModelDims {
   int max_seq_len = 1024;  // the longest sequence (GPT-2: rows of the position table)
   int vocab_size = 50257;
   int vocab_multiple = 128;  // the vocabulary is padded to a multiple of this
+  // LLaMA: the MLP width when ffn_hidden is 0 (Meta's rule: 2/3 of 4 d_model,
+  // times ffn_dim_multiplier when > 0, rounded up to a multiple of ffn_multiple_of).
+  int ffn_multiple_of = 256;
+  double ffn_dim_multiplier = 0;
+  RopeConfig rope{};        // LLaMA: rotary theta and frequency scaling
+  double norm_eps = 1e-5;   // LLaMA: RMSNorm epsilon
+  // The head shares the token table. Unset: the architecture's default
+  // (GPT-2 always ties; LLaMA unties).
+  std::optional<bool> tie_embeddings{};
   int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
 };
@@ -212,7 +223,7 @@ struct ModelArch {
 // The architecture named `name`; a Config error listing the known ones otherwise.
 const ModelArch& model_arch(const std::string& name);
 bool model_arch_known(const std::string& name);
-// Names of every registered architecture, comma-separated ("gpt2").
+// Names of every registered architecture, comma-separated ("gpt2, llama").
 std::string model_arch_names();
 
 // Every rule a layout must meet to hold the model, stated once: the

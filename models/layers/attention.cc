@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "kernels/attention.h"
+#include "kernels/rope.h"
 
 namespace xirang {
 
@@ -19,10 +20,10 @@ CausalSelfAttention::CausalSelfAttention(int n_head, int n_kv_head, int head_dim
 }
 
 void CausalSelfAttention::declare(ParamList& list, const std::string& qkv_name, const std::string& proj_name,
-                                  int64_t width, int layer, InitRule qkv_init, InitRule proj_init) {
+                                  int64_t width, int layer, InitRule qkv_init, InitRule proj_init, bool bias) {
   const int64_t q = int64_t(n_head_) * head_dim_, kv = int64_t(n_kv_head_) * head_dim_;
-  qkv_.declare(list, qkv_name, {q, kv, kv}, width, layer, qkv_init);
-  proj_.declare(list, proj_name, width, q, layer, proj_init);
+  qkv_.declare(list, qkv_name, {q, kv, kv}, width, layer, qkv_init, bias);
+  proj_.declare(list, proj_name, width, q, layer, proj_init, bias);
 }
 
 void CausalSelfAttention::bind(std::vector<Parameter>& params) {
@@ -35,14 +36,17 @@ int64_t CausalSelfAttention::local_qkv_width() const {
 }
 
 void CausalSelfAttention::forward(const KernelContext& ctx, Tensor qkv, Tensor lse, Tensor y,
-                                  const Tensor& x_full) const {
+                                  const Tensor& x_full, const RotaryTables* rope) const {
   qkv_.forward(ctx, qkv.flat2d(), x_full);
+  if (rope) rope_qkv_forward(ctx, qkv, rope->cos, rope->sin, local_heads_, local_kv_heads_, rope->seq_len, 0);
   flash_attention_forward(ctx, y, lse, qkv, local_heads_, local_kv_heads_);
 }
 
 void CausalSelfAttention::backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy,
-                                   const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& x_full) const {
+                                   const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& x_full,
+                                   const RotaryTables* rope) const {
   flash_attention_backward(ctx, dqkv, dy, qkv, y, lse, local_heads_, local_kv_heads_);
+  if (rope) rope_qkv_backward(ctx, dqkv, rope->cos, rope->sin, local_heads_, local_kv_heads_, rope->seq_len, 0);
   qkv_.backward(ctx, tp.partial(), dqkv.flat2d(), x_full);
 }
 

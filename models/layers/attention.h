@@ -8,7 +8,10 @@
 // keeping only the log-sum-exp for backward. With grouped-query attention
 // (n_kv_head < n_head, dividing it) a rank's n_head / P query heads share its
 // n_kv_head / P key/value heads; the kernel sees the rank's slice as a whole
-// attention in the same packed layout.
+// attention in the same packed layout. With rotary tables (LLaMA) the q and
+// k heads of qkv are rotated in place between the projection and the
+// attention (kernels/rope.h), so qkv holds them rotated; backward rotates
+// their gradient back before the projection's backward.
 //
 //   CausalSelfAttention attn(n_head, n_kv_head, head_dim, tp_size);
 //   attn.declare(list, "h.0.attn.c_attn", "h.0.attn.c_proj", C, 0, InitRule::normal(0.02),
@@ -25,11 +28,19 @@
 
 namespace xirang {
 
+// Rotary position tables cos, sin (T, head_dim / 2) for positions 0..T-1
+// (kernels/rope.h's rope_table), and the sequence length of the rows.
+struct RotaryTables {
+  Tensor cos, sin;
+  int64_t seq_len = 0;
+};
+
 class CausalSelfAttention {
  public:
   CausalSelfAttention(int n_head, int n_kv_head, int head_dim, int tp);
+  // `bias`: the projections have biases (GPT-2) or not (LLaMA).
   void declare(ParamList& list, const std::string& qkv_name, const std::string& proj_name, int64_t width, int layer,
-               InitRule qkv_init, InitRule proj_init);
+               InitRule qkv_init, InitRule proj_init, bool bias = true);
   void bind(std::vector<Parameter>& params);
   int local_heads() const { return local_heads_; }
   // Columns of this rank's fused q, k, v rows: (H + 2 Hkv) head_dim / P.
@@ -39,11 +50,13 @@ class CausalSelfAttention {
   // qkv (B, T, local_qkv_width()) = x_full (N, C) W_qkv^T + b; y (B, T,
   // H head_dim / P) the attention of the rank's heads; lse (B, H/P, T) kept
   // for backward.
-  void forward(const KernelContext& ctx, Tensor qkv, Tensor lse, Tensor y, const Tensor& x_full) const;
+  // `rope`: rotate q and k first (null: no rotation).
+  void forward(const KernelContext& ctx, Tensor qkv, Tensor lse, Tensor y, const Tensor& x_full,
+               const RotaryTables* rope = nullptr) const;
   // From dy (B, T, H head_dim / P): dqkv (qkv's shape), then this rank's partial input gradient in
   // tp.partial() (ColumnParallelLinear::input_grad reduces it).
   void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const Tensor& qkv,
-                const Tensor& y, const Tensor& lse, const Tensor& x_full) const;
+                const Tensor& y, const Tensor& lse, const Tensor& x_full, const RotaryTables* rope = nullptr) const;
 
  private:
   int n_head_, n_kv_head_, head_dim_, tp_, local_heads_, local_kv_heads_;

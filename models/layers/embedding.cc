@@ -4,8 +4,8 @@
 
 namespace xirang {
 
-void VocabParallelEmbedding::declare(ParamList& list, const std::string& name, int64_t width) {
-  ref_ = list.add(name, list.split({padded_, width}, 0), true, -1, InitRule::normal(0.02, int64_t(vocab_) * width));
+void VocabParallelEmbedding::declare(ParamList& list, const std::string& name, int64_t width, int layer) {
+  ref_ = list.add(name, list.split({padded_, width}, 0), true, layer, InitRule::normal(0.02, int64_t(vocab_) * width));
 }
 
 void VocabParallelEmbedding::bind(std::vector<Parameter>& params) { table_ = &ref_.in(params); }

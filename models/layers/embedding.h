@@ -27,8 +27,9 @@ namespace xirang {
 class VocabParallelEmbedding {
  public:
   VocabParallelEmbedding(int vocab, int padded_vocab) : vocab_(vocab), padded_(padded_vocab) {}
-  // The table (Vp, C), rows split; normal(0.02) over the real rows, layer -1.
-  void declare(ParamList& list, const std::string& name, int64_t width);
+  // The table (Vp, C), rows split; normal(0.02) over the real rows, layer -1
+  // (an untied head's table: the layer whose gradients become final with it).
+  void declare(ParamList& list, const std::string& name, int64_t width, int layer = -1);
   void bind(std::vector<Parameter>& params);
   Parameter& table() const { return *table_; }
   ParamRef table_ref() const { return ref_; }

@@ -34,9 +34,10 @@ namespace xirang {
 class ColumnParallelLinear {
  public:
   // `out_blocks`: the global extent of each block of output rows (one block:
-  // {out}); weight (sum, in) split by rows over the group, bias likewise.
+  // {out}); weight (sum, in) split by rows over the group, bias likewise
+  // (none when `bias` is false: LLaMA).
   void declare(ParamList& list, const std::string& prefix, std::vector<int64_t> out_blocks, int64_t in, int layer,
-               InitRule init);
+               InitRule init, bool bias = true);
   void bind(std::vector<Parameter>& params);
   const Parameter& weight() const { return *w_; }
 
@@ -55,13 +56,16 @@ class ColumnParallelLinear {
 
  private:
   ParamRef w_ref_, b_ref_;
-  Parameter *w_ = nullptr, *b_ = nullptr;  // (out/P, in), (out/P)
+  Parameter *w_ = nullptr, *b_ = nullptr;  // (out/P, in), (out/P) or none
+  Tensor bias_value() const;
+  Tensor bias_grad() const;
 };
 
 class RowParallelLinear {
  public:
-  // weight (out, in) split by columns; bias (out) replicated.
-  void declare(ParamList& list, const std::string& prefix, int64_t out, int64_t in, int layer, InitRule init);
+  // weight (out, in) split by columns; bias (out) replicated (none when `bias` is false).
+  void declare(ParamList& list, const std::string& prefix, int64_t out, int64_t in, int layer, InitRule init,
+               bool bias = true);
   void bind(std::vector<Parameter>& params);
 
   // y (R, out) = reduce(x W^T) + b + skip: x (N, in/P).
@@ -74,7 +78,7 @@ class RowParallelLinear {
 
  private:
   ParamRef w_ref_, b_ref_;
-  Parameter *w_ = nullptr, *b_ = nullptr;  // (out, in/P), (out)
+  Parameter *w_ = nullptr, *b_ = nullptr;  // (out, in/P), (out) or none
 };
 
 }  // namespace xirang

@@ -8,6 +8,16 @@
 //               InitRule::scaled_residual(0.02, L));
 //   mlp.bind(params);
 //   mlp.forward(ctx, tp, out, h, h_gelu, x_full, /*skip=*/x);   // out (R, C) = x + mlp(x)
+//
+// GatedMlp is LLaMA's SwiGLU MLP without biases: one column-parallel
+// gate/up projection whose weight stacks [Wg; Wu] (2F, C) in two blocks, so
+// a rank holds [Wg_r; Wu_r] and its product is the packed (N, 2F/P) [g | u]
+// of kernels/swiglu.h; h = silu(g) * u; a row-parallel down projection.
+//
+//   GatedMlp mlp;
+//   mlp.declare(list, "layers.0.mlp.gate_up_proj", "layers.0.mlp.down_proj", C, F, 0, InitRule::normal(0.02),
+//               InitRule::normal(0.02));
+//   mlp.forward(ctx, tp, out, gu, h, x_full, /*skip=*/x);        // out (R, C) = x + down(silu(g) * u)
 #pragma once
 
 #include <string>
@@ -34,6 +44,27 @@ class Mlp {
 
  private:
   ColumnParallelLinear up_;
+  RowParallelLinear down_;
+};
+
+class GatedMlp {
+ public:
+  // gate_up weight (2F, C) = [Wg; Wu], rows split in 2 blocks; down (C, F) split by columns.
+  void declare(ParamList& list, const std::string& gate_up_name, const std::string& down_name, int64_t width,
+               int64_t hidden, int layer, InitRule gate_up_init, InitRule down_init);
+  void bind(std::vector<Parameter>& params);
+
+  // gu (N, 2F/P) = [g | u] and h (N, F/P) = silu(g) * u kept for backward;
+  // out (R, C) = skip + reduce(h W_down^T).
+  void forward(const KernelContext& ctx, TpComm& tp, Tensor out, Tensor gu, Tensor h, const Tensor& x_full,
+               const Tensor& skip) const;
+  // From the gradient of all N output rows: dh (N, F/P) and dgu (N, 2F/P)
+  // scratch, then this rank's partial input gradient in tp.partial().
+  void backward(const KernelContext& ctx, TpComm& tp, Tensor dgu, Tensor dh, const Tensor& dy_full, const Tensor& gu,
+                const Tensor& h, const Tensor& x_full) const;
+
+ private:
+  ColumnParallelLinear gate_up_;
   RowParallelLinear down_;
 };
 

@@ -2,34 +2,36 @@
 
 #include "core/error.h"
 #include "kernels/layernorm.h"
+#include "kernels/rmsnorm.h"
 
 namespace xirang {
 
-Norm::Norm(NormKind kind) : kind_(kind) {
-  XR_CHECK(kind == NormKind::LayerNorm, "RMSNorm has no kernel yet: only LayerNorm is available");
-}
-
 void Norm::declare(ParamList& list, const std::string& prefix, int64_t width, int layer) {
   w_ref_ = list.add(prefix + ".weight", list.whole({width}), false, layer, InitRule::ones());
-  b_ref_ = list.add(prefix + ".bias", list.whole({width}), false, layer, InitRule::zeros());
+  if (kind_ == NormKind::LayerNorm)
+    b_ref_ = list.add(prefix + ".bias", list.whole({width}), false, layer, InitRule::zeros());
 }
 
 void Norm::bind(std::vector<Parameter>& params) {
   w_ = &w_ref_.in(params);
-  b_ = &b_ref_.in(params);
+  b_ = b_ref_.declared() ? &b_ref_.in(params) : nullptr;
 }
 
 void Norm::forward(const KernelContext& ctx, Tensor y, Tensor mean, Tensor rstd, const Tensor& x) const {
+  if (kind_ == NormKind::RMSNorm) return rmsnorm_forward(ctx, y, rstd, x, w_->value, eps_);
   layernorm_forward(ctx, y, mean, rstd, x, w_->value, b_->value);
 }
 
 void Norm::residual_forward(const KernelContext& ctx, Tensor res, Tensor y, Tensor mean, Tensor rstd, const Tensor& a,
                             const Tensor& b) const {
+  if (kind_ == NormKind::RMSNorm) return residual_rmsnorm_forward(ctx, res, y, rstd, a, b, w_->value, eps_);
   residual_layernorm_forward(ctx, res, y, mean, rstd, a, b, w_->value, b_->value);
 }
 
 void Norm::backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& mean,
                     const Tensor& rstd) const {
+  if (kind_ == NormKind::RMSNorm)
+    return rmsnorm_backward(ctx, dx, w_->grad, dy, x, w_->value, rstd, GradMode::Accumulate);
   layernorm_backward(ctx, dx, w_->grad, b_->grad, dy, x, w_->value, mean, rstd, GradMode::Accumulate);
 }
 
@@ -37,7 +39,7 @@ void Norm::reduce_grads(TpComm& tp) const {
   // Under sequence parallelism each rank normalised only its rows.
   if (!tp.sequence_parallel()) return;
   tp.all_reduce(w_->grad, ReduceOp::Sum);
-  tp.all_reduce(b_->grad, ReduceOp::Sum);
+  if (b_) tp.all_reduce(b_->grad, ReduceOp::Sum);
 }
 
 }  // namespace xirang

@@ -62,16 +62,21 @@ struct ResumeRef {
   std::string* path;
 };
 
-using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*, ResumeRef>;
+using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*,
+                              RopeScalingType*, TieEmbeddings*, ResumeRef>;
 
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
 constexpr const char* kBackendNames[] = {"cpu", "cuda"};
 constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank"};
+constexpr const char* kRopeScalingNames[] = {"none", "llama3"};
+constexpr const char* kTieNames[] = {"auto", "true", "false"};
 
 std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
 std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
 std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
+std::span<const char* const> spellings(const RopeScalingType*) { return kRopeScalingNames; }
+std::span<const char* const> spellings(const TieEmbeddings*) { return kTieNames; }
 
 template <class T>
 constexpr bool is_named_v = std::is_enum_v<T>;
@@ -114,7 +119,14 @@ std::vector<Section> schema(Config& c) {
   return {
       {"model",
        {{"arch", &m.arch}, {"n_layer", &m.n_layer}, {"n_head", &m.n_head}, {"d_model", &m.d_model},
-        {"seq_len", &m.seq_len}, {"vocab_size", &m.vocab_size}, {"vocab_multiple", &m.vocab_multiple}}},
+        {"seq_len", &m.seq_len}, {"vocab_size", &m.vocab_size}, {"vocab_multiple", &m.vocab_multiple},
+        {"n_kv_head", &m.n_kv_head}, {"ffn_hidden", &m.ffn_hidden}, {"ffn_multiple_of", &m.ffn_multiple_of},
+        {"ffn_dim_multiplier", &m.ffn_dim_multiplier}, {"rope_theta", &m.rope_theta},
+        {"rope_scaling.type", &m.rope_scaling_type}, {"rope_scaling.factor", &m.rope_scaling_factor},
+        {"rope_scaling.low_freq_factor", &m.rope_scaling_low_freq_factor},
+        {"rope_scaling.high_freq_factor", &m.rope_scaling_high_freq_factor},
+        {"rope_scaling.original_max_position_embeddings", &m.rope_scaling_original_max_position_embeddings},
+        {"norm_eps", &m.norm_eps}, {"tie_embeddings", &m.tie_embeddings}}},
       {"parallel",
        {{"dp", &p.dp}, {"tp", &p.tp}, {"pp", &p.pp}, {"zero", &p.zero}, {"bucket_mb", &p.bucket_mb},
         {"overlap_grad_reduce", &p.overlap_grad_reduce}, {"sequence_parallel", &p.sequence_parallel},
@@ -202,6 +214,8 @@ std::string expected_name(const FieldPtr& ptr) {
     std::string operator()(Precision* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(Backend* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(FaultKind* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(RopeScalingType* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(TieEmbeddings* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
   return std::visit(v, ptr);
@@ -262,7 +276,8 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
 bool takes_text(const FieldPtr& ptr) {
   return std::holds_alternative<std::string*>(ptr) || std::holds_alternative<ResumeRef>(ptr) ||
          std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
-         std::holds_alternative<FaultKind*>(ptr);
+         std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScalingType*>(ptr) ||
+         std::holds_alternative<TieEmbeddings*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {
@@ -291,6 +306,31 @@ const Field& find_field(const std::vector<Section>& sections, const std::string&
                         join_keys(s), ")"));
   }
   config_fail(str_cat(where, ": unknown section '", section, "' (known sections: ", join_sections(sections), ")"));
+}
+
+// Whether the section has keys spelled "group.key".
+bool has_group(const Section& s, const std::string& group) {
+  for (const Field& f : s.fields)
+    if (std::string_view(f.key).starts_with(group + ".")) return true;
+  return false;
+}
+
+// The prefix before the first '.' of a grouped key ("rope_scaling"), or "".
+std::string group_of(const char* key) {
+  const std::string_view k(key);
+  const size_t dot = k.find('.');
+  return dot == std::string_view::npos ? "" : std::string(k.substr(0, dot));
+}
+
+void assign_node(const Field& f, const std::string& dotted, const YAML::Node& value, const std::string& where) {
+  if (value.IsNull() && takes_text(f.ptr)) {
+    assign(f, dotted, "", where);  // "val:" or "val: ~" reads as unset
+    return;
+  }
+  if (!value.IsScalar())
+    config_fail(str_cat(where, ": key '", dotted, "' has ", node_kind(value), value.IsNull() ? "" : " as its value",
+                        ", expected ", expected_name(f.ptr)));
+  assign(f, dotted, value.Scalar(), where);
 }
 
 void apply_yaml(Config& c, const YAML::Node& root, const std::string& source) {
@@ -329,18 +369,28 @@ void apply_yaml(Config& c, const YAML::Node& root, const std::string& source) {
         config_fail(str_cat(where_of(source, key_node), ": a key in section '", name,
                             "' must be a plain word, got ", node_kind(key_node)));
       const std::string key = key_node.Scalar();
-      const std::string dotted = name + "." + key;
       const std::string where = where_of(source, key_node);
-      const Field& f = find_field(sections, name, key, where);
-      if (!seen_keys.insert(key).second) config_fail(str_cat(where, ": key '", dotted, "' appears twice"));
-      if (value.IsNull() && takes_text(f.ptr)) {
-        assign(f, dotted, "", where);  // "val:" or "val: ~" reads as unset
+      if (!seen_keys.insert(key).second) config_fail(str_cat(where, ": key '", name, ".", key, "' appears twice"));
+      // A group of keys spelled "group.key" in the schema (model.rope_scaling)
+      // is a nested mapping in the YAML, as in a Hugging Face config.json.
+      if (value.IsMap() && has_group(*section, key)) {
+        std::set<std::string> seen_sub;
+        for (const auto& sub : value) {
+          if (!sub.first.IsScalar())
+            config_fail(str_cat(where_of(source, sub.first), ": a key in '", name, ".", key,
+                                "' must be a plain word, got ", node_kind(sub.first)));
+          const std::string full = key + "." + sub.first.Scalar();
+          const std::string sub_where = where_of(source, sub.first);
+          if (!seen_sub.insert(full).second)
+            config_fail(str_cat(sub_where, ": key '", name, ".", full, "' appears twice"));
+          assign_node(find_field(sections, name, full, sub_where), name + "." + full, sub.second, sub_where);
+        }
         continue;
       }
-      if (!value.IsScalar())
-        config_fail(str_cat(where, ": key '", dotted, "' has ", node_kind(value), value.IsNull() ? "" : " as its value",
-                            ", expected ", expected_name(f.ptr)));
-      assign(f, dotted, value.Scalar(), where);
+      if (has_group(*section, key))
+        config_fail(str_cat(where, ": key '", name, ".", key, "' has ", node_kind(value),
+                            ", expected a mapping (e.g. {type: llama3, factor: 8})"));
+      assign_node(find_field(sections, name, key, where), name + "." + key, value, where);
     }
   }
 }
@@ -363,8 +413,16 @@ std::string emit_yaml(const Config& config) {
   out << YAML::BeginMap;
   for (const Section& s : schema(copy)) {
     out << YAML::Key << s.name << YAML::Value << YAML::BeginMap;
+    std::string open_group;  // grouped keys ("rope_scaling.type") are emitted as a nested mapping
     for (const Field& f : s.fields) {
-      out << YAML::Key << f.key << YAML::Value;
+      const std::string group = group_of(f.key);
+      if (group != open_group) {
+        if (!open_group.empty()) out << YAML::EndMap;
+        if (!group.empty()) out << YAML::Key << group << YAML::Value << YAML::BeginMap;
+        open_group = group;
+      }
+      out << YAML::Key << (group.empty() ? std::string(f.key) : std::string(f.key).substr(group.size() + 1))
+          << YAML::Value;
       std::visit(
           [&](auto p) {
             using T = std::remove_pointer_t<decltype(p)>;
@@ -376,6 +434,7 @@ std::string emit_yaml(const Config& config) {
           },
           f.ptr);
     }
+    if (!open_group.empty()) out << YAML::EndMap;
     out << YAML::EndMap;
   }
   out << YAML::EndMap;

@@ -31,6 +31,10 @@ enum class Backend { CPU, CUDA };           // device.backend: cpu, cuda
 enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank };
 // checkpoint.resume: auto, none, or the path of a step directory
 enum class ResumeMode { Auto, None, Path };
+// model.rope_scaling.type: none, llama3 (Llama 3.1's frequency scaling)
+enum class RopeScalingType { None, Llama3 };
+// model.tie_embeddings: auto (the architecture's default: GPT-2 ties, LLaMA does not), true, false
+enum class TieEmbeddings { Auto, True, False };
 // The config spelling of a value ("bf16", "cuda", "kill_in_save"), for messages.
 const char* config_name(Precision v);
 const char* config_name(Backend v);
@@ -44,6 +48,22 @@ struct ModelConfig {
   int seq_len = 1024;     // maximum context, the size of the position table
   int vocab_size = 50257; // real tokens; the model pads to padded_vocab()
   int vocab_multiple = 128;
+  // LLaMA (model.arch=llama); GPT-2 takes n_kv_head 0 and tie_embeddings auto or true only.
+  int n_kv_head = 0;             // key/value heads (grouped-query attention); 0: n_head
+  int ffn_hidden = 0;            // MLP width; 0: Meta's rule from the two below
+  int ffn_multiple_of = 256;     // the rule rounds 2/3 of 4 d_model (times the multiplier) up to this
+  double ffn_dim_multiplier = 0; // 0: none (Llama 3 8B: 1.3 with multiple_of 1024 gives 14336)
+  double rope_theta = 10000;     // Llama 2: 10000, Llama 3: 500000
+  // rope_scaling: {type, factor, low_freq_factor, high_freq_factor,
+  // original_max_position_embeddings} as in a Hugging Face config.json
+  // (a nested mapping in YAML; model.rope_scaling.type=llama3 as an override).
+  RopeScalingType rope_scaling_type = RopeScalingType::None;
+  double rope_scaling_factor = 8;
+  double rope_scaling_low_freq_factor = 1;
+  double rope_scaling_high_freq_factor = 4;
+  double rope_scaling_original_max_position_embeddings = 8192;
+  double norm_eps = 1e-5;        // RMSNorm epsilon
+  TieEmbeddings tie_embeddings = TieEmbeddings::Auto;
   int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
 };
 

@@ -22,6 +22,17 @@ inline ModelDims model_dims(const ModelConfig& m) {
   d.max_seq_len = m.seq_len;
   d.vocab_size = m.vocab_size;
   d.vocab_multiple = m.vocab_multiple;
+  d.n_kv_head = m.n_kv_head;
+  d.ffn_hidden = m.ffn_hidden;
+  d.ffn_multiple_of = m.ffn_multiple_of;
+  d.ffn_dim_multiplier = m.ffn_dim_multiplier;
+  d.rope.theta = m.rope_theta;
+  if (m.rope_scaling_type == RopeScalingType::Llama3)
+    d.rope.scaling = RopeScaling::llama3(m.rope_scaling_factor, m.rope_scaling_low_freq_factor,
+                                         m.rope_scaling_high_freq_factor,
+                                         m.rope_scaling_original_max_position_embeddings);
+  d.norm_eps = m.norm_eps;
+  if (m.tie_embeddings != TieEmbeddings::Auto) d.tie_embeddings = m.tie_embeddings == TieEmbeddings::True;
   return d;
 }
 

@@ -61,6 +61,32 @@ void check_model(const Validator& v, const ModelConfig& m) {
   v.at_least("model.vocab_size", m.vocab_size, 1);
   v.at_least("model.vocab_multiple", m.vocab_multiple, 1);
   v.divisible("model.d_model", m.d_model, "model.n_head", m.n_head);
+  v.at_least("model.n_kv_head", m.n_kv_head, 0, " (0 means model.n_head)");
+  // n_kv_head dividing n_head is layout_problem()'s (models/model.cc): every layout needs it.
+  if (m.arch == "gpt2") {
+    // GPT-2 has none of LLaMA's options; the ones that would change it are refused.
+    if (m.n_kv_head != 0 && m.n_kv_head != m.n_head)
+      v.fail_rule(str_cat("model.n_kv_head=", m.n_kv_head, ": model.arch=gpt2 has no grouped-query attention (0 or ",
+                          "model.n_head)"));
+    if (m.tie_embeddings == TieEmbeddings::False)
+      v.fail_rule("model.tie_embeddings=false: model.arch=gpt2 always ties its head to the token table");
+    return;
+  }
+  v.at_least("model.ffn_hidden", m.ffn_hidden, 0, " (0 applies Meta's rule: model.ffn_multiple_of, ffn_dim_multiplier)");
+  v.at_least("model.ffn_multiple_of", m.ffn_multiple_of, 1);
+  v.non_negative("model.ffn_dim_multiplier", m.ffn_dim_multiplier, " (0 is none)");
+  if (!(m.rope_theta > 1)) v.fail_rule(str_cat("model.rope_theta=", format_double(m.rope_theta), " must be > 1"));
+  v.positive("model.norm_eps", m.norm_eps);
+  if (m.rope_scaling_type == RopeScalingType::Llama3) {
+    v.positive("model.rope_scaling.factor", m.rope_scaling_factor);
+    v.positive("model.rope_scaling.low_freq_factor", m.rope_scaling_low_freq_factor);
+    v.positive("model.rope_scaling.original_max_position_embeddings",
+               m.rope_scaling_original_max_position_embeddings);
+    if (!(m.rope_scaling_low_freq_factor < m.rope_scaling_high_freq_factor))
+      v.fail_rule(str_cat("model.rope_scaling.high_freq_factor=", format_double(m.rope_scaling_high_freq_factor),
+                          " must be above model.rope_scaling.low_freq_factor=",
+                          format_double(m.rope_scaling_low_freq_factor)));
+  }
 }
 
 void check_batch(const Validator& v, const TrainConfig& t, const ModelConfig& m) {

@@ -1,4 +1,4 @@
-// tests/models/model_fixture.h: a GPT2 laid out in arenas of its own, with
+// tests/models/model_fixture.h: a model chunk (GPT2, Llama) laid out in arenas of its own, with
 // random parameters, for tests that compare models.
 //
 //   ModelInArenas m(dims, ChunkPlacement::whole(dims.n_layer), DType::F64, batch);  // GPT2's arguments
@@ -14,12 +14,13 @@
 
 namespace xirang {
 
-struct ModelInArenas {
-  GPT2 model;
+template <class Model>
+struct ChunkInArenas {
+  Model model;
   Arena params, grads, acts;
   // Builds the model in place (it holds pointers into itself), then carves its arenas.
   template <class... Args>
-  explicit ModelInArenas(Args&&... args) : model(std::forward<Args>(args)...) {
+  explicit ChunkInArenas(Args&&... args) : model(std::forward<Args>(args)...) {
     Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
     model.layout_parameters(mp, mg);
     model.layout_activations(ma);
@@ -31,14 +32,18 @@ struct ModelInArenas {
   }
 };
 
+using ModelInArenas = ChunkInArenas<GPT2>;
+
 // Random values of a scale where every nonlinearity matters (the GPT-2 init
 // is nearly linear at test sizes, which would hide mistakes): LayerNorm
-// weights 1 + 0.3 N(0, 1), everything else 0.3 N(0, 1). Each value is a
+// and RMSNorm weights 1 + 0.3 N(0, 1), everything else 0.3 N(0, 1). Each value is a
 // function of (seed, name, global element index), so shards are slices of
 // the unsharded model. Gradients are zeroed.
-inline void randomize_parameters(GPT2& m, uint64_t seed) {
+inline void randomize_parameters(ModelChunk& m, uint64_t seed) {
   for (auto& p : m.parameters()) {
-    const bool norm_weight = p.name.find("ln_") != std::string::npos && p.name.find("weight") != std::string::npos;
+    const bool is_norm = p.name.find("ln_") != std::string::npos || p.name.find("layernorm") != std::string::npos ||
+                         p.name == "norm.weight";
+    const bool norm_weight = is_norm && p.name.find("weight") != std::string::npos;
     const uint64_t s = name_stream(p.name);
     for (int64_t i = 0; i < p.value.numel(); ++i) {
       const int64_t g = p.shard.global_index(p.value.shape(), i);

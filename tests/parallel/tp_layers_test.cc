@@ -2,17 +2,22 @@
 // world size (2 and 4): the vocabulary-parallel embedding and cross entropy
 // with the tied head (a model without blocks), and the column- and
 // row-parallel projections with split heads (one block), each with and
-// without sequence parallelism. In float64, the loss and every gradient
-// shard must equal the single-rank model's to rounding.
+// without sequence parallelism; and a LLaMA block (RMSNorm, q/k/v in
+// unequal blocks under grouped-query attention, rotary embeddings, the
+// stacked gate/up projection, the untied vocabulary-parallel head). In
+// float64, the loss and every gradient shard must equal the single-rank
+// model's to rounding.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "comm/process_grid.h"
 #include "core/rng.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
 #include "tests/models/model_fixture.h"
 
 namespace xirang {
@@ -20,18 +25,26 @@ namespace {
 
 // An F64 model in its own arenas, with random parameters that are a function
 // of the global element index (so the shards are slices of the unsharded model).
+template <class Arch = GPT2>
 struct Model {
-  ModelInArenas built;
-  GPT2& m = built.model;
+  ChunkInArenas<Arch> built;
+  Arch& m = built.model;
   Model(const ModelDims& s, const ChunkBatch& b, TensorParallel par) : built(s, ChunkPlacement::whole(s.n_layer), DType::F64, b, par) {
     randomize_parameters(m, 17);
   }
 };
 
+template <class Arch = GPT2>
 void check_layers(int n_layer, bool sequence_parallel) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const ModelDims shape{.n_layer = n_layer, .n_head = 4, .d_model = 16, .max_seq_len = 8, .vocab_size = 50, .vocab_multiple = 64};
+  ModelDims shape{.n_layer = n_layer, .n_head = 4, .d_model = 16, .max_seq_len = 8, .vocab_size = 50, .vocab_multiple = 64};
+  if constexpr (std::is_same_v<Arch, Llama>) {
+    // 8 query heads on 4 key/value heads: tp 4 leaves each rank 2 on 1.
+    shape = ModelDims{.arch = "llama", .n_layer = n_layer, .n_head = 8, .n_kv_head = 4, .d_model = 32,
+                      .ffn_hidden = 48, .max_seq_len = 8, .vocab_size = 50, .vocab_multiple = 64};
+    shape.rope = RopeConfig{10000.0, RopeScaling::llama3(4, 1, 2, 4)};
+  }
   const ChunkBatch batch{2, 8, 1};
   std::vector<int32_t> tokens(16), targets(16);
   for (int i = 0; i < 16; ++i) {
@@ -41,20 +54,20 @@ void check_layers(int n_layer, bool sequence_parallel) {
   Tensor tk(tokens.data(), {2, 8}, DType::I32), tg(targets.data(), {2, 8}, DType::I32);
   KernelContext ctx;
 
-  Model whole(shape, batch, {});
+  Model<Arch> whole(shape, batch, {});
   whole.m.forward(ctx, 0, tk, tg, 1.0 / 16);
   const double ref_loss = whole.m.take_loss(ctx);
   whole.m.backward(ctx, 0, tk);
 
   auto grid = ProcessGrid::create_mpi(GridShape{1, world, 1}, CommOptions{60});
-  Model shard(shape, batch, {&grid->tp(), sequence_parallel});
+  Model<Arch> shard(shape, batch, {&grid->tp(), sequence_parallel});
   shard.m.forward(ctx, 0, tk, tg, 1.0 / 16);
   const double loss = shard.m.take_loss(ctx);
   shard.m.backward(ctx, 0, tk);
   EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss));
 
-  auto& ps = shard.m.parameters();
-  auto& ws = whole.m.parameters();
+  std::vector<Parameter>& ps = shard.m.parameters();
+  std::vector<Parameter>& ws = whole.m.parameters();
   ASSERT_EQ(ps.size(), ws.size());
   for (size_t k = 0; k < ps.size(); ++k) {
     ASSERT_EQ(ps[k].name, ws[k].name);
@@ -76,6 +89,8 @@ TEST(TensorParallelLayers, VocabParallelEmbeddingAndCrossEntropySequenceParallel
 TEST(TensorParallelLayers, ColumnAndRowParallelBlock) { check_layers(1, false); }
 TEST(TensorParallelLayers, ColumnAndRowParallelBlockSequenceParallel) { check_layers(1, true); }
 TEST(TensorParallelLayers, TwoBlocksSequenceParallel) { check_layers(2, true); }
+TEST(TensorParallelLayers, LlamaBlock) { check_layers<Llama>(1, false); }
+TEST(TensorParallelLayers, LlamaBlockSequenceParallel) { check_layers<Llama>(1, true); }
 
 }  // namespace
 }  // namespace xirang

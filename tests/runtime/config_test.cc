@@ -257,6 +257,40 @@ TEST(ConfigParse, NamedValues) {
   expect_parse_error("precision:\n  dtype:\n", {"precision.dtype=''", "fp32, bf16, fp16"});
 }
 
+// LLaMA's keys: rope_scaling is a nested mapping (as in config.json), an
+// override spells it with two dots, the emitted YAML nests it again.
+TEST(ConfigParse, LlamaKeysAndTheNestedRopeScaling) {
+  Config c = parse_config(
+      "model:\n  arch: llama\n  n_kv_head: 2\n  ffn_hidden: 96\n  rope_theta: 500000\n  norm_eps: 1.0e-6\n"
+      "  tie_embeddings: true\n  rope_scaling:\n    type: llama3\n    factor: 16\n"
+      "    original_max_position_embeddings: 4096\n",
+      {"model.rope_scaling.low_freq_factor=2"});
+  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_EQ(c.model.n_kv_head, 2);
+  EXPECT_EQ(c.model.ffn_hidden, 96);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_EQ(c.model.norm_eps, 1e-6);
+  EXPECT_EQ(c.model.tie_embeddings, TieEmbeddings::True);
+  EXPECT_EQ(c.model.rope_scaling_type, RopeScalingType::Llama3);
+  EXPECT_EQ(c.model.rope_scaling_factor, 16.0);
+  EXPECT_EQ(c.model.rope_scaling_low_freq_factor, 2.0);
+  EXPECT_EQ(c.model.rope_scaling_high_freq_factor, 4.0);  // the default
+  EXPECT_EQ(c.model.rope_scaling_original_max_position_embeddings, 4096.0);
+  EXPECT_NE(c.yaml.find("  rope_scaling:\n    type: \"llama3\"\n    factor: 16"), std::string::npos) << c.yaml;
+  Config back = parse_config(c.yaml);
+  EXPECT_EQ(back.yaml, c.yaml);
+  EXPECT_EQ(back.model.rope_scaling_low_freq_factor, 2.0);
+  EXPECT_EQ(parse_config("").model.tie_embeddings, TieEmbeddings::Auto);
+
+  // An unknown scaling type: one line naming the key, the value and the known types.
+  expect_parse_error("model:\n  rope_scaling:\n    type: yarn\n",
+                     {"test.yaml:3", "model.rope_scaling.type='yarn'", "none, llama3"});
+  expect_parse_error("", {"model.rope_scaling.type='dynamic'", "none, llama3"}, {"model.rope_scaling.type=dynamic"});
+  expect_parse_error("model:\n  rope_scaling: llama3\n", {"model.rope_scaling", "expected a mapping"});
+  expect_parse_error("model:\n  rope_scaling: {kind: llama3}\n", {"unknown key 'model.rope_scaling.kind'"});
+  expect_parse_error("model:\n  tie_embeddings: maybe\n", {"model.tie_embeddings='maybe'", "auto, true, false"});
+}
+
 TEST(ConfigParse, RepeatedKeysAreErrors) {
   expect_parse_error("train:\n  steps: 5\n  steps: 6\n", {"train.steps", "twice"});
   expect_parse_error("train:\n  steps: 5\ntrain:\n  lr: 1\n", {"section 'train'", "twice"});
@@ -373,7 +407,7 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
     std::vector<std::string> needles;
   };
   const std::vector<Case> cases = {
-      {{"model.arch=llama"}, 1, {"model.arch='llama'", "gpt2"}},
+      {{"model.arch=bert"}, 1, {"model.arch='bert'", "gpt2, llama"}},
       {{"model.n_layer=0"}, 1, {"model.n_layer=0 must be >= 1"}},
       {{"model.n_head=0"}, 1, {"model.n_head=0 must be >= 1"}},
       {{"model.d_model=-64"}, 1, {"model.d_model=-64 must be >= 1"}},
@@ -381,6 +415,16 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"model.vocab_size=0"}, 1, {"model.vocab_size=0 must be >= 1"}},
       {{"model.vocab_multiple=0"}, 1, {"model.vocab_multiple=0 must be >= 1"}},
       {{"model.d_model=100", "model.n_head=3"}, 1, {"model.d_model=100 is not divisible by model.n_head=3"}},
+      {{"model.arch=llama", "model.n_kv_head=3"}, 1, {"model.n_kv_head=3 does not divide model.n_head=4"}},
+      {{"model.arch=llama", "model.n_head=8", "model.n_kv_head=2", "parallel.tp=4"}, 4,
+       {"model.n_kv_head=2 is not divisible by parallel.tp=4"}},
+      {{"model.arch=llama", "model.n_head=4", "model.d_model=12"}, 1, {"model.n_head=4", "odd", "rotary"}},
+      {{"model.arch=llama", "model.rope_theta=1"}, 1, {"model.rope_theta=1 must be > 1"}},
+      {{"model.arch=llama", "model.norm_eps=0"}, 1, {"model.norm_eps=0 must be > 0"}},
+      {{"model.arch=llama", "model.rope_scaling.type=llama3", "model.rope_scaling.high_freq_factor=1"}, 1,
+       {"model.rope_scaling.high_freq_factor=1 must be above model.rope_scaling.low_freq_factor=1"}},
+      {{"model.arch=gpt2", "model.n_kv_head=2"}, 1, {"model.n_kv_head=2", "gpt2 has no grouped-query attention"}},
+      {{"model.tie_embeddings=false"}, 1, {"model.tie_embeddings=false", "gpt2 always ties"}},
       {{"train.steps=0"}, 1, {"train.steps=0 must be >= 1"}},
       {{"train.global_batch=0"}, 1, {"train.global_batch=0 must be >= 1"}},
       {{"train.micro_batch=0"}, 1, {"train.micro_batch=0 must be >= 1"}},
