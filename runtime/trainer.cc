@@ -147,7 +147,13 @@ void Trainer::build_arenas() {
   for (auto& c : chunks_) c->layout_activations(ma);
   exec_->layout(ma);
   // GradSync needs real parameter addresses for its offsets, so the
-  // parameter and gradient arenas are created before the rest is measured.
+  // parameter and gradient arenas are created before the rest is measured:
+  // a plan over the limit already without the rest is refused before that.
+  MemoryPlan early;
+  early.add("parameters", mp.used());
+  early.add("gradients", mg.used());
+  early.add("activations", ma.used());
+  early.check_limit(size_t(cfg_.memory.limit_gb * double(1ull << 30)), "memory.limit_gb");
   params_arena_ = Arena("parameters", mp.used(), device_);
   grads_ = Arena("gradients", mg.used(), device_);
   for (auto& c : chunks_) c->layout_parameters(params_arena_, grads_);

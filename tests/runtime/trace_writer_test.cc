@@ -108,7 +108,9 @@ TEST(TraceWriter, OverlappingTransfersGetLanesAndNestedSpansDoNot) {
   EXPECT_EQ(p.threads.at(bucket_tid[1]), "dp reductions #2");
   EXPECT_EQ(main_tids.size(), 1u);  // the collective nests inside the pass on one row
   for (const json& s : p.spans)
-    if (s.at("name") == "dp_all_reduce") EXPECT_EQ(s.at("args").at("bytes"), 64);
+    if (s.at("name") == "dp_all_reduce") {
+      EXPECT_EQ(s.at("args").at("bytes"), 64);
+    }
 }
 
 TEST(TraceWriter, UnwritableDirectoryIsAConfigError) {

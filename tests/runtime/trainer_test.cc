@@ -211,6 +211,19 @@ TEST(Trainer, MemoryPlanAboveTheLimitIsRefused) {
   }
 }
 
+// A model far larger than the machine: refused by the limit before any
+// arena is allocated (allocating its parameters first would fail instead).
+TEST(Trainer, AModelLargerThanTheMachineIsRefusedByTheLimit) {
+  try {
+    Trainer t(debug_config({"model.n_layer=48", "model.d_model=8192", "model.n_head=64", "memory.limit_gb=1"}),
+              quiet());
+    FAIL() << "expected a memory error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Memory) << e.what();
+    EXPECT_NE(std::string(e.what()).find("memory.limit_gb"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Trainer, MemoryPlanCountsEveryCategory) {
   Trainer t(debug_config(), quiet());
   const MemoryPlan& plan = t.memory_plan();
