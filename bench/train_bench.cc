@@ -77,7 +77,8 @@ RunTime time_run(const std::vector<std::string>& overrides, double peak) {
   return {bench::median(ms), cpu_ms, t.model().flops_per_token()};
 }
 
-// Runs without and with `extra` alternately, `pairs` times: the ratio of
+// Runs without and with `extra` alternately (off first in even pairs, on
+// first in odd ones), `pairs` times: the ratio of
 // each pair's median step times shares the machine's noise of that moment.
 // The CPU time the process used per step is much less sensitive to other
 // processes on a shared machine than wall time: its ratio is printed too.
@@ -88,7 +89,15 @@ void print_overhead(const Shape2& s, const std::vector<std::string>& base, const
   std::vector<double> off, on, ratios, cpu_ratios;
   std::string per_pair, cpu_per_pair;
   for (int i = 0; i < pairs; ++i) {
-    const RunTime a = time_run(base, peak), b = time_run(with, peak);
+    // The order alternates too: the second run of a pair may find the machine warmer.
+    RunTime a, b;
+    if (i % 2 == 0) {
+      a = time_run(base, peak);
+      b = time_run(with, peak);
+    } else {
+      b = time_run(with, peak);
+      a = time_run(base, peak);
+    }
     off.push_back(a.median_ms);
     on.push_back(b.median_ms);
     ratios.push_back(b.median_ms / a.median_ms);
