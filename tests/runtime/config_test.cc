@@ -534,7 +534,8 @@ TEST_F(ConfigValidate, EvalDisabledNeedsNoValidationSplit) {
 TEST_F(ConfigValidate, ShippedConfigs) {
   const std::string configs = std::string(XIRANG_SOURCE_DIR) + "/configs/";
   const std::vector<std::string> data = {"data.train=" + dir("train"), "data.val=" + dir("val")};
-  for (const char* name : {"gpt2_debug.yaml", "gpt2_demo.yaml", "gpt2_124m.yaml"}) {
+  for (const char* name : {"gpt2_debug.yaml", "gpt2_demo.yaml", "gpt2_124m.yaml", "llama_debug.yaml", "llama_demo.yaml",
+                           "llama3_8b.yaml"}) {
     SCOPED_TRACE(name);
     Config c = load_config(configs + name, data);
     validate(c, 1);
