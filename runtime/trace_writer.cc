@@ -166,14 +166,7 @@ void TraceWindow::after_step(int step, Timeline& tl) {
 
 void TraceWindow::finish(Timeline& tl) {
   if (!open_) return;
-  if (end_s_ == 0) {  // training ended inside the window: up to the last step traced
-    end_s_ = now_seconds();
-    std::vector<Span> spans = tl.take_spans();
-    for (const Span& s : spans) {
-      if (std::strcmp(s.name, "step") == 0) last_traced_ = std::max(last_traced_, s.index);
-      tl.add_span(s);
-    }
-  }
+  if (end_s_ == 0) end_s_ = now_seconds();  // training ended inside the window
   write(tl);  // the caller has joined the checkpoint writer
 }
 
@@ -184,6 +177,9 @@ void TraceWindow::write(Timeline& tl) {
   std::vector<Span> spans = tl.take_spans();
   // Steps after the window ran while a write begun inside it finished.
   spans.erase(std::remove_if(spans.begin(), spans.end(), [&](const Span& s) { return s.t0 > end_s_; }), spans.end());
+  if (last_traced_ < 0)  // ended inside the window: up to the last step traced
+    for (const Span& s : spans)
+      if (std::strcmp(s.name, "step") == 0) last_traced_ = std::max(last_traced_, s.index);
   info_.first_step = first_;
   info_.last_step = last_traced_;
   path_ = write_rank_trace(dir_, info_, spans);
