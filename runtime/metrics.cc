@@ -75,6 +75,7 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"peak_tflops", peak_.flops / 1e12},
                       {"peak_source", peak_.source},
                       {"memory_planned_bytes", planned_bytes_}};
+  if (m.cpu_wait_ms) j["cpu_wait_ms"] = *m.cpu_wait_ms;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (fields_.straggler) {
     j["slowest_rank"] = m.slowest_rank;

@@ -45,6 +45,11 @@ struct StepMetrics {
   double pp_bubble_ms = 0;        // time this stage waited for a neighbour's activation or gradient, or the drain
   double pp_comm_exposed_ms = 0;  // time it waited for its own pipeline sends and the tied-embedding reduction
   double ckpt_stall_ms = 0;       // time the step was stopped to save a checkpoint
+  // Time the step's main thread was ready to run but waited for a core
+  // (other processes, or more threads than cores); not one of the parts
+  // above: it is inside whichever part was running. Unset where the kernel
+  // does not report it.
+  std::optional<double> cpu_wait_ms;
   bool checkpoint_saved = false;  // the step saved a checkpoint
   double loss_scale = 1;          // the fp16 loss scale the step ran with (1: none)
   bool skipped = false;           // gradients overflowed: no update this step

@@ -317,6 +317,7 @@ TrainResult Trainer::run() {
     trace_->before_step(m.step, timeline_);
     const double step_start = now_seconds();
     Stopwatch sw;
+    const RunQueueWait cpu_wait;
     zero_gradients();
     sync_->begin_step();
     accumulate_gradients(step, m);  // forward and backward of every microbatch, buckets reduced as they fill
@@ -344,6 +345,7 @@ TrainResult Trainer::run() {
     take_comm_times(m);
     if (ckpt_->due(m.step, last)) save_checkpoint(m);  // its stall is part of step_ms
     take_rates(m, sw.ms());
+    m.cpu_wait_ms = cpu_wait.ms();
     add_span(ctx_.timeline, "step", Track::Main, step_start, step_start + m.step_ms / 1e3, -1, -1, m.step);
     if (eval_due(m.step)) {
       // Evaluation is no step's: its ops stay out of the step's profile.

@@ -90,20 +90,31 @@ Json run_point(const Spec& spec, const Point& p, const std::string& xirang, cons
     std::ofstream(dir + "/config.yaml") << load_config(spec.base, keys).yaml;
     const std::string cmd = launch_command(spec, p, pre.ranks, xirang, dir);
     std::ofstream(dir + "/command.sh") << cmd << '\n';
-    const LaunchResult r = run_command(cmd, dir + "/train.log", spec.timeout_s, spec.env);
+    const LaunchResult r = run_command(cmd, dir + "/train.log", spec.timeout_s, spec.env, spec.priority);
     runs.push_back(read_run(r, dir + "/train.log", dir + "/metrics.jsonl", spec.warmup));
     if (runs.back().status != "ok") break;
   }
   return make_row(p, pre, runs);
 }
 
+// The point's host.cpu_wait_share when it is over kContendedShare, else -1.
+double contention(const Json& row) {
+  const Json& h = row.contains("host") ? row["host"] : Json();
+  if (!h.is_object() || !h.contains("cpu_wait_share") || !h["cpu_wait_share"].is_number()) return -1;
+  const double c = h["cpu_wait_share"].get<double>();
+  return c > kContendedShare ? c : -1;
+}
+
 std::string row_text(const Json& row) {
   const std::string status = row["status"].get<std::string>();
   if (status != "ok") return status + ": " + row["reason"].get<std::string>();
-  char b[160];
+  char b[240];
   std::snprintf(b, sizeof b, "ok, %.2f ms/step (p10 %.2f, p90 %.2f), %.0f tokens/s", row["step_ms_median"].get<double>(),
                 row["step_ms_p10"].get<double>(), row["step_ms_p90"].get<double>(), row["tokens_per_s"].get<double>());
-  return b;
+  std::string s = b;
+  if (const double c = contention(row); c >= 0)
+    s += str_cat(" [waited for a core ", int(100 * c + 0.5), "% of the step: contended]");
+  return s;
 }
 
 // The sweep's first line: what runs where, and under which Slurm job when inside one.
@@ -158,6 +169,8 @@ int run_sweep(const SweepArgs& args) {
   fs::copy_file(spec.path, out + "/spec.yaml", fs::copy_options::overwrite_existing);
   std::map<std::string, Json> rows = args.resume ? read_results(results) : std::map<std::string, Json>{};
   print_header(spec, out, false);
+  if (spec.priority)
+    if (const std::string why = priority_problem(*spec.priority); !why.empty()) std::printf("note: %s\n", why.c_str());
   const std::string xirang = self_path();
   const size_t total = spec.points.size();
   size_t done = 0, ran = 0;
@@ -180,6 +193,13 @@ int run_sweep(const SweepArgs& args) {
   }
   write_csv(ordered(spec, rows), out + "/results.csv");
   finish(spec, rows, out);
+  int contended = 0;
+  for (const auto& [id, row] : rows) contended += contention(row) >= 0;
+  if (contended > 0)
+    std::printf("note: %d point(s) waited for a core over %d%% of their step time (host.cpu_wait_share in "
+                "results.jsonl): their step times include that waiting; compare or calibrate with points measured on "
+                "free cores (a quiet machine, or the spec's priority as root)\n",
+                contended, int(100 * kContendedShare));
   return 0;
 }
 

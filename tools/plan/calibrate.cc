@@ -45,6 +45,9 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   p.id = j.value("id", where);
   p.index = int(j.value("point", 0));
   p.step_s = field(j, "step_ms_median", where) / 1e3;
+  if (j.contains("host") && j["host"].is_object() && j["host"].contains("cpu_wait_share") &&
+      j["host"]["cpu_wait_share"].is_number())
+    p.cpu_wait_share = j["host"]["cpu_wait_share"].get<double>();
   p.workload = workload_of(cfg);
   return p;
 }
@@ -219,8 +222,10 @@ CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster
   CalibrationResult r;
   r.cluster = with(s, x);
   r.fit_points = int(fit_set.size());
-  for (const SweepPoint* p : fit_set) r.fitted.push_back({p->id, p->step_s, predict_point(*p, r.cluster)});
-  for (const SweepPoint* p : held) r.held_out.push_back({p->id, p->step_s, predict_point(*p, r.cluster)});
+  for (const SweepPoint* p : fit_set)
+    r.fitted.push_back({p->id, p->step_s, predict_point(*p, r.cluster), p->cpu_wait_share});
+  for (const SweepPoint* p : held) r.held_out.push_back({p->id, p->step_s, predict_point(*p, r.cluster), p->cpu_wait_share});
+  for (const SweepPoint& p : points) r.contended_points += p.cpu_wait_share > kContendedPointShare;
   r.fit_median_error = median_abs(r.fitted);
   r.held_out_median_error = median_abs(r.held_out);
   for (const PointError& e : r.held_out) r.held_out_max_error = std::max(r.held_out_max_error, std::fabs(e.error()));
@@ -233,16 +238,25 @@ std::string calibration_report(const CalibrationResult& r) {
   auto rows = [&](const char* title, const std::vector<PointError>& v) {
     s += title;
     for (const PointError& e : v) {
-      std::snprintf(buf, sizeof buf, "  %-48s measured %9.2f ms  predicted %9.2f ms  %+6.1f%%\n", e.id.c_str(),
+      std::snprintf(buf, sizeof buf, "  %-48s measured %9.2f ms  predicted %9.2f ms  %+6.1f%%", e.id.c_str(),
                     e.measured_s * 1e3, e.predicted_s * 1e3, 100 * e.error());
       s += buf;
+      if (e.cpu_wait_share > kContendedPointShare)
+        s += str_cat("  (waited for a core ", int(100 * e.cpu_wait_share + 0.5), "% of the step)");
+      s += "\n";
     }
   };
   rows("fitted points:\n", r.fitted);
   if (!r.held_out.empty()) rows("held-out points:\n", r.held_out);
   std::snprintf(buf, sizeof buf, "median |error|: fitted %.1f%%, held out %.1f%% (max %.1f%%)\n",
                 100 * r.fit_median_error, 100 * r.held_out_median_error, 100 * r.held_out_max_error);
-  return s + buf;
+  s += buf;
+  if (r.contended_points > 0)
+    s += str_cat("warning: ", r.contended_points, " point(s) waited for a core over ", int(100 * kContendedPointShare),
+                 "% of their step time: that waiting depends on the layout (ranks that block in collectives give "
+                 "their core to others), so the fit describes the machine's other load as much as the machine; "
+                 "measure on free cores (a quiet machine, or the sweep spec's priority as root)\n");
+  return s;
 }
 
 }  // namespace xirang::tools::plan

@@ -27,6 +27,9 @@ struct SweepPoint {
   Workload workload;
   PlanLayout layout;
   double step_s = 0;  // measured median
+  // host.cpu_wait_share of the row: the share of its steps rank 0 spent
+  // waiting for a core; -1 where the row does not say.
+  double cpu_wait_share = -1;
 };
 
 // The "ok" rows of a results.jsonl; a Data error names a malformed line or a missing field.
@@ -38,6 +41,7 @@ Holdout parse_holdout(const std::string& s);
 struct PointError {
   std::string id;
   double measured_s = 0, predicted_s = 0;
+  double cpu_wait_share = -1;
   double error() const { return (predicted_s - measured_s) / measured_s; }
 };
 
@@ -46,7 +50,12 @@ struct CalibrationResult {
   int fit_points = 0;
   std::vector<PointError> fitted, held_out;
   double fit_median_error = 0, held_out_median_error = 0, held_out_max_error = 0;  // |relative|
+  int contended_points = 0;  // points whose cpu_wait_share exceeds kContendedPointShare
 };
+
+// A point that waited for a core over this share of its steps measured the
+// waiting as well as the work (the sweep's kContendedShare).
+constexpr double kContendedPointShare = 0.1;
 
 CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster& start, Holdout holdout);
 std::string calibration_report(const CalibrationResult& r);

@@ -1,6 +1,7 @@
 // Launching one run of a point: the command line (mpirun, srun or the spec's
 // template) and a child process group with a time limit.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -8,6 +9,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <fstream>
 #include <thread>
 
 #include "core/error.h"
@@ -58,11 +60,22 @@ std::string launch_command(const Spec& spec, const Point& p, int ranks, const st
 
 namespace {
 
-// In the child: a process group of its own (so a timeout can end mpirun and
-// every rank it started), output into the log, the spec's environment.
+// In the child: a session and process group of its own (so a timeout can
+// end mpirun and every rank it started, and the run's scheduling group is
+// its own), the priority, output into the log, the spec's environment.
 [[noreturn]] void exec_child(const std::string& cmd, const std::string& log_path,
-                             const std::map<std::string, std::string>& env) {
-  ::setpgid(0, 0);
+                             const std::map<std::string, std::string>& env, std::optional<int> priority) {
+  ::setsid();
+  if (priority) {
+    // Failures leave the run at normal priority; priority_problem() said why before the sweep began.
+    const int fdg = ::open("/proc/self/autogroup", O_WRONLY);
+    if (fdg >= 0) {
+      const std::string v = std::to_string(*priority);
+      [[maybe_unused]] ssize_t n = ::write(fdg, v.data(), v.size());
+      ::close(fdg);
+    }
+    ::setpriority(PRIO_PROCESS, 0, *priority);
+  }
   const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd >= 0) {
     ::dup2(fd, 1);
@@ -116,19 +129,38 @@ void kill_group(pid_t pid, int* status) {
   ::waitpid(pid, status, 0);
 }
 
+// CPU time of reaped children, in seconds.
+double children_cpu_s() {
+  rusage u{};
+  if (::getrusage(RUSAGE_CHILDREN, &u) != 0) return -1;
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 }  // namespace
 
+std::string priority_problem(int priority) {
+  if (priority < 0 && ::geteuid() != 0)
+    return str_cat("priority ", priority, " needs root (runs go at normal priority)");
+  std::ifstream f("/proc/sys/kernel/sched_autogroup_enabled");
+  int on = 0;
+  if (f >> on && on == 1 && !std::ifstream("/proc/self/autogroup"))
+    return "autogroup scheduling is on but /proc/self/autogroup cannot be read (only the runs' own nice value is set)";
+  return "";
+}
+
 LaunchResult run_command(const std::string& cmd, const std::string& log_path, double timeout_s,
-                         const std::map<std::string, std::string>& env) {
+                         const std::map<std::string, std::string>& env, std::optional<int> priority) {
   forward_interrupts();
+  const double cpu0 = children_cpu_s();
   const auto start = std::chrono::steady_clock::now();
   const pid_t pid = ::fork();
   if (pid < 0) fail(ErrorKind::Internal, "sweep: fork failed");
   if (pid == 0) {
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
-    exec_child(cmd, log_path, env);
+    exec_child(cmd, log_path, env, priority);
   }
-  ::setpgid(pid, pid);  // also here: no race with the kill below
+  // Until the child's setsid() the group does not exist: wait for it, so that a kill cannot miss it.
+  for (int i = 0; i < 1000 && ::getpgid(pid) != pid; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
   running_group = pid;
   LaunchResult r;
   r.limit_s = timeout_s;
@@ -148,6 +180,7 @@ LaunchResult run_command(const std::string& cmd, const std::string& log_path, do
   running_group = 0;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (const double cpu1 = children_cpu_s(); cpu0 >= 0 && cpu1 >= 0) r.cpu_s = cpu1 - cpu0;
   return r;
 }
 

@@ -82,6 +82,8 @@ std::vector<Json> read_steps(const std::string& path, int warmup) {
 
 RunOutcome read_run(const LaunchResult& r, const std::string& log_path, const std::string& metrics_path, int warmup) {
   RunOutcome out;
+  out.wall_s = r.wall_s;
+  out.cpu_s = r.cpu_s;
   std::vector<std::string> lines;
   std::ifstream log(log_path);
   for (std::string l; std::getline(log, l);) {
@@ -163,6 +165,26 @@ void add_statistics(Json& row, const std::vector<RunOutcome>& runs) {
   row["shares"] = shares;
 }
 
+// How much of the machine a point's runs had (see make_row in sweep.h).
+Json host_of(const std::vector<RunOutcome>& runs, int ranks) {
+  double wall = 0, cpu = 0;
+  bool have_cpu = !runs.empty();
+  std::vector<double> wait_share;
+  for (const RunOutcome& r : runs) {
+    wall += r.wall_s;
+    cpu += r.cpu_s;
+    have_cpu = have_cpu && r.cpu_s >= 0;
+    for (const Json& s : r.steps)
+      if (s.contains("cpu_wait_ms") && s["cpu_wait_ms"].is_number() && field(s, "step_ms") > 0)
+        wait_share.push_back(s["cpu_wait_ms"].get<double>() / field(s, "step_ms"));
+  }
+  Json h = Json::object();
+  h["wall_s"] = wall;
+  h["cpu_busy"] = have_cpu && wall > 0 ? Json(cpu / (wall * std::max(ranks, 1))) : Json(nullptr);
+  h["cpu_wait_share"] = wait_share.empty() ? Json(nullptr) : Json(percentile(wait_share, 0.5));
+  return h;
+}
+
 }  // namespace
 
 Json make_row(const Point& p, const Prepared& pre, const std::vector<RunOutcome>& runs) {
@@ -191,6 +213,7 @@ Json make_row(const Point& p, const Prepared& pre, const std::vector<RunOutcome>
                           "breakdown_ms", "shares"})
       row[k] = nullptr;
   row["memory_bytes_per_rank"] = memory ? Json(int64_t(*memory)) : Json(nullptr);
+  row["host"] = host_of(runs, pre.ranks);
   return row;
 }
 

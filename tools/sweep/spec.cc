@@ -17,8 +17,8 @@ namespace {
 
 // Keys the sweep itself owns: a point may not set them.
 const std::set<std::string> kOwnedKeys = {"train.steps", "metrics.jsonl"};
-const std::set<std::string> kSpecKeys = {"base", "set",     "axes",     "points",        "steps", "warmup",
-                                         "repeats", "timeout_s", "launcher", "launcher_args", "env"};
+const std::set<std::string> kSpecKeys = {"base",     "set",      "axes",          "points", "steps",   "warmup",
+                                         "repeats", "timeout_s", "launcher", "launcher_args", "env",   "priority"};
 
 struct SpecReader {
   std::string where;  // the spec file, for messages
@@ -159,6 +159,11 @@ void read_run_keys(const SpecReader& r, const YAML::Node& root, Spec& spec) {
   if (root["warmup"]) spec.warmup = r.integer(root["warmup"], "warmup", 0);
   if (root["repeats"]) spec.repeats = r.integer(root["repeats"], "repeats", 1);
   if (root["timeout_s"]) spec.timeout_s = r.number(root["timeout_s"], "timeout_s");
+  if (root["priority"]) {
+    const int v = r.integer(root["priority"], "priority", -20);
+    if (v > 19) r.bad(str_cat("priority='", v, "' must be a nice value from -20 to 19", r.line_of(root["priority"])));
+    spec.priority = v;
+  }
   if (spec.warmup >= spec.steps)
     r.bad(str_cat("warmup=", spec.warmup, " leaves no measured step of steps=", spec.steps));
   if (root["launcher"]) spec.launcher = parse_launcher(r.scalar(root["launcher"], "launcher"), r.where);
@@ -209,7 +214,8 @@ Spec load_spec(const std::string& path) {
   for (const auto& kv : root)
     if (!kSpecKeys.count(kv.first.as<std::string>()))
       r.bad(str_cat("unknown key '", kv.first.as<std::string>(), "'", r.line_of(kv.first),
-                    " (known: base, set, axes, points, steps, warmup, repeats, timeout_s, launcher, launcher_args, env)"));
+                    " (known: base, set, axes, points, steps, warmup, repeats, timeout_s, launcher, launcher_args, env, "
+                    "priority)"));
   Spec spec;
   spec.path = path;
   if (!root["base"]) r.bad("no base config (base: PATH, relative to the spec file)");

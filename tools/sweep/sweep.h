@@ -61,6 +61,12 @@ struct Spec {
   double timeout_s = 600;           // per run; the process group is killed after it
   Launcher launcher;
   std::map<std::string, std::string> env;  // set in the launched command's environment
+  // Nice value of each run (-20..19; negative needs root). A run is a
+  // session of its own, and on Linux with autogroup scheduling a session's
+  // processes share one CPU share whatever their own nice values, so the
+  // value is given to the run's session (/proc/self/autogroup) as well:
+  // that is what lets a measurement keep its cores against other sessions.
+  std::optional<int> priority;
 };
 
 // Reads and expands a spec. Throws ErrorKind::Config with one line naming the
@@ -87,11 +93,17 @@ struct LaunchResult {
   bool timed_out = false;
   double limit_s = 0;     // the time limit it ran under
   double wall_s = 0;
+  // CPU time of the command and every process it waited for (getrusage of
+  // children); negative where unknown.
+  double cpu_s = -1;
 };
-// Runs `cmd` with /bin/sh in a process group of its own, stdout and stderr
-// into log_path, `env` added; kills the group after timeout_s.
+// Runs `cmd` with /bin/sh in a session (and process group) of its own,
+// stdout and stderr into log_path, `env` added, at `priority` when given;
+// kills the group after timeout_s.
 LaunchResult run_command(const std::string& cmd, const std::string& log_path, double timeout_s,
-                         const std::map<std::string, std::string>& env);
+                         const std::map<std::string, std::string>& env, std::optional<int> priority = {});
+// "" when `priority` can be applied here, else why not (one line).
+std::string priority_problem(int priority);
 
 // One run's outcome read back from its log and metrics.jsonl.
 struct RunOutcome {
@@ -99,11 +111,19 @@ struct RunOutcome {
   std::string reason;
   std::optional<double> memory_bytes;  // rank 0's memory plan total (memory_planned_bytes, else its printed plan)
   std::vector<Json> steps;             // measured metrics lines (warm-up left out)
+  double wall_s = 0, cpu_s = -1;       // from the LaunchResult
 };
 RunOutcome read_run(const LaunchResult& r, const std::string& log_path, const std::string& metrics_path, int warmup);
 
 // The results.jsonl row of a point: settings, layout, status and, when every
-// repeat was ok, the statistics over their pooled measured steps.
+// repeat was ok, the statistics over their pooled measured steps, and
+// `host`: how much of the machine the runs had. host.cpu_wait_share is the
+// median over measured steps of rank 0's cpu_wait_ms / step_ms (its main
+// thread ready but waiting for a core: other work on the machine, or more
+// threads than cores); step times of points above kContendedShare measure
+// that waiting as well as the model's work. host.cpu_busy is the runs' CPU
+// time over wall time x ranks.
+constexpr double kContendedShare = 0.1;
 Json make_row(const Point& p, const Prepared& pre, const std::vector<RunOutcome>& runs);
 
 // The names of the breakdown fields, with "_ms" ("forward_ms", ...): the ten
