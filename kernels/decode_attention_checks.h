@@ -32,7 +32,9 @@ inline Dims check(const char* op, const Tensor& out, const Tensor& k_cache, cons
   if (pos < 0 || pos + n > d.T_max)
     fail(ErrorKind::Shape, op, ": positions [", pos, ", ", pos + n, ") of ", n, " new tokens after ", pos,
          " cached do not fit a cache of ", d.T_max, " positions");
-  for (const Tensor* t : {&out, &k_cache, &v_cache}) check_dtype(op, "out/k_cache/v_cache", *t, qkv.dtype());
+  check_dtype(op, "out", out, qkv.dtype());
+  check_dtype(op, "k_cache", k_cache, qkv.dtype());
+  check_dtype(op, "v_cache", v_cache, qkv.dtype());
   return d;
 }
 

@@ -2,7 +2,9 @@
 # `xirang generate` from the command line, on checkpoints of the debug GPT-2
 # and LLaMA trained for 4 steps on the byte tokenizer's data:
 #   gpt2_greedy      temperature 0 prints the prompt and its continuation, the same twice, and the same
-#                    for 1 and 2 OpenMP/BLAS threads; a tp=2 reshard of the checkpoint generates the same
+#                    for 1 and 2 OpenMP/BLAS threads; a tp=2 reshard of the checkpoint generates the same (greedy
+#                    and sampled), the step-2 checkpoint other text;
+#                    bf16 storage generates too
 #   llama_sampling   the same seed gives the same text at temperature 0.9 with top-k 20, for 1 and 2
 #                    threads; other seeds give other texts; greedy repeats too
 #   context_full     generation stops when the sequence fills model.seq_len, and says so on stderr
@@ -27,7 +29,8 @@ prepare() {
       >/dev/null || die "data prepare failed"
   [ -f "$dir/step_00000004/meta.json" ] && return
   rm -rf "$dir"
-  "$xirang" train "$cfg" "${data[@]}" --set train.steps=4 --set checkpoint.dir="$dir" --set metrics.peak_tflops=1 \
+  "$xirang" train "$cfg" "${data[@]}" --set train.steps=4 --set checkpoint.dir="$dir" --set checkpoint.every=2 \
+    --set metrics.peak_tflops=1 \
     >/dev/null 2>train.err || die "training $cfg failed: $(tail -3 train.err)"
 }
 
@@ -57,6 +60,17 @@ case $case in
     "$xirang" ckpt convert ck_gpt2 ck_tp2 --layout tp=2 >/dev/null 2>err.txt || die "reshard failed: $(cat err.txt)"
     gen d "$gpt2" "${data[@]}" --checkpoint ck_tp2 --prompt "The quick brown fox" --max-new-tokens 40 --temperature 0
     cmp -s a.out d.out || die "the tp=2 checkpoint generates '$(cat d.out)', the original '$(cat a.out)'"
+    # Sampled text depends on every parameter: the reshard gives the same, an earlier step (checkpoint.every=2) other text.
+    sample=(--prompt "The quick brown fox" --max-new-tokens 40 --temperature 1 --seed 3)
+    gen s4 "$gpt2" "${data[@]}" --checkpoint ck_gpt2 "${sample[@]}"
+    gen s4tp2 "$gpt2" "${data[@]}" --checkpoint ck_tp2 "${sample[@]}"
+    gen s2 "$gpt2" "${data[@]}" --checkpoint ck_gpt2/step_00000002 "${sample[@]}"
+    cmp -s s4.out s4tp2.out || die "sampling from the tp=2 checkpoint differs: '$(cat s4tp2.out)' vs '$(cat s4.out)'"
+    ! cmp -s s4.out s2.out || die "steps 2 and 4 sample the same text: $(cat s4.out)"
+    # bf16 storage runs the same path (the checkpoint's fp32 values rounded once).
+    gen e "$gpt2" "${data[@]}" --checkpoint ck_gpt2 --prompt "The quick brown fox" --max-new-tokens 40 --temperature 0 \
+      --set precision.dtype=bf16
+    grep -q "generated 40 tokens" e.err || die "bf16: $(cat e.err)"
     echo "ok [$case]: $(cat a.out)" ;;
   llama_sampling)
     prepare "$llama" ck_llama
