@@ -166,29 +166,73 @@ void load_parameters(const CheckpointReader& r, ModelChunk& chunk, const std::st
   }
 }
 
-int generate(const GenerateArgs& args) {
-  const Config cfg = load_config(args.config_path, args.overrides);
-  const ModelDims dims = model_dims(cfg.model);
-  check_layout(dims, ParallelLayout{});
-  const DType dtype = dtype_of(cfg.precision.dtype);
+// Where the kernels run: the host, or the first GPU (device.backend=cuda).
+struct Execution {
   Device device = Device::CPU;
   KernelContext ctx;
 #ifdef XIRANG_HAVE_CUDA
   std::unique_ptr<CudaContext> cuda;
 #endif
-  if (cfg.device.backend == Backend::CUDA) {
+};
+
+void use_backend(const Config& cfg, Execution& b) {
+  if (cfg.device.backend != Backend::CUDA) return;
 #ifndef XIRANG_HAVE_CUDA
-    fail(ErrorKind::Config, "device.backend=cuda: this build has no CUDA backend (configure with -DXIRANG_CUDA=ON "
-                            "on a machine with the CUDA toolkit), use device.backend=cpu");
+  (void)b;
+  fail(ErrorKind::Config, "device.backend=cuda: this build has no CUDA backend (configure with -DXIRANG_CUDA=ON "
+                          "on a machine with the CUDA toolkit), use device.backend=cpu");
 #else
-    if (!cuda_available())
-      fail(ErrorKind::Config, "device.backend=cuda: no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the "
-                              "driver), use device.backend=cpu");
-    cuda = std::make_unique<CudaContext>(0);
-    ctx = cuda->kernel_context();
-    device = Device::CUDA;
+  if (!cuda_available())
+    fail(ErrorKind::Config, "device.backend=cuda: no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the "
+                            "driver), use device.backend=cpu");
+  b.cuda = std::make_unique<CudaContext>(0);
+  b.ctx = b.cuda->kernel_context();
+  b.device = Device::CUDA;
 #endif
+}
+
+// The whole model on one rank with the checkpoint's parameters; no memory for gradients.
+struct LoadedModel {
+  Arena params;
+  std::unique_ptr<ModelChunk> chunk;
+};
+
+void load_model(LoadedModel& m, const ModelDims& dims, DType dtype, Device device, const CheckpointReader& reader) {
+  m.chunk = model_arch(dims.arch).make_chunk(dims, ChunkPlacement::whole(dims.n_layer), dtype, ChunkBatch{1, 1, 1},
+                                             TensorParallel{});
+  Arena probe = Arena::measuring("parameters", device), no_grads = Arena::measuring("gradients", device);
+  m.chunk->layout_parameters(probe, no_grads);
+  m.params = Arena("parameters", probe.used(), device);
+  no_grads = Arena::measuring("gradients", device);  // the gradients are never touched
+  m.chunk->layout_parameters(m.params, no_grads);
+  load_parameters(reader, *m.chunk, dims.arch);
+}
+
+// Samples up to `budget` tokens after the prompt, writing each one's text
+// to stdout as it comes; returns how many.
+int64_t sample_text(Decoder& dec, const KernelContext& ctx, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                    int64_t budget, const SamplingOptions& sampling) {
+  // Draws stay inside both vocabularies (a model may pad past the tokenizer's).
+  const int64_t vocab = std::min<int64_t>(dec.dims().vocab_size, tok.vocab_size());
+  Tensor logits = dec.forward(ctx, prompt.data(), int64_t(prompt.size()));
+  int64_t produced = 0;
+  for (;;) {
+    const std::vector<float> row = logits_to_host(ctx, logits, logits.size(0) - 1, vocab);
+    const int32_t next = sample_token(row, sampling, uint64_t(produced));
+    const std::string text = tok.decode(&next, 1);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    if (++produced == budget) return produced;
+    logits = dec.forward(ctx, &next, 1);
   }
+}
+
+int generate(const GenerateArgs& args) {
+  const Config cfg = load_config(args.config_path, args.overrides);
+  const ModelDims dims = model_dims(cfg.model);
+  check_layout(dims, ParallelLayout{});
+  Execution backend;
+  use_backend(cfg, backend);
 
   // The prompt first: its errors need neither the checkpoint nor the model.
   const std::unique_ptr<Tokenizer> tok = dataset_tokenizer(cfg);
@@ -201,35 +245,15 @@ int generate(const GenerateArgs& args) {
 
   const std::string step_dir = checkpoint_step_dir(args.checkpoint);
   const CheckpointReader reader = CheckpointReader::open(step_dir);
-  const ModelArch& arch = model_arch(dims.arch);
-  std::unique_ptr<ModelChunk> chunk =
-      arch.make_chunk(dims, ChunkPlacement::whole(dims.n_layer), dtype, ChunkBatch{1, 1, 1}, TensorParallel{});
-  Arena probe = Arena::measuring("parameters", device), no_grads = Arena::measuring("gradients", device);
-  chunk->layout_parameters(probe, no_grads);  // the gradients are never touched: no memory for them
-  Arena params("parameters", probe.used(), device);
-  no_grads = Arena::measuring("gradients", device);
-  chunk->layout_parameters(params, no_grads);
-  load_parameters(reader, *chunk, dims.arch);
-  std::unique_ptr<Decoder> dec = make_decoder(*chunk, device);
+  LoadedModel model;
+  load_model(model, dims, dtype_of(cfg.precision.dtype), backend.device, reader);
+  std::unique_ptr<Decoder> dec = make_decoder(*model.chunk, backend.device);
 
-  // Sampling stays inside both vocabularies (a model may pad past the tokenizer's).
-  const int64_t vocab = std::min<int64_t>(dims.vocab_size, tok->vocab_size());
-  const int64_t room = dims.max_seq_len - int64_t(prompt.size());
-  const int64_t budget = std::min<int64_t>(args.max_new_tokens, room);
   std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
-  Tensor logits = dec->forward(ctx, prompt.data(), int64_t(prompt.size()));
-  int64_t produced = 0;
-  for (;;) {
-    const std::vector<float> row = logits_to_host(ctx, logits, logits.size(0) - 1, vocab);
-    const int32_t next = sample_token(row, args.sampling, uint64_t(produced));
-    const std::string text = tok->decode(&next, 1);
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
-    if (++produced == budget) break;
-    logits = dec->forward(ctx, &next, 1);
-  }
+  const int64_t budget = std::min<int64_t>(args.max_new_tokens, dims.max_seq_len - int64_t(prompt.size()));
+  const int64_t produced = sample_text(*dec, backend.ctx, *tok, prompt, budget, args.sampling);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
