@@ -201,7 +201,8 @@ TEST(Decode, SamplingRules) {
   // Another seed draws another sequence.
   int differ = 0;
   for (uint64_t i = 0; i < 50; ++i)
-    differ += sample_token(logits, {.temperature = 1, .seed = 1}, i) != sample_token(logits, {.temperature = 1, .seed = 2}, i);
+    differ += sample_token(logits, {.temperature = 1, .seed = 1}, i) !=
+              sample_token(logits, {.temperature = 1, .seed = 2}, i);
   EXPECT_GT(differ, 5);
   // Bad options.
   EXPECT_THROW(sample_token(logits, {.temperature = -0.5}, 0), Error);
