@@ -15,6 +15,8 @@ int data_command(int argc, char** argv);
 int ckpt_command(int argc, char** argv);
 // xirang eval CONFIG --checkpoint PATH [--set section.key=value ...]
 int eval_command(int argc, char** argv);
+// xirang generate CONFIG --checkpoint PATH --prompt TEXT [...] (see tools/generate_cmd.cc)
+int generate_command(int argc, char** argv);
 // xirang report RUN [--baseline RUN2] [--plot DIR] [--json] ... (see tools/report_cmd.cc)
 int report_command(int argc, char** argv);
 // xirang sweep SPEC.yaml [--out DIR] [--resume] [--dry-run] (see tools/sweep_cmd.cc)

@@ -2,6 +2,7 @@
 //
 //   xirang train CONFIG [--set section.key=value ...]
 //   xirang eval CONFIG --checkpoint PATH [--set section.key=value ...]
+//   xirang generate CONFIG --checkpoint PATH --prompt TEXT [--max-new-tokens N] [--temperature T] [...]
 //   xirang data prepare --tokenizer bytes --out DIR FILE...
 //   xirang ckpt inspect PATH | convert SRC DST [...]
 //   xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [...]
@@ -27,6 +28,9 @@ const char* kUsage =
     "commands:\n"
     "  train CONFIG [--set section.key=value ...]   train a model (under mpirun for several ranks)\n"
     "  eval CONFIG --checkpoint PATH [--set ...]    print a checkpoint's loss on data.val (val_loss, 17 digits)\n"
+    "  generate CONFIG --checkpoint PATH --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]\n"
+    "           [--seed S] [--set ...]            continue a prompt with a checkpoint's model (one rank, CPU or\n"
+    "                                                CUDA), printing the text as it comes; temperature 0 is greedy\n"
     "  data prepare --tokenizer gpt2|bytes --out DIR [--val-fraction F] [--force] [--threads N] INPUT...\n"
     "  data encode|decode --tokenizer gpt2|bytes    text on stdin -> ids on stdout, or back\n"
     "  data inspect DIR                              describe and verify a dataset split\n"
@@ -60,12 +64,13 @@ int main(int argc, char** argv) {
     if (cmd == "data") return xirang::tools::data_command(argc - 1, argv + 1);
     if (cmd == "ckpt") return xirang::tools::ckpt_command(argc - 1, argv + 1);
     if (cmd == "eval") return xirang::tools::eval_command(argc - 1, argv + 1);
+    if (cmd == "generate") return xirang::tools::generate_command(argc - 1, argv + 1);
     if (cmd == "report") return xirang::tools::report_command(argc - 1, argv + 1);
     if (cmd == "trace") return xirang::tools::trace_command(argc - 1, argv + 1);
     if (cmd == "plan") return xirang::tools::plan_command(argc - 1, argv + 1);
     if (cmd == "sweep") return xirang::tools::sweep_command(argc - 1, argv + 1);
     std::fprintf(stderr,
-                 "xirang: usage error: unknown command '%s' (expected train, eval, data, ckpt, report, trace, plan or sweep)\n",
+                 "xirang: usage error: unknown command '%s' (expected train, eval, generate, data, ckpt, report, trace, plan or sweep)\n",
                  cmd.c_str());
     return 2;
   } catch (const xirang::Error& e) {

@@ -104,4 +104,8 @@ void swiglu_backward(const KernelContext& ctx, Tensor dg, Tensor du, const Tenso
 void swiglu_packed_forward(const KernelContext& ctx, Tensor h, const Tensor& gu);
 void swiglu_packed_backward(const KernelContext& ctx, Tensor dgu, const Tensor& dh, const Tensor& gu);
 
+// kernels/decode_attention.h (new keys and values appended to the caches, then causal attention over them)
+void decode_attention_forward(const KernelContext& ctx, Tensor out, Tensor k_cache, Tensor v_cache, const Tensor& qkv,
+                              int64_t pos, int n_head, int n_kv_head);
+
 }  // namespace xirang::cuda

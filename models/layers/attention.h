@@ -46,6 +46,8 @@ class CausalSelfAttention {
   // Columns of this rank's fused q, k, v rows: (H + 2 Hkv) head_dim / P.
   int64_t local_qkv_width() const;
   const RowParallelLinear& proj() const { return proj_; }
+  // The fused q/k/v projection (generation runs it on its own rows: models/decode.h).
+  const ColumnParallelLinear& qkv_proj() const { return qkv_; }
 
   // qkv (B, T, local_qkv_width()) = x_full (N, C) W_qkv^T + b; y (B, T,
   // H head_dim / P) the attention of the rank's heads; lse (B, H/P, T) kept

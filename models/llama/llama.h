@@ -96,6 +96,8 @@ class Llama final : public ModelChunk {
   Tensor stage_input(int slot) override { return slots_.at(size_t(slot)).input; }
   Tensor stage_output(int slot) override;
   Tensor input_grad() override { return d_res_; }
+  // (B*T, Vp/P): the logits of the last forward in `slot` with dloss 0 (tests compare generation with them).
+  Tensor logits(int slot) const { return slots_.at(size_t(slot)).logits; }
   // 6 x matrix parameters (q, k, v, o, gate, up, down, head) + 12 L C T for attention.
   double flops_per_token() const override;
   TpCommTime take_tp_comm() override { return tp_.take(); }
