@@ -15,7 +15,8 @@
 // q_proj and k_proj need no permutation: transformers rotates the q and k it
 // computes from the stored weights with rotate_half (pairs (i, i + D/2) of a
 // head), and kernels/rope.h rotates the same pairs, so the stored rows are
-// ours as they are. (Meta's original checkpoints rotate interleaved pairs
+// ours as they are (tests/models/llama_test.cc checks our forward against a
+// transcription of transformers' that rotates (i, i + D/2) on these rows). (Meta's original checkpoints rotate interleaved pairs
 // (2i, 2i + 1); transformers' conversion script permutes those rows, and
 // files in its format are what this adapter reads.)
 //

@@ -7,7 +7,7 @@
 #   bad_input             one error line and a non-zero exit for each bad input; the source is never touched
 #   llama_hf_roundtrip_eval  a llama_debug checkpoint (step 4) exported as LlamaForCausalLM safetensors and
 #                         imported back evaluates to the identical val_loss; imported at tp=2 it evaluates
-#                         under mpirun -np 2 to the same val_loss (1e-5); a GPT-2 config is refused
+#                         under mpirun -np 2 to the same val_loss (1e-5) and trains; a GPT-2 config is refused
 # Usage: ckpt_convert_test.sh XIRANG_BINARY SOURCE_DIR WORK_DIR CASE
 set -uo pipefail
 xirang=$1 src=$2 work=$3 case=$4
@@ -149,6 +149,11 @@ case $case in
       die "eval at tp=2 failed: $(tail -3 c.err)"
     awk -v a="$(cut -d' ' -f2 a.txt)" -v c="$(cut -d' ' -f2 c.txt)" \
       'BEGIN { d = a - c; exit !(a > 0 && (d < 0 ? -d : d) < 1e-5) }' || die "val_loss at tp=2 $(cat c.txt), $(cat a.txt) on one rank"
+    # The tp=2 import trains under mpirun -np 2, its optimizer state starting fresh.
+    "${mpi[@]}" "$xirang" train "$lcfg" "${data[@]}" --set parallel.tp=2 --set train.steps=1 --set checkpoint.dir=llama_tp2 \
+      >out.txt 2>err.txt || die "training from the tp=2 import failed: $(tail -3 err.txt)"
+    grep -q "resumed from .*step_00000000 at step 0" err.txt || die "did not resume at step 0: $(head -5 err.txt)"
+    grep -q "trained to step 1 of 1" out.txt || die "did not train: $(cat out.txt)"
     expect_error 1 "data error: .*hf_llama/config.json': architectures is \[\"LlamaForCausalLM\"\], a model other than the config's: model.arch=gpt2" -- \
       ckpt convert hf_llama/model.safetensors out_dir --config "$cfg"
     echo "ok [$case]: $(cat a.txt) for the llama checkpoint and its safetensors round trip; tp=2 $(cat c.txt)" ;;
