@@ -259,6 +259,16 @@ HfMatch match_hf_tensors(const std::string& path, const ModelConfig& mc, const M
   for (size_t i = 0; i < m.params.size(); ++i) {
     match.foreign.push_back(files.hf_tensors(m.params[i], dims));
     XR_CHECK(!match.foreign.back().empty(), "the file adapter stores '", m.params[i].name, "' as no tensor");
+    if (match.foreign.back().size() > 1) {  // parts: consecutive row blocks that cover the parameter
+      int64_t row = 0;
+      for (const ForeignTensor& t : match.foreign.back()) {
+        XR_CHECK(t.row_begin == row && t.row_end > row, "the file adapter's parts of '", m.params[i].name,
+                 "' are not consecutive row blocks");
+        row = t.row_end;
+      }
+      XR_CHECK(row == m.params[i].shard.global[0], "the file adapter's parts of '", m.params[i].name, "' cover ", row,
+               " of its rows");
+    }
     for (size_t k = 0; k < match.foreign.back().size(); ++k)
       for (const std::string& n : match.foreign.back()[k].names)
         XR_CHECK(by_name.emplace(n, std::make_pair(i, k)).second, "the file adapter gives two tensors the name '", n,
