@@ -12,9 +12,10 @@
 // convert: SRC's format comes from its content (runtime/checkpoint/checkpoint_convert.h).
 // A checkpoint becomes a new checkpoint root DST in another layout, dtype or
 // without optimizer state, or with --to hf (implied by DST ending in
-// .safetensors) a Hugging Face safetensors file plus config.json. A
-// safetensors or llm.c model file becomes a parameters-only checkpoint at
-// step 0 of the model --config describes. DST is never replaced without
+// .safetensors) a Hugging Face safetensors file plus config.json (GPT-2 or
+// LLaMA: the architecture's file adapter). A safetensors or llm.c model
+// file becomes a parameters-only checkpoint at step 0 of the model --config
+// describes; a config.json beside a safetensors file must agree with it. DST is never replaced without
 // --force, and never when it is or holds SRC.
 #include <cstdio>
 #include <filesystem>

@@ -39,7 +39,7 @@ class Gpt2Files final : public ModelFileAdapter {
  public:
   std::string model_name() const override { return "GPT-2"; }
 
-  ForeignTensor hf_tensor(const Parameter& p, const ModelDims& d) const override {
+  std::vector<ForeignTensor> hf_tensors(const Parameter& p, const ModelDims& d) const override {
     const Shape& g = p.shard.global;
     ForeignTensor t{{kHfPrefix + p.name, p.name}, g, ForeignLayout::Same, 0};
     if (p.name == kTokenTable) {
@@ -50,7 +50,7 @@ class Gpt2Files final : public ModelFileAdapter {
       t.shape = {g[1], g[0]};
       t.layout = ForeignLayout::Transposed;
     }
-    return t;
+    return {t};
   }
 
   ExtraTensor hf_extra(const std::string& stored) const override {
@@ -63,6 +63,7 @@ class Gpt2Files final : public ModelFileAdapter {
   }
 
   std::string hf_config_json(const ModelDims& d, DType dtype) const override;
+  std::string hf_config_problem(const std::string& config_json, const ModelDims& d) const override;
   std::string llmc_header_problem(const LlmcHeader& h, const ModelDims& d) const override;
   std::vector<LlmcTensor> llmc_tensors(const LlmcHeader& h, const std::vector<Parameter>& params,
                                        const ModelDims& d) const override;
@@ -83,6 +84,20 @@ std::string Gpt2Files::hf_config_json(const ModelDims& d, DType dtype) const {
                                  {"tie_word_embeddings", true},
                                  {"torch_dtype", torch_dtype}};
   return config.dump(2) + "\n";
+}
+
+std::string Gpt2Files::hf_config_problem(const std::string& text, const ModelDims& d) const {
+  const HfConfigCheck c(text);
+  if (!c.problem().empty()) return c.problem();
+  // The fields that shape tensors; tie_word_embeddings defaults to true in GPT2Config.
+  for (const std::string& p :
+       {c.model("GPT2LMHeadModel", "gpt2", d.arch), c.integer("n_embd", d.d_model, "model.d_model"),
+        c.integer("n_layer", d.n_layer, "model.n_layer"), c.integer("n_head", d.n_head, "model.n_head"),
+        c.integer("n_positions", d.max_seq_len, "model.seq_len"),
+        c.integer("vocab_size", d.vocab_size, "model.vocab_size"),
+        c.boolean("tie_word_embeddings", true, "model.tie_embeddings", true)})
+    if (!p.empty()) return p;
+  return "";
 }
 
 std::string Gpt2Files::llmc_header_problem(const LlmcHeader& h, const ModelDims& d) const {

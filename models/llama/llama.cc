@@ -7,6 +7,7 @@
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
 #include "kernels/rope.h"
+#include "models/llama/llama_files.h"
 
 namespace xirang {
 
@@ -112,6 +113,7 @@ ModelArch llama_arch() {
   a.parameters = [](const ModelDims& d, const ChunkPlacement& at, int tp, int tp_rank) {
     return llama_parameters(d, at, tp, tp_rank);
   };
+  a.files = &llama_file_adapter();
   return a;
 }
 

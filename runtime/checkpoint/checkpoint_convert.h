@@ -9,8 +9,9 @@
 //   - changing the stored parameter dtype, dropping the optimizer state;
 //   - exporting the parameters as a Hugging Face safetensors file with its
 //     config.json;
-//   - importing such a file, or an llm.c model file, checked against a
-//     config, as a parameters-only checkpoint at step 0.
+//   - importing such a file (and the config.json beside it), or an llm.c
+//     model file, checked against a config, as a parameters-only
+//     checkpoint at step 0.
 // Names, stored shapes and layouts in those files are the architecture's
 // (ModelArch::files, models/file_adapter.h); an architecture without an
 // adapter can be resharded but not exported or imported.
@@ -93,8 +94,9 @@ ConvertResult reshard_checkpoint(const std::string& src, const std::string& dst,
 // A Config error when the checkpoint's model.arch has no file adapter.
 ConvertResult export_hf_safetensors(const std::string& src, const std::string& dst, const ConvertOptions& options);
 
-// Reads a safetensors or llm.c model file (detect_model_format), checks every
-// tensor against `config`'s model and writes it as a parameters-only
+// Reads a safetensors or llm.c model file (detect_model_format), checks a
+// safetensors file's config.json (when beside it) and every tensor against
+// `config`'s model and writes it as a parameters-only
 // checkpoint root `dst` at step 0, with config.yaml as its configuration.
 // A Config error when config's model.arch has no file adapter.
 ConvertResult import_model_file(const std::string& src, const Config& config, const std::string& dst,

@@ -222,9 +222,9 @@ struct HfMatch {
     size_t param;
     std::string what;  // the parameter, in messages
   };
-  std::vector<ForeignTensor> foreign;   // per parameter: how the adapter stores it
-  std::vector<const StTensor*> source;  // per parameter: the tensor that holds it
-  std::vector<Copy> copies;             // tied copies, checked against their parameter once it is read
+  std::vector<std::vector<ForeignTensor>> foreign;   // per parameter: how the adapter stores it (its parts)
+  std::vector<std::vector<const StTensor*>> source;  // per parameter and part: the tensor that holds it
+  std::vector<Copy> copies;                          // tied copies, checked against their parameter once it is read
 };
 
 size_t param_index(const std::vector<Parameter>& params, const std::string& name) {
@@ -234,61 +234,95 @@ size_t param_index(const std::vector<Parameter>& params, const std::string& name
 }
 
 // A stored tensor whose name is no parameter's: a tied copy (its shape
-// checked as its parameter's), an ignored buffer, or an error.
-void match_extra(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files, const HostModel& m,
+// checked as its parameter's) or an ignored buffer.
+void match_extra(const std::string& path, const ModelFileAdapter& files, const HostModel& m,
                  const StTensor& t, HfMatch& match) {
   const ExtraTensor x = files.hf_extra(t.name);
   if (x.kind == ExtraTensor::Kind::Ignored) return;
-  if (x.kind == ExtraTensor::Kind::Unknown)
-    fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' is no parameter of the ", files.model_name(),
-         " the config describes (", config_hint(mc), ")");
+  XR_CHECK(x.kind == ExtraTensor::Kind::TiedCopy, "tensor '", t.name, "': unknown names are refused before");
   const size_t i = param_index(m.params, x.param);
-  const ForeignTensor& want = match.foreign[i];
+  XR_CHECK(match.foreign[i].size() == 1, "a tied copy of '", x.param, "', which is stored in parts");
+  const ForeignTensor& want = match.foreign[i][0];
   if (!foreign_accepts(want, m.params[i].shard.global, t.shape))
     fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' has shape ", t.shape.str(), ", expected ",
          want.shape.str(), " (", x.what, "'s)");
   match.copies.push_back({&t, i, x.what});
 }
 
-// Every parameter's tensor, by the adapter's names, with its shape checked
-// against the config before any data is read.
+// Every parameter's tensors, by the adapter's names, with their shapes
+// checked against the config before any data is read.
 HfMatch match_hf_tensors(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files,
                          const HostModel& m, const std::vector<StTensor>& tensors) {
   const ModelDims dims = model_dims(mc);
   HfMatch match;
-  std::map<std::string, size_t, std::less<>> by_name;
+  std::map<std::string, std::pair<size_t, size_t>, std::less<>> by_name;  // (parameter, part)
   for (size_t i = 0; i < m.params.size(); ++i) {
-    match.foreign.push_back(files.hf_tensor(m.params[i], dims));
-    for (const std::string& n : match.foreign.back().names)
-      XR_CHECK(by_name.emplace(n, i).second, "the file adapter gives two parameters the name '", n, "'");
+    match.foreign.push_back(files.hf_tensors(m.params[i], dims));
+    XR_CHECK(!match.foreign.back().empty(), "the file adapter stores '", m.params[i].name, "' as no tensor");
+    if (match.foreign.back().size() > 1) {  // parts: consecutive row blocks that cover the parameter
+      int64_t row = 0;
+      for (const ForeignTensor& t : match.foreign.back()) {
+        XR_CHECK(t.row_begin == row && t.row_end > row, "the file adapter's parts of '", m.params[i].name,
+                 "' are not consecutive row blocks");
+        row = t.row_end;
+      }
+      XR_CHECK(row == m.params[i].shard.global[0], "the file adapter's parts of '", m.params[i].name, "' cover ", row,
+               " of its rows");
+    }
+    for (size_t k = 0; k < match.foreign.back().size(); ++k)
+      for (const std::string& n : match.foreign.back()[k].names)
+        XR_CHECK(by_name.emplace(n, std::make_pair(i, k)).second, "the file adapter gives two tensors the name '", n,
+                 "'");
+    match.source.emplace_back(match.foreign.back().size(), nullptr);
   }
-  match.source.assign(m.params.size(), nullptr);
+  // Names first: a file of another model is named as such, not by the
+  // first shape that happens to differ.
+  for (const StTensor& t : tensors)
+    if (!by_name.count(t.name) && files.hf_extra(t.name).kind == ExtraTensor::Kind::Unknown)
+      fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' is no parameter of the ", files.model_name(),
+           " the config describes (", config_hint(mc), ")");
   for (const StTensor& t : tensors) {
     const auto it = by_name.find(t.name);
     if (it == by_name.end()) {
-      match_extra(path, mc, files, m, t, match);
+      match_extra(path, files, m, t, match);
       continue;
     }
-    const size_t i = it->second;
-    const ForeignTensor& want = match.foreign[i];
-    if (match.source[i])
-      fail(ErrorKind::Data, "'", path, "' holds '", m.params[i].name, "' twice: '", match.source[i]->name, "' and '",
-           t.name, "'");
+    const auto [i, k] = it->second;
+    const ForeignTensor& want = match.foreign[i][k];
+    if (match.source[i][k])
+      fail(ErrorKind::Data, "'", path, "' holds '", want.names.at(0), "' twice: '", match.source[i][k]->name,
+           "' and '", t.name, "'");
     if (!foreign_accepts(want, m.params[i].shard.global, t.shape))
       fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' has shape ", t.shape.str(), ", expected ",
            want.shape.str(), " (", config_hint(mc), ")");
-    match.source[i] = &t;
+    match.source[i][k] = &t;
   }
-  for (size_t i = 0; i < m.params.size(); ++i) {
-    if (match.source[i]) continue;
-    const std::vector<std::string>& names = match.foreign[i].names;
-    std::string others;
-    for (size_t k = 1; k < names.size(); ++k) others += str_cat(k == 1 ? " (nor '" : ", '", names[k], "'");
-    if (!others.empty()) others += ")";
-    fail(ErrorKind::Data, "'", path, "' has no tensor '", names.at(0), "'", others,
-         ", which the config's model needs (", config_hint(mc), ")");
-  }
+  for (size_t i = 0; i < m.params.size(); ++i)
+    for (size_t k = 0; k < match.source[i].size(); ++k) {
+      if (match.source[i][k]) continue;
+      const std::vector<std::string>& names = match.foreign[i][k].names;
+      std::string others;
+      for (size_t n = 1; n < names.size(); ++n) others += str_cat(n == 1 ? " (nor '" : ", '", names[n], "'");
+      if (!others.empty()) others += ")";
+      fail(ErrorKind::Data, "'", path, "' has no tensor '", names.at(0), "'", others,
+           ", which the config's model needs (", config_hint(mc), ")");
+    }
   return match;
+}
+
+// The config.json beside a safetensors file, when there is one, checked
+// against the config: a file of another architecture or other dimensions
+// is named by its config.json field before any tensor is read.
+void check_hf_config(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files) {
+  const size_t slash = path.find_last_of('/');
+  const std::string config_json = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "config.json";
+  struct stat st;
+  if (::stat(config_json.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+  const InFile f(config_json);
+  std::string text(size_t(f.size()), '\0');
+  f.read(0, text.data(), f.size(), "config.json");
+  const std::string problem = files.hf_config_problem(text, model_dims(mc));
+  if (!problem.empty()) fail(ErrorKind::Data, "'", config_json, "': ", problem);
 }
 
 // Reads an llm.c header after checking its magic number, its length and
@@ -355,16 +389,18 @@ void read_hf_safetensors(const std::string& path, const ModelConfig& mc, const M
                          HostModel& m) {
   init_values(m);
   InFile f(path);
+  check_hf_config(path, mc, files);
   uint64_t data_start = 0;
   const std::vector<StTensor> tensors = read_st_header(f, data_start);
   const HfMatch match = match_hf_tensors(path, mc, files, m, tensors);
-  for (size_t i = 0; i < m.params.size(); ++i) {
-    const StTensor& t = *match.source[i];
-    from_foreign(match.foreign[i], t.shape, load(f, data_start, t), m.params[i].shard.global, m.values[i]);
-  }
+  for (size_t i = 0; i < m.params.size(); ++i)
+    for (size_t k = 0; k < match.source[i].size(); ++k) {
+      const StTensor& t = *match.source[i][k];
+      from_foreign(match.foreign[i][k], t.shape, load(f, data_start, t), m.params[i].shard.global, m.values[i]);
+    }
   for (const HfMatch::Copy& c : match.copies) {
     std::vector<float> copy(m.values[c.param].size(), 0.0f);
-    from_foreign(match.foreign[c.param], c.tensor->shape, load(f, data_start, *c.tensor),
+    from_foreign(match.foreign[c.param][0], c.tensor->shape, load(f, data_start, *c.tensor),
                  m.params[c.param].shard.global, copy);
     if (std::memcmp(copy.data(), m.values[c.param].data(), copy.size() * sizeof(float)) != 0)
       fail(ErrorKind::Data, "'", path, "': '", c.tensor->name, "' differs from ", c.what, "; ", files.model_name(),
@@ -415,9 +451,13 @@ int64_t write_hf_safetensors(const std::string& path, const std::string& config_
                              int64_t step, const std::function<void(const Parameter&, std::vector<float>&)>& read_global) {
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16)
     fail(ErrorKind::Usage, "safetensors export in ", dtype_name(dtype), ": expected f32, bf16 or f16");
-  std::vector<ForeignTensor> foreign;
-  for (const Parameter& p : params) foreign.push_back(files.hf_tensor(p, dims));
-  const std::string text = st_header_text(foreign, dtype, step);
+  std::vector<std::vector<ForeignTensor>> foreign;  // per parameter, its parts
+  std::vector<ForeignTensor> stored;                // every part, in file order
+  for (const Parameter& p : params) {
+    foreign.push_back(files.hf_tensors(p, dims));
+    stored.insert(stored.end(), foreign.back().begin(), foreign.back().end());
+  }
+  const std::string text = st_header_text(stored, dtype, step);
   AtomicFile out(path);
   const uint64_t n = text.size();
   out.write(&n, 8);
@@ -426,17 +466,19 @@ int64_t write_hf_safetensors(const std::string& path, const std::string& config_
   std::vector<unsigned char> bytes;
   for (size_t i = 0; i < params.size(); ++i) {
     read_global(params[i], values);
-    values = to_foreign(foreign[i], params[i].shard.global, std::move(values));
-    bytes.resize(values.size() * dtype_size(dtype));
-    convert_elements(values.data(), DType::F32, bytes.data(), dtype, int64_t(values.size()));
-    out.write(bytes.data(), bytes.size());
+    for (const ForeignTensor& t : foreign[i]) {
+      const std::vector<float> part = to_foreign(t, params[i].shard.global, values);
+      bytes.resize(part.size() * dtype_size(dtype));
+      convert_elements(part.data(), DType::F32, bytes.data(), dtype, int64_t(part.size()));
+      out.write(bytes.data(), bytes.size());
+    }
   }
   AtomicFile cfg(config_json);
   const std::string config_text = files.hf_config_json(dims, dtype);
   cfg.write(config_text.data(), config_text.size());
   out.commit();
   cfg.commit();
-  return int64_t(params.size());
+  return int64_t(stored.size());
 }
 
 }  // namespace xirang

@@ -43,12 +43,14 @@ struct HostModel {
 // Safetensors or llm.c, when the first bytes say so; nullopt otherwise.
 std::optional<ModelFormat> sniff_model_file(const std::string& path);
 
-// Fills m.values from a Hugging Face safetensors file, checking every
-// tensor's shape against `model` before reading any data (Data errors name
-// the tensor, its shape and the one expected). Every parameter must be
-// stored once under one of its adapter names; a tensor the adapter calls a
-// tied copy must equal its parameter, one it ignores is skipped, any other
-// is an error. Padding rows the file lacks are zero.
+// Fills m.values from a Hugging Face safetensors file. A config.json in the
+// same directory is checked against `model` first (a Data error naming the
+// field and both values, or the other architecture it describes); then
+// every tensor's shape, before reading any data (Data errors name the
+// tensor, its shape and the one expected). Every parameter, or each of its
+// parts, must be stored once under one of its adapter names; a tensor the
+// adapter calls a tied copy must equal its parameter, one it ignores is
+// skipped, any other is an error. Padding rows the file lacks are zero.
 void read_hf_safetensors(const std::string& path, const ModelConfig& model, const ModelFileAdapter& files,
                          HostModel& m);
 // Fills m.values from an llm.c model file whose header must match `model`.
@@ -57,7 +59,8 @@ void read_llmc_model(const std::string& path, const ModelConfig& model, const Mo
 // Writes `params` (the one-rank list; read_global fills a parameter's global
 // f32 values) as Hugging Face safetensors in `dtype` (f32, bf16, f16) at
 // `path`, named and laid out by `files`, and its config.json at
-// `config_json`; both appear atomically. Returns the number of tensors written.
+// `config_json`; both appear atomically. Returns the number of tensors written
+// (a parameter stored in parts counts each).
 int64_t write_hf_safetensors(const std::string& path, const std::string& config_json, const ModelDims& dims,
                              const ModelFileAdapter& files, const std::vector<Parameter>& params, DType dtype,
                              int64_t step, const std::function<void(const Parameter&, std::vector<float>&)>& read_global);

@@ -5,6 +5,9 @@
 #   reshard_resume_tp2    converted to tp=2, it resumes under mpirun -np 2 and matches the one-rank continuation
 #   import_resumes_fresh  an imported (parameters-only) checkpoint trains, its optimizer state starting fresh
 #   bad_input             one error line and a non-zero exit for each bad input; the source is never touched
+#   llama_hf_roundtrip_eval  a llama_debug checkpoint (step 4) exported as LlamaForCausalLM safetensors and
+#                         imported back evaluates to the identical val_loss; imported at tp=2 it evaluates
+#                         under mpirun -np 2 to the same val_loss (1e-5) and trains; a GPT-2 config is refused
 # Usage: ckpt_convert_test.sh XIRANG_BINARY SOURCE_DIR WORK_DIR CASE
 set -uo pipefail
 xirang=$1 src=$2 work=$3 case=$4
@@ -16,11 +19,14 @@ cd "$work" || exit 1
 
 cfg=$src/configs/gpt2_debug.yaml
 data=(--set data.train=data/debug/train --set data.val=data/debug/val --set metrics.peak_tflops=1)
-# The shared checkpoint: the schedule of 6 steps, stopped after 4 (ck/step_00000004).
-prepare() {
+prepare_data() {
   [ -f data/debug/train/index.json ] ||
     "$xirang" data prepare --tokenizer bytes --out data/debug --force "$src/tests/assets/text/english.txt" \
       >/dev/null || die "data prepare failed"
+}
+# The shared checkpoint: the schedule of 6 steps, stopped after 4 (ck/step_00000004).
+prepare() {
+  prepare_data
   [ -f ck/step_00000004/meta.json ] && return
   rm -rf ck
   "$xirang" train "$cfg" "${data[@]}" --set train.steps=6 --set train.stop_after=4 --set checkpoint.dir=ck \
@@ -91,7 +97,7 @@ case $case in
     echo "ok [$case]" ;;
   bad_input)
     prepare
-    rm -rf out_dir taken hf3
+    rm -rf out_dir taken hf3 bare
     before=$(find ck -type f -exec md5sum {} + | sort)
     printf 'just some text\n' >notes.txt
     expect_error 1 "data error: .*notes\.txt.*unknown format" -- ckpt convert notes.txt out_dir --config "$cfg"
@@ -101,8 +107,11 @@ case $case in
     "$xirang" ckpt convert ck hf3/model.safetensors >/dev/null 2>err.txt || die "export failed: $(cat err.txt)"
     head -c 5000 hf3/model.safetensors >cut.safetensors
     expect_error 1 "data error: .*cut\.safetensors.*truncated" -- ckpt convert cut.safetensors out_dir --config "$cfg"
-    expect_error 1 "data error: .*has shape .*expected .*d_model=128" -- ckpt convert hf3/model.safetensors out_dir \
-      --config "$src/configs/gpt2_demo.yaml"
+    expect_error 1 "data error: .*hf3/config.json': n_embd is 64 but the config has model.d_model=128" -- \
+      ckpt convert hf3/model.safetensors out_dir --config "$src/configs/gpt2_demo.yaml"
+    mkdir -p bare && cp hf3/model.safetensors bare/
+    expect_error 1 "data error: .*bare/model.safetensors': tensor 'transformer.h.4.* is no parameter of the GPT-2 .*d_model=128" -- \
+      ckpt convert bare/model.safetensors out_dir --config "$src/configs/gpt2_demo.yaml"
     expect_error 2 "usage error: .*needs --config" -- ckpt convert hf3/model.safetensors out_dir
     expect_error 2 "usage error: .*--layout.*unknown key 'tpp'" -- ckpt convert ck out_dir --layout tpp=2
     expect_error 1 "config error: .*model.n_head=4 is not divisible by parallel.tp=3" -- ckpt convert ck out_dir --layout tp=3
@@ -116,5 +125,37 @@ case $case in
     "$xirang" ckpt convert ck taken --force >/dev/null 2>err.txt || die "--force did not replace: $(cat err.txt)"
     [ -f taken/step_00000004/meta.json ] && [ ! -e taken/step_00000001 ] || die "--force did not replace taken/"
     echo "ok [$case]" ;;
+  llama_hf_roundtrip_eval)
+    prepare_data
+    lcfg=$src/configs/llama_debug.yaml
+    rm -rf ck_llama hf_llama llama_back llama_tp2
+    "$xirang" train "$lcfg" "${data[@]}" --set train.steps=6 --set train.stop_after=4 --set checkpoint.dir=ck_llama \
+      --set checkpoint.every=4 >/dev/null 2>train.err || die "llama training failed: $(tail -3 train.err)"
+    "$xirang" ckpt convert ck_llama hf_llama/model.safetensors >out.txt 2>err.txt || die "export failed: $(cat err.txt)"
+    grep -q "wrote .*hf_llama/model.safetensors (75 tensors" out.txt || die "unexpected summary: $(cat out.txt)"
+    grep -q '"model_type": "llama"' hf_llama/config.json || die "config.json: $(cat hf_llama/config.json)"
+    grep -q '"rope_type": "llama3"' hf_llama/config.json || die "no rope_scaling: $(cat hf_llama/config.json)"
+    head -c 20000 hf_llama/model.safetensors | grep -q '"model.layers.7.self_attn.k_proj.weight":{"data_offsets":\[[0-9]*,[0-9]*\],"dtype":"F32","shape":\[32,64\]}' ||
+      die "no k_proj of (n_kv_head x 8, 64) in the header"
+    "$xirang" ckpt convert hf_llama/model.safetensors llama_back --config "$lcfg" >/dev/null 2>err.txt ||
+      die "import failed: $(cat err.txt)"
+    "$xirang" eval "$lcfg" "${data[@]}" --checkpoint ck_llama >a.txt 2>a.err || die "eval of ck_llama failed: $(cat a.err)"
+    "$xirang" eval "$lcfg" "${data[@]}" --checkpoint llama_back >b.txt 2>b.err || die "eval of the import failed: $(cat b.err)"
+    grep -qE '^val_loss [0-9]+\.[0-9]{12,}$' a.txt || die "unexpected eval output: $(cat a.txt)"
+    cmp -s a.txt b.txt || die "val_loss differs: $(cat a.txt) vs $(cat b.txt)"
+    "$xirang" ckpt convert hf_llama/model.safetensors llama_tp2 --config "$lcfg" --layout tp=2 >/dev/null 2>err.txt ||
+      die "import at tp=2 failed: $(cat err.txt)"
+    "${mpi[@]}" "$xirang" eval "$lcfg" "${data[@]}" --set parallel.tp=2 --checkpoint llama_tp2 >c.txt 2>c.err ||
+      die "eval at tp=2 failed: $(tail -3 c.err)"
+    awk -v a="$(cut -d' ' -f2 a.txt)" -v c="$(cut -d' ' -f2 c.txt)" \
+      'BEGIN { d = a - c; exit !(a > 0 && (d < 0 ? -d : d) < 1e-5) }' || die "val_loss at tp=2 $(cat c.txt), $(cat a.txt) on one rank"
+    # The tp=2 import trains under mpirun -np 2, its optimizer state starting fresh.
+    "${mpi[@]}" "$xirang" train "$lcfg" "${data[@]}" --set parallel.tp=2 --set train.steps=1 --set checkpoint.dir=llama_tp2 \
+      >out.txt 2>err.txt || die "training from the tp=2 import failed: $(tail -3 err.txt)"
+    grep -q "resumed from .*step_00000000 at step 0" err.txt || die "did not resume at step 0: $(head -5 err.txt)"
+    grep -q "trained to step 1 of 1" out.txt || die "did not train: $(cat out.txt)"
+    expect_error 1 "data error: .*hf_llama/config.json': architectures is \[\"LlamaForCausalLM\"\], a model other than the config's: model.arch=gpt2" -- \
+      ckpt convert hf_llama/model.safetensors out_dir --config "$cfg"
+    echo "ok [$case]: $(cat a.txt) for the llama checkpoint and its safetensors round trip; tp=2 $(cat c.txt)" ;;
   *) die "unknown case" ;;
 esac

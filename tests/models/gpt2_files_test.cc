@@ -55,14 +55,18 @@ TEST(Gpt2Files, HuggingFaceNamesShapesAndLayouts) {
   const int64_t C = kDims.d_model, V = kDims.vocab_size, Vp = kDims.padded_vocab();
   std::set<std::string> names;
   for (const Parameter& p : ps) {
-    const ForeignTensor t = a.hf_tensor(p, kDims);
+    const std::vector<ForeignTensor> parts = a.hf_tensors(p, kDims);
+    ASSERT_EQ(parts.size(), 1u) << p.name << ": GPT-2 stores every parameter whole";
+    const ForeignTensor& t = parts[0];
+    EXPECT_EQ(t.row_begin, 0) << p.name;
+    EXPECT_EQ(t.row_end, -1) << p.name;
     ASSERT_EQ(t.names.size(), 2u) << p.name;
     EXPECT_EQ(t.names[0], "transformer." + p.name);
     EXPECT_EQ(t.names[1], p.name);
     EXPECT_TRUE(names.insert(t.names[0]).second) << t.names[0];
     EXPECT_EQ(t.shape.numel(), p.name == "wte.weight" ? V * C : p.shard.global.numel()) << p.name;
   }
-  const ForeignTensor wte = a.hf_tensor(param(ps, "wte.weight"), kDims);
+  const ForeignTensor wte = a.hf_tensors(param(ps, "wte.weight"), kDims).at(0);
   EXPECT_EQ(wte.layout, ForeignLayout::RealRows);
   EXPECT_EQ(wte.shape, (Shape{V, C}));
   EXPECT_EQ(wte.real_rows, V);
@@ -71,13 +75,13 @@ TEST(Gpt2Files, HuggingFaceNamesShapesAndLayouts) {
   for (const char* conv1d : {"h.1.attn.c_attn.weight", "h.0.attn.c_proj.weight", "h.1.mlp.c_fc.weight",
                              "h.0.mlp.c_proj.weight"}) {
     const Parameter& p = param(ps, conv1d);
-    const ForeignTensor t = a.hf_tensor(p, kDims);
+    const ForeignTensor t = a.hf_tensors(p, kDims).at(0);
     EXPECT_EQ(t.layout, ForeignLayout::Transposed) << conv1d;
     EXPECT_EQ(t.shape, (Shape{p.shard.global[1], p.shard.global[0]})) << conv1d;
   }
   for (const char* same : {"wpe.weight", "h.0.ln_1.weight", "h.1.attn.c_attn.bias", "h.0.mlp.c_proj.bias",
                            "ln_f.bias"})
-    EXPECT_EQ(a.hf_tensor(param(ps, same), kDims).layout, ForeignLayout::Same) << same;
+    EXPECT_EQ(a.hf_tensors(param(ps, same), kDims).at(0).layout, ForeignLayout::Same) << same;
 }
 
 TEST(Gpt2Files, HuggingFaceExtraTensors) {
@@ -104,6 +108,30 @@ TEST(Gpt2Files, ConfigJson) {
   EXPECT_EQ(c["vocab_size"], kDims.vocab_size);
   EXPECT_EQ(c["tie_word_embeddings"], true);
   EXPECT_EQ(c["torch_dtype"], "bfloat16");
+}
+
+TEST(Gpt2Files, ConfigJsonIsCheckedAgainstTheConfig) {
+  const ModelFileAdapter& a = gpt2_file_adapter();
+  const std::string ours = a.hf_config_json(kDims, DType::F32);
+  EXPECT_EQ(a.hf_config_problem(ours, kDims), "");
+  EXPECT_EQ(a.hf_config_problem("{}", kDims), "") << "every field may be absent";
+  auto with = [&](const char* field, nlohmann::json value) {
+    nlohmann::json j = nlohmann::json::parse(ours);
+    j[field] = value;
+    return a.hf_config_problem(j.dump(), kDims);
+  };
+  EXPECT_EQ(with("n_layer", 3), "n_layer is 3 but the config has model.n_layer=2");
+  EXPECT_EQ(with("n_embd", 16), "n_embd is 16 but the config has model.d_model=8");
+  EXPECT_EQ(with("n_positions", 1024), "n_positions is 1024 but the config has model.seq_len=16");
+  EXPECT_EQ(with("tie_word_embeddings", false),
+            "tie_word_embeddings is false but the config has model.tie_embeddings=true");
+  EXPECT_EQ(with("architectures", {"LlamaForCausalLM"}),
+            "architectures is [\"LlamaForCausalLM\"], a model other than the config's: model.arch=gpt2 reads "
+            "GPT2LMHeadModel");
+  EXPECT_EQ(with("model_type", "llama"),
+            "model_type is \"llama\", a model other than the config's: model.arch=gpt2 reads \"gpt2\"");
+  EXPECT_EQ(a.hf_config_problem("[1, 2]", kDims), "it is not a JSON object");
+  EXPECT_EQ(a.hf_config_problem("{not json", kDims), "it is not a JSON object");
 }
 
 TEST(Gpt2Files, LlmcHeaderIsCheckedAgainstTheConfig) {
@@ -161,6 +189,31 @@ TEST(FileAdapter, LayoutConversionsRoundTrip) {
 
   const ForeignTensor same{{}, ours, ForeignLayout::Same, 0};
   EXPECT_EQ(to_foreign(same, ours, v), v);
+}
+
+TEST(FileAdapter, RowBlocksCoverAFusedParameter) {
+  // Ours (5, 2): rows 0-1 one stored tensor, rows 2-4 another, transposed.
+  const Shape ours{5, 2};
+  const std::vector<float> v{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const ForeignTensor top{{}, {2, 2}, ForeignLayout::Same, 0, 0, 2};
+  const ForeignTensor rest{{}, {2, 3}, ForeignLayout::Transposed, 0, 2, 5};
+  EXPECT_EQ(foreign_block(top, ours), (Shape{2, 2}));
+  EXPECT_EQ(foreign_block(rest, ours), (Shape{3, 2}));
+  EXPECT_EQ(to_foreign(top, ours, v), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(to_foreign(rest, ours, v), (std::vector<float>{5, 7, 9, 6, 8, 10}));
+  std::vector<float> back(10, 0.0f);
+  from_foreign(rest, rest.shape, {5, 7, 9, 6, 8, 10}, ours, back);
+  EXPECT_EQ(back, (std::vector<float>{0, 0, 0, 0, 5, 6, 7, 8, 9, 10})) << "only the block's rows are written";
+  from_foreign(top, top.shape, {1, 2, 3, 4}, ours, back);
+  EXPECT_EQ(back, v);
+  EXPECT_TRUE(foreign_accepts(rest, ours, Shape{2, 3}));
+  EXPECT_FALSE(foreign_accepts(rest, ours, Shape{3, 2}));
+  // A padded block of rows (a vocabulary in a fused table): the real rows only.
+  const ForeignTensor rows{{}, {1, 2}, ForeignLayout::RealRows, 1, 3, 5};
+  EXPECT_EQ(to_foreign(rows, ours, v), (std::vector<float>{7, 8}));
+  EXPECT_TRUE(foreign_accepts(rows, ours, Shape{2, 2})) << "the block's padded shape";
+  const ForeignTensor bad{{}, {2, 2}, ForeignLayout::Same, 0, 4, 6};
+  expect_error([&] { foreign_block(bad, ours); }, ErrorKind::Internal, {"rows [4, 6)", "(5, 2)"});
 }
 
 }  // namespace

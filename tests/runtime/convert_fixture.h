@@ -72,13 +72,17 @@ struct Source {
   std::map<std::string, std::vector<float>> param, m, v;
 };
 
-inline Source make_source(uint64_t seed) {
+// `cfg` gives the model (the GPT-2 above unless told); the vocabulary
+// tables are wte.weight, embed_tokens.weight and lm_head.weight.
+inline Source make_source(uint64_t seed, const Config& cfg = test_config()) {
   Source s;
-  s.params = rank_parameters(test_shape(), CheckpointLayout{}, 0);
+  const ModelDims dims = model_dims(cfg.model);
+  s.params = rank_parameters(dims, CheckpointLayout{}, 0);
   for (const Parameter& p : s.params) {
     const int64_t n = p.shard.global.numel();
     s.param[p.name] = random_values(n, ++seed);
-    if (p.name == "wte.weight") std::fill(s.param[p.name].begin() + kV * kC, s.param[p.name].end(), 0.0f);
+    if (p.name == "wte.weight" || p.name == "embed_tokens.weight" || p.name == "lm_head.weight")
+      std::fill(s.param[p.name].begin() + dims.vocab_size * p.shard.global[1], s.param[p.name].end(), 0.0f);
     s.m[p.name] = random_values(n, ++seed);
     s.v[p.name] = random_values(n, ++seed);
     for (float& x : s.v[p.name]) x = std::abs(x);
@@ -87,7 +91,8 @@ inline Source make_source(uint64_t seed) {
 }
 
 // Writes `s` as a one-rank checkpoint at `step` under `root`; returns the step directory.
-inline std::string write_source(const Source& s, const std::string& root, int64_t step, bool optimizer = true) {
+inline std::string write_source(const Source& s, const std::string& root, int64_t step, bool optimizer = true,
+                                const Config& cfg = test_config()) {
   CheckpointDir dir(root);
   const std::string tmp = dir.prepare(step);
   RankCheckpointWriter w(tmp, 0, step);
@@ -103,7 +108,7 @@ inline std::string write_source(const Source& s, const std::string& root, int64_
   w.close();
   CheckpointMeta meta;
   meta.step = step;
-  meta.config_yaml = test_config().yaml;
+  meta.config_yaml = cfg.yaml;
   dir.commit(meta, 0);
   return dir.step_dir(step);
 }
@@ -156,6 +161,67 @@ inline std::map<std::string, std::string> snapshot(const std::string& dir) {
   for (const auto& e : fs::recursive_directory_iterator(dir))
     if (e.is_regular_file()) out[e.path().string()] = file_bytes(e.path().string());
   return out;
+}
+
+// ---------------------------------------------------------------------------
+// Safetensors files, read and written by the tests themselves
+
+// A safetensors file as read back: its header and bytes.
+struct StFile {
+  nlohmann::json header;
+  std::string bytes;
+  uint64_t data_start = 0;
+  // Element `index` of tensor `name`'s row-major flat view, as f32.
+  float at(const std::string& name, int64_t index) const {
+    const auto& t = header.at(name);
+    const uint64_t b = t["data_offsets"][0].get<uint64_t>();
+    const std::string dt = t["dtype"].get<std::string>();
+    const size_t es = dt == "F32" ? 4 : 2;
+    float x = 0;
+    convert_elements(bytes.data() + data_start + b + size_t(index) * es, dt == "F32" ? DType::F32 : DType::BF16, &x,
+                     DType::F32, 1);
+    return x;
+  }
+  std::vector<int64_t> shape(const std::string& name) const { return header.at(name)["shape"].get<std::vector<int64_t>>(); }
+};
+
+inline StFile read_st(const std::string& path) {
+  StFile f;
+  f.bytes = file_bytes(path);
+  uint64_t n = 0;
+  std::memcpy(&n, f.bytes.data(), 8);
+  f.header = nlohmann::json::parse(f.bytes.substr(8, n));
+  f.data_start = 8 + n;
+  return f;
+}
+
+// A safetensors file written by the test itself.
+struct StIn {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string data;
+};
+
+inline std::string raw_of(const std::vector<float>& v, DType t) {
+  std::string out(v.size() * dtype_size(t), '\0');
+  convert_elements(v.data(), DType::F32, out.data(), t, int64_t(v.size()));
+  return out;
+}
+
+inline void write_st(const std::string& path, const std::vector<StIn>& tensors) {
+  fs::create_directories(fs::path(path).parent_path());
+  nlohmann::json h;
+  uint64_t off = 0;
+  for (const StIn& t : tensors) {
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", std::vector<uint64_t>{off, off + t.data.size()}}};
+    off += t.data.size();
+  }
+  const std::string text = h.dump();
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t n = text.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f.write(text.data(), std::streamsize(text.size()));
+  for (const StIn& t : tensors) f.write(t.data.data(), std::streamsize(t.data.size()));
 }
 
 // ---------------------------------------------------------------------------

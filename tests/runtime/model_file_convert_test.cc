@@ -8,63 +8,6 @@
 namespace xirang::convert_test {
 namespace {
 
-struct StFile {
-  nlohmann::json header;
-  std::string bytes;
-  uint64_t data_start = 0;
-  // Element `index` of tensor `name`'s row-major flat view, as f32.
-  float at(const std::string& name, int64_t index) const {
-    const auto& t = header.at(name);
-    const uint64_t b = t["data_offsets"][0].get<uint64_t>();
-    const std::string dt = t["dtype"].get<std::string>();
-    const size_t es = dt == "F32" ? 4 : 2;
-    float x = 0;
-    convert_elements(bytes.data() + data_start + b + size_t(index) * es, dt == "F32" ? DType::F32 : DType::BF16, &x,
-                     DType::F32, 1);
-    return x;
-  }
-  std::vector<int64_t> shape(const std::string& name) const { return header.at(name)["shape"].get<std::vector<int64_t>>(); }
-};
-
-StFile read_st(const std::string& path) {
-  StFile f;
-  f.bytes = file_bytes(path);
-  uint64_t n = 0;
-  std::memcpy(&n, f.bytes.data(), 8);
-  f.header = nlohmann::json::parse(f.bytes.substr(8, n));
-  f.data_start = 8 + n;
-  return f;
-}
-
-// A safetensors file written by the test itself.
-struct StIn {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::string data;
-};
-
-std::string raw_of(const std::vector<float>& v, DType t) {
-  std::string out(v.size() * dtype_size(t), '\0');
-  convert_elements(v.data(), DType::F32, out.data(), t, int64_t(v.size()));
-  return out;
-}
-
-void write_st(const std::string& path, const std::vector<StIn>& tensors) {
-  fs::create_directories(fs::path(path).parent_path());
-  nlohmann::json h;
-  uint64_t off = 0;
-  for (const StIn& t : tensors) {
-    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", std::vector<uint64_t>{off, off + t.data.size()}}};
-    off += t.data.size();
-  }
-  const std::string text = h.dump();
-  std::ofstream f(path, std::ios::binary);
-  const uint64_t n = text.size();
-  f.write(reinterpret_cast<const char*>(&n), 8);
-  f.write(text.data(), std::streamsize(text.size()));
-  for (const StIn& t : tensors) f.write(t.data.data(), std::streamsize(t.data.size()));
-}
-
 // The source's parameters the way Hugging Face stores them, built by hand:
 // (in, out) block matrices, vocab_size rows.
 std::vector<StIn> hf_layout(const Source& s, const std::string& prefix, DType dtype) {
@@ -280,8 +223,12 @@ TEST(CheckpointConvert, BadInputsAreRefusedWithOneClearMessage) {
   expect_error([&] { import_model_file(cut, cfg, dir + "/o1", {}); }, ErrorKind::Data, {"cut.safetensors", "is truncated"});
   const std::string cut_header = write("cut_header.safetensors", st.substr(0, 40));
   expect_error([&] { import_model_file(cut_header, cfg, dir + "/o1", {}); }, ErrorKind::Data, {"is truncated", "header"});
-  // Shape mismatch: the config says d_model 64.
+  // The config says d_model 64: config.json beside the file says otherwise, and without it the shapes do.
   expect_error([&] { import_model_file(dir + "/hf/model.safetensors", test_config({"model.d_model=64"}), dir + "/o1", {}); },
+               ErrorKind::Data, {"hf/config.json': n_embd is 32 but the config has model.d_model=64"});
+  fs::create_directories(dir + "/bare");
+  fs::copy_file(dir + "/hf/model.safetensors", dir + "/bare/model.safetensors");
+  expect_error([&] { import_model_file(dir + "/bare/model.safetensors", test_config({"model.d_model=64"}), dir + "/o1", {}); },
                ErrorKind::Data, {"tensor 'transformer.h.0.attn.c_attn.bias' has shape (96), expected (192)", "d_model=64"});
   // Missing tensor.
   std::vector<StIn> t = hf_layout(s, "transformer.", DType::F32);
@@ -297,6 +244,8 @@ TEST(CheckpointConvert, BadInputsAreRefusedWithOneClearMessage) {
                {"lm_head.weight", "differs from the token table"});
   // A tensor the model does not have (the file has more layers than the config).
   expect_error([&] { import_model_file(dir + "/hf/model.safetensors", test_config({"model.n_layer=2"}), dir + "/o1", {}); },
+               ErrorKind::Data, {"config.json': n_layer is 4 but the config has model.n_layer=2"});
+  expect_error([&] { import_model_file(dir + "/bare/model.safetensors", test_config({"model.n_layer=2"}), dir + "/o1", {}); },
                ErrorKind::Data, {"tensor 'transformer.h.2.", "no parameter of the GPT-2", "n_layer=2"});
 
   // llm.c: wrong magic, truncated, header against the config.
