@@ -41,11 +41,78 @@ struct Built {
   Recompute mode;
   std::unique_ptr<ModelChunk> chunk;
   Arena params, grads, acts;
-  std::vector<double> ms, cpu_ms;
+  std::vector<double> ms, cpu_ms, ratio, cpu_ratio;  // per timed round; ratios to none's
 };
 
 DType model_dtype_of(Precision p) {
   return p == Precision::BF16 ? DType::BF16 : p == Precision::FP16 ? DType::F16 : DType::F32;
+}
+
+// The whole model under `r`, in arenas of its own, initialised from the config's seed.
+Built build(const Config& cfg, const ModelDims& dims, DType dt, Recompute r) {
+  Built b;
+  b.mode = r;
+  b.chunk = model_arch(dims.arch).make_chunk(dims, ChunkPlacement::whole(dims.n_layer), dt,
+                                             ChunkBatch{cfg.train.micro_batch, cfg.seq_len(), 1, r}, {});
+  Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
+  b.chunk->layout_parameters(mp, mg);
+  b.chunk->layout_activations(ma);
+  b.params = Arena("parameters", mp.used());
+  b.grads = Arena("gradients", mg.used());
+  b.acts = Arena("activations", ma.used());
+  b.chunk->layout_parameters(b.params, b.grads);
+  b.chunk->layout_activations(b.acts);
+  b.chunk->init_parameters(cfg.train.seed);
+  return b;
+}
+
+// `rounds` timed rounds (after one warm-up round: first touches of the
+// arenas) of every mode's forward and backward, the order rotating. Returns
+// whether every round's losses were bitwise equal across the modes.
+bool time_rounds(std::vector<Built>& runs, const Tensor& tok, const Tensor& tgt, int rounds) {
+  const double dloss = 1.0 / double(tok.numel());
+  const KernelContext ctx;
+  const int modes = int(runs.size());
+  bool bitwise = true;
+  for (int round = 0; round <= rounds; ++round) {
+    std::vector<double> loss(static_cast<size_t>(modes)), ms(static_cast<size_t>(modes)), cpu(static_cast<size_t>(modes));
+    for (int k = 0; k < modes; ++k) {
+      const size_t i = size_t((k + round) % modes);
+      Built& b = runs[i];
+      const double c0 = process_cpu_seconds(), t0 = now_seconds();
+      b.chunk->forward(ctx, 0, tok, tgt, dloss);
+      loss[i] = b.chunk->take_loss(ctx);
+      b.chunk->backward(ctx, 0, tok, GradPhase::Final);
+      ms[i] = (now_seconds() - t0) * 1e3;
+      cpu[i] = (process_cpu_seconds() - c0) * 1e3;
+    }
+    for (int i = 1; i < modes; ++i) bitwise = bitwise && std::memcmp(&loss[0], &loss[size_t(i)], sizeof(double)) == 0;
+    if (round == 0) continue;
+    for (size_t i = 0; i < size_t(modes); ++i) {
+      runs[i].ms.push_back(ms[i]);
+      runs[i].cpu_ms.push_back(cpu[i]);
+      runs[i].ratio.push_back(ms[i] / ms[0]);
+      runs[i].cpu_ratio.push_back(cpu[i] / cpu[0]);
+    }
+  }
+  return bitwise;
+}
+
+void print_table(const std::vector<Built>& runs) {
+  std::printf("| mode | ms (median) | ms (min) | wall ratio to none per round | median | CPU-time ratio median | ratio of minimums |\n"
+              "|---|---|---|---|---|---|---|\n");
+  auto min_of = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  for (const Built& b : runs) {
+    std::string per;
+    for (double r : b.ratio) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "%s%.3f", per.empty() ? "" : " ", r);
+      per += buf;
+    }
+    std::printf("| %s | %.1f | %.1f | %s | %.3f | %.3f | %.3f |\n", recompute_name(b.mode), bench::median(b.ms),
+                min_of(b.ms), per.c_str(), bench::median(b.ratio), bench::median(b.cpu_ratio),
+                min_of(b.ms) / min_of(runs[0].ms));
+  }
 }
 
 }  // namespace
@@ -73,22 +140,7 @@ int main(int argc, char** argv) {
     const ModelDims dims = model_dims(cfg.model);
     const DType dt = model_dtype_of(cfg.precision.dtype);
     std::vector<Built> runs;
-    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-      Built b;
-      b.mode = r;
-      b.chunk = model_arch(dims.arch).make_chunk(dims, ChunkPlacement::whole(dims.n_layer), dt,
-                                                 ChunkBatch{batch, seq, 1, r}, {});
-      Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
-      b.chunk->layout_parameters(mp, mg);
-      b.chunk->layout_activations(ma);
-      b.params = Arena("parameters", mp.used());
-      b.grads = Arena("gradients", mg.used());
-      b.acts = Arena("activations", ma.used());
-      b.chunk->layout_parameters(b.params, b.grads);
-      b.chunk->layout_activations(b.acts);
-      b.chunk->init_parameters(cfg.train.seed);
-      runs.push_back(std::move(b));
-    }
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) runs.push_back(build(cfg, dims, dt, r));
     const int64_t n = int64_t(batch) * seq;
     std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
@@ -96,48 +148,10 @@ int main(int argc, char** argv) {
       targets[size_t(i)] = int32_t(rng_below(1, 2, uint64_t(i), uint64_t(dims.vocab_size)));
     }
     const Tensor tok(tokens.data(), {batch, seq}, DType::I32), tgt(targets.data(), {batch, seq}, DType::I32);
-    KernelContext ctx;
-    std::vector<double> ratio[3], cpu_ratio[3];
-    bool bitwise = true;
-    // Round 0 warms up (first touches of the arenas) and is left out.
-    for (int round = 0; round <= rounds; ++round) {
-      double loss[3], ms[3], cpu[3];
-      for (int k = 0; k < 3; ++k) {
-        const int i = (k + round) % 3;
-        Built& b = runs[size_t(i)];
-        const double c0 = process_cpu_seconds(), t0 = now_seconds();
-        b.chunk->forward(ctx, 0, tok, tgt, 1.0 / double(n));
-        loss[i] = b.chunk->take_loss(ctx);
-        b.chunk->backward(ctx, 0, tok, GradPhase::Final);
-        ms[i] = (now_seconds() - t0) * 1e3;
-        cpu[i] = (process_cpu_seconds() - c0) * 1e3;
-      }
-      bitwise = bitwise && std::memcmp(&loss[0], &loss[1], sizeof(double)) == 0 &&
-                std::memcmp(&loss[0], &loss[2], sizeof(double)) == 0;
-      if (round == 0) continue;
-      for (int i = 0; i < 3; ++i) {
-        runs[size_t(i)].ms.push_back(ms[i]);
-        runs[size_t(i)].cpu_ms.push_back(cpu[i]);
-        ratio[i].push_back(ms[i] / ms[0]);
-        cpu_ratio[i].push_back(cpu[i] / cpu[0]);
-      }
-    }
+    const bool bitwise = time_rounds(runs, tok, tgt, rounds);
     std::printf("%s (%s), micro_batch %d x %d, forward + backward of one microbatch, %d interleaved rounds\n",
                 file.c_str(), dtype_name(dt), batch, seq, rounds);
-    std::printf("| mode | ms (median) | ms (min) | wall ratio to none per round | median | CPU-time ratio median | ratio of minimums |\n"
-                "|---|---|---|---|---|---|---|\n");
-    auto min_of = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
-    for (int i = 0; i < 3; ++i) {
-      std::string per;
-      for (double r : ratio[i]) {
-        char buf[16];
-        std::snprintf(buf, sizeof buf, "%s%.3f", per.empty() ? "" : " ", r);
-        per += buf;
-      }
-      std::printf("| %s | %.1f | %.1f | %s | %.3f | %.3f | %.3f |\n", recompute_name(runs[size_t(i)].mode),
-                  bench::median(runs[size_t(i)].ms), min_of(runs[size_t(i)].ms), per.c_str(), bench::median(ratio[i]),
-                  bench::median(cpu_ratio[i]), min_of(runs[size_t(i)].ms) / min_of(runs[0].ms));
-    }
+    print_table(runs);
     std::printf("losses bitwise equal across modes in every round: %s\n", bitwise ? "yes" : "NO");
     return bitwise ? 0 : 1;
   } catch (const Error& e) {

@@ -42,6 +42,30 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
   return b;
 }
 
+struct Built {
+  std::unique_ptr<ModelChunk> chunk;
+  Arena params, grads, acts;
+};
+
+// Pipeline chunk g of `chunks` in arenas of its own, with random parameters.
+Built build(const std::string& arch, DType dt, int chunks, int g, const ChunkBatch& batch) {
+  const ModelDims d = dims_of(arch);
+  Built b;
+  b.chunk = model_arch(arch).make_chunk(d, ChunkPlacement::of_chunk(d.n_layer, chunks, g), dt, batch, {});
+  Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
+  b.chunk->layout_parameters(mp, mg);
+  b.chunk->layout_activations(ma);
+  b.params = Arena("p", mp.used());
+  b.grads = Arena("g", mg.used());
+  b.acts = Arena("a", ma.used());
+  b.chunk->layout_parameters(b.params, b.grads);
+  b.chunk->layout_activations(b.acts);
+  // Wide random values where the storage allows it (every nonlinearity matters), else the init rules.
+  if (dt == DType::F32) randomize_parameters(*b.chunk, 31);
+  else b.chunk->init_parameters(31);
+  return b;
+}
+
 // Two steps of two microbatches through `chunks` pipeline chunks in mode `r`.
 // Backward runs the later microbatch first, so the recomputed buffers shared
 // by the slots hold the other microbatch's values when a backward starts.
@@ -49,27 +73,11 @@ Outcome train(const std::string& arch, DType dt, int chunks, Recompute r) {
   const ModelDims d = dims_of(arch);
   const ChunkBatch batch{2, 7, 2, r};
   const int micro = 2;
-  struct Built {
-    std::unique_ptr<ModelChunk> chunk;
-    Arena params, grads, acts;
-  };
-  std::vector<Built> cs(static_cast<size_t>(chunks));
+  std::vector<Built> cs;
   Outcome out;
   for (int g = 0; g < chunks; ++g) {
-    Built& b = cs[size_t(g)];
-    b.chunk = model_arch(arch).make_chunk(d, ChunkPlacement::of_chunk(d.n_layer, chunks, g), dt, batch, {});
-    Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
-    b.chunk->layout_parameters(mp, mg);
-    b.chunk->layout_activations(ma);
-    b.params = Arena("p", mp.used());
-    b.grads = Arena("g", mg.used());
-    b.acts = Arena("a", ma.used());
-    b.chunk->layout_parameters(b.params, b.grads);
-    b.chunk->layout_activations(b.acts);
-    out.activation_bytes += ma.used();
-    // Wide random values where the storage allows it (every nonlinearity matters), else the init rules.
-    if (dt == DType::F32) randomize_parameters(*b.chunk, 31);
-    else b.chunk->init_parameters(31);
+    cs.push_back(build(arch, dt, chunks, g, batch));
+    out.activation_bytes += cs.back().acts.used();
   }
   const int64_t n = int64_t(batch.micro_batch) * batch.seq_len;
   std::vector<std::vector<int32_t>> tokens(micro), targets(micro);
