@@ -2,8 +2,11 @@
 // against the sgemm rate measured in the same run (the limit a step built
 // from matrix products can approach).
 //
-//   build/bin/train_bench [--steps N] [--shapes 4x64,8x256] [--set section.key=value ...]
+//   build/bin/train_bench [--steps N] [--shapes 4x64,8x256] [--set section.key=value ...] [--config llama_demo.yaml]
 //   build/bin/train_bench --overhead trace|op_profile [--pairs 5] ...   // the feature on against off, as ratios
+//   build/bin/train_bench --overhead recompute_selective|recompute_full ... // train.recompute=... against none
+//
+// --config names a file of configs/ (default gpt2_124m.yaml).
 //
 // The token stream is random (throughput does not depend on the text) and
 // lives in a temporary dataset directory that is removed afterwards.
@@ -62,8 +65,10 @@ double process_cpu_seconds() {
 }
 
 // Trains one configuration and times its steps.
+std::string config_file = "gpt2_124m.yaml";  // --config
+
 RunTime time_run(const std::vector<std::string>& overrides, double peak) {
-  Config c = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/gpt2_124m.yaml", overrides);
+  Config c = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/" + config_file, overrides);
   validate(c, 1);
   TrainerOptions opts;
   opts.print = false;
@@ -119,7 +124,10 @@ std::vector<std::string> overhead_sets(const std::string& what, const std::files
   if (what == "trace")
     return {"metrics.trace=" + (dir / "trace").string(), "metrics.trace_steps=1-" + std::to_string(steps + 1)};
   if (what == "op_profile") return {"metrics.op_profile=true"};
-  std::fprintf(stderr, "train_bench: --overhead takes trace or op_profile, not '%s'\n", what.c_str());
+  if (what == "recompute_selective") return {"train.recompute=selective"};
+  if (what == "recompute_full") return {"train.recompute=full"};
+  std::fprintf(stderr, "train_bench: --overhead takes trace, op_profile, recompute_selective or recompute_full, not '%s'\n",
+               what.c_str());
   std::exit(2);
 }
 
@@ -137,10 +145,11 @@ int main(int argc, char** argv) {
     else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
     else if (a == "--overhead" && i + 1 < argc) overhead = argv[++i];
     else if (a == "--pairs" && i + 1 < argc) pairs = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--config" && i + 1 < argc) config_file = argv[++i];
     else {
       std::fprintf(stderr,
-                   "usage: train_bench [--steps N] [--shapes BxT,...] [--set section.key=value ...]\n"
-                   "                   [--overhead trace|op_profile [--pairs N]]\n");
+                   "usage: train_bench [--steps N] [--shapes BxT,...] [--set section.key=value ...] [--config FILE]\n"
+                   "                   [--overhead trace|op_profile|recompute_selective|recompute_full [--pairs N]]\n");
       return 2;
     }
   }

@@ -25,7 +25,8 @@
 //   const ModelArch& arch = model_arch(dims.arch);
 //   check_layout(dims, layout);                                      // throws a Config error
 //   std::unique_ptr<ModelChunk> c = arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g),
-//                                                   DType::F32, {.micro_batch = 4, .seq_len = 256, .activation_slots = 3},
+//                                                   DType::F32, {.micro_batch = 4, .seq_len = 256, .activation_slots = 3,
+//                                                                .recompute = Recompute::Selective},
 //                                                   {.group = &grid.tp(), .sequence_parallel = true});
 //   c->layout_parameters(param_arena, grad_arena);
 //   c->layout_activations(act_arena);
@@ -86,10 +87,31 @@ struct ModelDims {
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
 };
 
+// Activation recomputation (train.recompute): what a chunk keeps per
+// activation slot between a microbatch's forward and its backward, and what
+// its backward recomputes first. Recomputation re-runs the same kernels on
+// the same inputs, so losses and gradients are bitwise those of None.
+//   None: every block's activations, per slot.
+//   Selective: the attention core is recomputed from the kept qkv (flash
+//     attention's output and log-sum-exp), and the MLP activation from its
+//     kept input (GPT-2: GELU of the fc output, in fp32 only -- with 16-bit
+//     storage a device computes GELU of the unrounded product, which the
+//     stored fc output cannot reproduce; LLaMA: silu(gate) * up). Both go to
+//     one shared set of buffers.
+//   Full: only each block's output (the next block's input) is kept; the
+//     block's forward is re-run, into one shared set of block activations,
+//     just before its backward.
+enum class Recompute { None, Selective, Full };
+// "none", "selective", "full": the train.recompute spellings.
+inline const char* recompute_name(Recompute r) {
+  return r == Recompute::Full ? "full" : r == Recompute::Selective ? "selective" : "none";
+}
+
 struct ChunkBatch {
   int micro_batch = 1;       // sequences per microbatch (B)
   int seq_len = 64;          // tokens per sequence (T)
   int activation_slots = 1;  // microbatches whose activations are alive at once
+  Recompute recompute = Recompute::None;
 };
 
 struct TensorParallel {

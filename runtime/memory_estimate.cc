@@ -48,7 +48,7 @@ RankModel build_rank(const Config& cfg, RankCoords at, int slots_override) {
   for (int c = 0; c < v; ++c) {
     const int g = model_chunk(p, at.pp_rank, c);
     r.chunks.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype(cfg),
-                                       ChunkBatch{cfg.train.micro_batch, cfg.seq_len(), r.slots},
+                                       chunk_batch(cfg, r.slots),
                                        TensorParallel{nullptr, cfg.parallel.sequence_parallel, tp > 1 ? tp : 0,
                                                       at.tp_rank}));
   }

@@ -9,6 +9,7 @@
 #include "kernels/elementwise.h"
 #include "runtime/baseline.h"
 #include "runtime/config/model_layout.h"
+#include "runtime/memory_estimate.h"
 #include "runtime/prometheus_exporter.h"
 #include "runtime/straggler.h"
 
@@ -133,7 +134,7 @@ void Trainer::build_chunks() {
   for (int c = 0; c < v; ++c) {
     const int g = model_chunk(p, rank, c);
     chunks_.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype_,
-                                      ChunkBatch{cfg_.train.micro_batch, cfg_.seq_len(), slots},
+                                      chunk_batch(cfg_, slots),
                                       TensorParallel{&comm_->tp(), cfg_.parallel.sequence_parallel}));
   }
 }
@@ -212,14 +213,33 @@ void Trainer::plan_memory(const ArenaSizes& sizes) {
                     cfg_.parallel.tp > 1 ? str_cat(", split over tp=", cfg_.parallel.tp) : "",
                     cfg_.parallel.sequence_parallel ? " with sequence parallelism" : ""));
   plan_.add("input batch", sizes.io, "evaluation tokens and targets, int32");
-  if (opts_.print)
+  if (opts_.print) {
     std::fprintf(stderr, "%s",
                  plan_.table(str_cat("memory plan (per rank; dp=", dp, ", tp=", cfg_.parallel.tp, ", pp=", p,
                                      p > 1 ? str_cat(" ", schedule_name(schedule_kind_)) : "", "):"))
                      .c_str());
+    std::fprintf(stderr, "%s\n", recompute_line().c_str());
+  }
   if (ckpt_->uses_snapshot())
     plan_.add("checkpoint snapshot", sizes.params + sizes.opt_state, "parameters and AdamW state, in host memory");
   plan_.check_limit(size_t(cfg_.memory.limit_gb * double(1ull << 30)), "memory.limit_gb");
+}
+
+// The activations one microbatch keeps on this rank under each
+// train.recompute mode, from the same layout-only accounting
+// (runtime/memory_estimate.h): "activations per microbatch: none 1.2 GiB,
+// selective ..., full ... (train.recompute=full)".
+std::string Trainer::recompute_line() const {
+  const GridCoords at = grid_->coords();
+  std::string line = "activations per microbatch:";
+  for (RecomputeMode m : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
+    Config c = cfg_;
+    c.train.recompute = m;
+    const ActivationSplit split = activation_split(c, {at.pp, at.tp, at.dp});
+    line += str_cat(m == RecomputeMode::None ? " " : ", ", recompute_name(recompute_mode(c.train)), " ",
+                    format_bytes(split.per_slot));
+  }
+  return line + str_cat(" (train.recompute=", recompute_name(recompute_mode(cfg_.train)), ")");
 }
 
 void Trainer::allocate_arenas(const ArenaSizes& sizes) {

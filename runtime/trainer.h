@@ -104,6 +104,7 @@ class Trainer {
   void collect_parameters();
   void build_optimizer(Arena& measure_shard, Arena& measure_state);
   void plan_memory(const ArenaSizes& sizes);
+  std::string recompute_line() const;
   void allocate_arenas(const ArenaSizes& sizes);
   void init_parameters();
   void build_loader();

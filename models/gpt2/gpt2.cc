@@ -2,7 +2,9 @@
 
 #include <string>
 
+#include "core/clock.h"
 #include "core/device_memory.h"
+#include "core/timeline.h"
 #include "kernels/elementwise.h"
 #include "models/gpt2/gpt2_files.h"
 
@@ -122,22 +124,29 @@ void GPT2::layout_slot(Arena& acts, SlotActs& s) {
   const int64_t N = tp_.rows(), R = tp_.local_rows(), Hp = dims_.n_head / P;
   auto A = [&](Shape sh, const char* what) { return acts.alloc(sh, dtype_, what); };
   auto W = [&](Shape sh, const char* what) { return acts.alloc(sh, wide_dtype_, what); };  // statistics, losses
+  const Recompute mode = batch_.recompute;
   s.input = A({R, C}, "stage input");
   s.blocks.resize(layers_.blocks.size());
   for (size_t l = 0; l < s.blocks.size(); ++l) {
     BlockActs& a = s.blocks[l];
-    a.ln1 = A({R, C}, "ln_1 output");
-    a.ln1_mean = W({R}, "ln_1 mean");
-    a.ln1_rstd = W({R}, "ln_1 rstd");
-    a.qkv = A({B, T, layers_.blocks[l].attn.local_qkv_width()}, "qkv");
-    a.lse = W({B, Hp, T}, "attention log-sum-exp");
-    a.atty = A({B, T, C / P}, "attention output");
-    a.res2 = A({R, C}, "residual 2");
-    a.ln2 = A({R, C}, "ln_2 output");
-    a.ln2_mean = W({R}, "ln_2 mean");
-    a.ln2_rstd = W({R}, "ln_2 rstd");
-    a.fch = A({N, 4 * C / P}, "mlp hidden");
-    a.fch_gelu = A({N, 4 * C / P}, "mlp gelu");
+    // Full recomputation keeps the block output only; selective drops the attention core's outputs and,
+    // with drop_gelu_, the GELU output.
+    if (mode != Recompute::Full) {
+      a.ln1 = A({R, C}, "ln_1 output");
+      a.ln1_mean = W({R}, "ln_1 mean");
+      a.ln1_rstd = W({R}, "ln_1 rstd");
+      a.qkv = A({B, T, layers_.blocks[l].attn.local_qkv_width()}, "qkv");
+      if (mode == Recompute::None) {
+        a.lse = W({B, Hp, T}, "attention log-sum-exp");
+        a.atty = A({B, T, C / P}, "attention output");
+      }
+      a.res2 = A({R, C}, "residual 2");
+      a.ln2 = A({R, C}, "ln_2 output");
+      a.ln2_mean = W({R}, "ln_2 mean");
+      a.ln2_rstd = W({R}, "ln_2 rstd");
+      a.fch = A({N, 4 * C / P}, "mlp hidden");
+      if (mode == Recompute::None || !drop_gelu_) a.fch_gelu = A({N, 4 * C / P}, "mlp gelu");
+    }
     a.res3 = A({R, C}, "block output");
   }
   if (placement_.has_head) {
@@ -150,9 +159,34 @@ void GPT2::layout_slot(Arena& acts, SlotActs& s) {
 }
 
 void GPT2::layout_activations(Arena& acts) {
-  const int64_t C = dims_.d_model, N = tp_.rows(), R = tp_.local_rows();
+  const int64_t B = batch_.micro_batch, T = batch_.seq_len, C = dims_.d_model, P = tp_.size();
+  const int64_t N = tp_.rows(), R = tp_.local_rows(), Hp = dims_.n_head / P;
+  const Recompute mode = batch_.recompute;
+  // With 16-bit storage a device's fused GELU epilogue rounds differently from GELU of the stored fc output.
+  drop_gelu_ = mode == Recompute::Selective && (dtype_ == DType::F32 || dtype_ == DType::F64);
   slots_.assign(size_t(batch_.activation_slots), {});
   for (auto& s : slots_) layout_slot(acts, s);
+  work_ = {};
+  if (mode != Recompute::None && !layers_.blocks.empty()) {
+    auto A = [&](Shape sh, const char* what) { return acts.alloc(sh, dtype_, what); };
+    auto W = [&](Shape sh, const char* what) { return acts.alloc(sh, wide_dtype_, what); };
+    if (mode == Recompute::Full) {
+      work_.ln1 = A({R, C}, "recomputed ln_1 output");
+      work_.ln1_mean = W({R}, "recomputed ln_1 mean");
+      work_.ln1_rstd = W({R}, "recomputed ln_1 rstd");
+      work_.qkv = A({B, T, layers_.blocks[0].attn.local_qkv_width()}, "recomputed qkv");
+    }
+    work_.lse = W({B, Hp, T}, "recomputed attention log-sum-exp");
+    work_.atty = A({B, T, C / P}, "recomputed attention output");
+    if (mode == Recompute::Full) {
+      work_.res2 = A({R, C}, "recomputed residual 2");
+      work_.ln2 = A({R, C}, "recomputed ln_2 output");
+      work_.ln2_mean = W({R}, "recomputed ln_2 mean");
+      work_.ln2_rstd = W({R}, "recomputed ln_2 rstd");
+      work_.fch = A({N, 4 * C / P}, "recomputed mlp hidden");
+    }
+    if (mode == Recompute::Full || drop_gelu_) work_.fch_gelu = A({N, 4 * C / P}, "recomputed mlp gelu");
+  }
   tp_.layout(acts, C, dtype_);
   d_res_ = acts.alloc({R, C}, dtype_, "residual gradient");
   d_c_ = acts.alloc({R, C}, dtype_, "LayerNorm output gradient");
@@ -162,9 +196,40 @@ void GPT2::layout_activations(Arena& acts) {
   loss_pending_ = false;
 }
 
+GPT2::BlockActs GPT2::block_acts(SlotActs& s, size_t l) const {
+  const BlockActs& kept = s.blocks[l];
+  switch (batch_.recompute) {
+    case Recompute::None: return kept;
+    case Recompute::Selective: {
+      BlockActs a = kept;
+      a.lse = work_.lse;
+      a.atty = work_.atty;
+      if (drop_gelu_) a.fch_gelu = work_.fch_gelu;
+      return a;
+    }
+    case Recompute::Full: break;
+  }
+  BlockActs a = work_;
+  a.res3 = kept.res3;
+  return a;
+}
+
+void GPT2::recompute(const KernelContext& ctx, const GPT2Layers::Block& b, const Tensor& x, BlockActs& a) {
+  if (batch_.recompute == Recompute::None) return;
+  const double t0 = now_seconds();
+  if (batch_.recompute == Recompute::Full) {
+    block_forward(ctx, b, x, a, /*whole=*/false);
+  } else {
+    b.attn.attend(ctx, a.qkv, a.lse, a.atty);
+    if (drop_gelu_) gelu_forward(ctx, a.fch_gelu, a.fch);
+  }
+  add_span(ctx.timeline, "recompute", Track::Main, t0, now_seconds());
+}
+
 // ---- forward
 
-void GPT2::block_forward(const KernelContext& ctx, const GPT2Layers::Block& b, const Tensor& x, BlockActs& a) {
+void GPT2::block_forward(const KernelContext& ctx, const GPT2Layers::Block& b, const Tensor& x, BlockActs& a,
+                         bool whole) {
   b.ln1.forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x);
   b.attn.forward(ctx, a.qkv, a.lse, a.atty, tp_.gathered(a.ln1));
   Tensor ln2 = a.ln2;
@@ -177,7 +242,8 @@ void GPT2::block_forward(const KernelContext& ctx, const GPT2Layers::Block& b, c
     b.attn.proj().forward_unsplit(ctx, a.res2, a.atty.flat2d());
     b.ln2.residual_forward(ctx, a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, x);
   }
-  b.mlp.forward(ctx, tp_, a.res3, a.fch, a.fch_gelu, ln2, a.res2);
+  if (whole) b.mlp.forward(ctx, tp_, a.res3, a.fch, a.fch_gelu, ln2, a.res2);
+  else b.mlp.forward_hidden(ctx, a.fch, a.fch_gelu, ln2);
 }
 
 void GPT2::head_forward(const KernelContext& ctx, SlotActs& s, const Tensor& x, const Tensor& targets, double dloss) {
@@ -210,7 +276,8 @@ void GPT2::forward(const KernelContext& ctx, int slot, const Tensor& tokens, con
   }
   const Tensor* x = &s.input;
   for (size_t l = 0; l < layers_.blocks.size(); ++l) {
-    block_forward(ctx, layers_.blocks[l], *x, s.blocks[l]);
+    BlockActs a = block_acts(s, l);
+    block_forward(ctx, layers_.blocks[l], *x, a);
     x = &s.blocks[l].res3;
   }
   if (placement_.has_head) head_forward(ctx, s, *x, targets, dloss);
@@ -277,7 +344,9 @@ void GPT2::backward(const KernelContext& ctx, int slot, const Tensor& tokens, Gr
   }
   for (int l = int(layers_.blocks.size()) - 1; l >= 0; --l) {
     const Tensor& x = l == 0 ? s.input : s.blocks[size_t(l - 1)].res3;
-    block_backward(ctx, layers_.blocks[size_t(l)], x, s.blocks[size_t(l)], phase);
+    BlockActs a = block_acts(s, size_t(l));
+    recompute(ctx, layers_.blocks[size_t(l)], x, a);
+    block_backward(ctx, layers_.blocks[size_t(l)], x, a, phase);
     if (final_pass) grad_ready(placement_.first_layer + l);
   }
   if (placement_.has_embedding) {

@@ -111,7 +111,14 @@ class GPT2 final : public ModelChunk {
   };
 
   void layout_slot(Arena& acts, SlotActs& s);
-  void block_forward(const KernelContext& ctx, const GPT2Layers::Block& b, const Tensor& x, BlockActs& a);
+  // Layer l's activations of slot s as the block passes see them: the
+  // slot's own, with what the recompute mode drops taken from work_.
+  BlockActs block_acts(SlotActs& s, size_t l) const;
+  // Before layer l's backward: recomputes what the mode dropped (a "recompute" span).
+  void recompute(const KernelContext& ctx, const GPT2Layers::Block& b, const Tensor& x, BlockActs& a);
+  // whole = false stops before the MLP's down projection (full recomputation needs no block output).
+  void block_forward(const KernelContext& ctx, const GPT2Layers::Block& b, const Tensor& x, BlockActs& a,
+                     bool whole = true);
   void block_backward(const KernelContext& ctx, const GPT2Layers::Block& b, const Tensor& x, BlockActs& a,
                       GradPhase phase);
   void head_forward(const KernelContext& ctx, SlotActs& s, const Tensor& x, const Tensor& targets, double dloss);
@@ -120,6 +127,11 @@ class GPT2 final : public ModelChunk {
   TpComm tp_;  // before layers_: they are built for its size
   GPT2Layers layers_;
   std::vector<SlotActs> slots_;
+  // Selective: the attention output and log-sum-exp (and in fp32 the GELU
+  // output) of the layer being differentiated; full: all of a block's
+  // activations but its output. Shared by every slot and layer.
+  BlockActs work_;
+  bool drop_gelu_ = false;  // selective recomputation recomputes the GELU output (fp32 storage)
   Tensor d_res_;    // (R, C) gradient of the residual stream
   Tensor d_c_;      // (R, C) reduced gradient of a LayerNorm output
   Tensor d_big_;    // (N, 4C/P) MLP hidden gradient; also attention output and qkv gradients

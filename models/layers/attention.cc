@@ -39,6 +39,10 @@ void CausalSelfAttention::forward(const KernelContext& ctx, Tensor qkv, Tensor l
                                   const Tensor& x_full, const RotaryTables* rope) const {
   qkv_.forward(ctx, qkv.flat2d(), x_full);
   if (rope) rope_qkv_forward(ctx, qkv, rope->cos, rope->sin, local_heads_, local_kv_heads_, rope->seq_len, 0);
+  attend(ctx, qkv, lse, y);
+}
+
+void CausalSelfAttention::attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y) const {
   flash_attention_forward(ctx, y, lse, qkv, local_heads_, local_kv_heads_);
 }
 

@@ -55,6 +55,9 @@ class CausalSelfAttention {
   // `rope`: rotate q and k first (null: no rotation).
   void forward(const KernelContext& ctx, Tensor qkv, Tensor lse, Tensor y, const Tensor& x_full,
                const RotaryTables* rope = nullptr) const;
+  // The attention core alone, y and lse from qkv (as forward leaves it,
+  // rotated): what selective recomputation re-runs before backward.
+  void attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y) const;
   // From dy (B, T, H head_dim / P): dqkv (qkv's shape), then this rank's partial input gradient in
   // tp.partial() (ColumnParallelLinear::input_grad reduces it).
   void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const Tensor& qkv,

@@ -17,8 +17,12 @@ void Mlp::bind(std::vector<Parameter>& params) {
 
 void Mlp::forward(const KernelContext& ctx, TpComm& tp, Tensor out, Tensor h, Tensor h_gelu, const Tensor& x_full,
                   const Tensor& skip) const {
-  up_.forward_gelu(ctx, h_gelu, h, x_full);
+  forward_hidden(ctx, h, h_gelu, x_full);
   down_.forward(ctx, tp, out, h_gelu, skip);
+}
+
+void Mlp::forward_hidden(const KernelContext& ctx, Tensor h, Tensor h_gelu, const Tensor& x_full) const {
+  up_.forward_gelu(ctx, h_gelu, h, x_full);
 }
 
 void Mlp::backward(const KernelContext& ctx, TpComm& tp, Tensor dh, const Tensor& dy_full, const Tensor& h,
@@ -40,9 +44,13 @@ void GatedMlp::bind(std::vector<Parameter>& params) {
 
 void GatedMlp::forward(const KernelContext& ctx, TpComm& tp, Tensor out, Tensor gu, Tensor h, const Tensor& x_full,
                        const Tensor& skip) const {
+  forward_hidden(ctx, gu, h, x_full);
+  down_.forward(ctx, tp, out, h, skip);
+}
+
+void GatedMlp::forward_hidden(const KernelContext& ctx, Tensor gu, Tensor h, const Tensor& x_full) const {
   gate_up_.forward(ctx, gu, x_full);
   swiglu_packed_forward(ctx, h, gu);
-  down_.forward(ctx, tp, out, h, skip);
 }
 
 void GatedMlp::backward(const KernelContext& ctx, TpComm& tp, Tensor dgu, Tensor dh, const Tensor& dy_full,

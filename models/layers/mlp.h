@@ -36,6 +36,9 @@ class Mlp {
   // h (N, F/P) before and h_gelu after the GELU; out (R, C) = skip + reduce(h_gelu W_down^T) + b.
   void forward(const KernelContext& ctx, TpComm& tp, Tensor out, Tensor h, Tensor h_gelu, const Tensor& x_full,
                const Tensor& skip) const;
+  // forward's first half, what backward reads (h, h_gelu): recomputation
+  // stops here, without the down projection and its reduction.
+  void forward_hidden(const KernelContext& ctx, Tensor h, Tensor h_gelu, const Tensor& x_full) const;
   // From the gradient of all N output rows: the hidden gradient in `dh`
   // (N, F/P, also the GELU's), then this rank's partial input gradient in
   // tp.partial() (ColumnParallelLinear::input_grad reduces it).
@@ -58,6 +61,8 @@ class GatedMlp {
   // out (R, C) = skip + reduce(h W_down^T).
   void forward(const KernelContext& ctx, TpComm& tp, Tensor out, Tensor gu, Tensor h, const Tensor& x_full,
                const Tensor& skip) const;
+  // forward's first half, what backward reads (gu, h).
+  void forward_hidden(const KernelContext& ctx, Tensor gu, Tensor h, const Tensor& x_full) const;
   // From the gradient of all N output rows: dh (N, F/P) and dgu (N, 2F/P)
   // scratch, then this rank's partial input gradient in tp.partial().
   void backward(const KernelContext& ctx, TpComm& tp, Tensor dgu, Tensor dh, const Tensor& dy_full, const Tensor& gu,

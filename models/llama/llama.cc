@@ -4,9 +4,12 @@
 #include <cmath>
 #include <string>
 
+#include "core/clock.h"
 #include "core/device_memory.h"
+#include "core/timeline.h"
 #include "kernels/elementwise.h"
 #include "kernels/rope.h"
+#include "kernels/swiglu.h"
 #include "models/llama/llama_files.h"
 
 namespace xirang {
@@ -140,20 +143,27 @@ void Llama::layout_slot(Arena& acts, SlotActs& s) {
   const int64_t N = tp_.rows(), R = tp_.local_rows(), Hp = dims_.n_head / P, Fp = layers_.ffn_hidden / P;
   auto A = [&](Shape sh, const char* what) { return acts.alloc(sh, dtype_, what); };
   auto W = [&](Shape sh, const char* what) { return acts.alloc(sh, wide_dtype_, what); };
+  const Recompute mode = batch_.recompute;
   s.input = A({R, C}, "stage input");
   s.blocks.resize(layers_.blocks.size());
   for (size_t l = 0; l < s.blocks.size(); ++l) {
     BlockActs& a = s.blocks[l];
-    a.ln1 = A({R, C}, "input_layernorm output");
-    a.ln1_rstd = W({R}, "input_layernorm rstd");
-    a.qkv = A({B, T, layers_.blocks[l].attn.local_qkv_width()}, "qkv");
-    a.lse = W({B, Hp, T}, "attention log-sum-exp");
-    a.atty = A({B, T, C / P}, "attention output");
-    a.res2 = A({R, C}, "residual 2");
-    a.ln2 = A({R, C}, "post_attention_layernorm output");
-    a.ln2_rstd = W({R}, "post_attention_layernorm rstd");
-    a.gu = A({N, 2 * Fp}, "mlp gate and up");
-    a.h = A({N, Fp}, "mlp swiglu");
+    // Full recomputation keeps the block output only; selective drops the
+    // attention core's outputs and the SwiGLU output.
+    if (mode != Recompute::Full) {
+      a.ln1 = A({R, C}, "input_layernorm output");
+      a.ln1_rstd = W({R}, "input_layernorm rstd");
+      a.qkv = A({B, T, layers_.blocks[l].attn.local_qkv_width()}, "qkv");
+      if (mode == Recompute::None) {
+        a.lse = W({B, Hp, T}, "attention log-sum-exp");
+        a.atty = A({B, T, C / P}, "attention output");
+      }
+      a.res2 = A({R, C}, "residual 2");
+      a.ln2 = A({R, C}, "post_attention_layernorm output");
+      a.ln2_rstd = W({R}, "post_attention_layernorm rstd");
+      a.gu = A({N, 2 * Fp}, "mlp gate and up");
+      if (mode == Recompute::None) a.h = A({N, Fp}, "mlp swiglu");
+    }
     a.res3 = A({R, C}, "block output");
   }
   if (placement_.has_head) {
@@ -165,9 +175,30 @@ void Llama::layout_slot(Arena& acts, SlotActs& s) {
 }
 
 void Llama::layout_activations(Arena& acts) {
-  const int64_t C = dims_.d_model, N = tp_.rows(), R = tp_.local_rows(), P = tp_.size();
+  const int64_t B = batch_.micro_batch, T = batch_.seq_len, C = dims_.d_model, N = tp_.rows(), R = tp_.local_rows();
+  const int64_t P = tp_.size(), Hp = dims_.n_head / P, Fp = layers_.ffn_hidden / P;
+  const Recompute mode = batch_.recompute;
   slots_.assign(size_t(batch_.activation_slots), {});
   for (auto& s : slots_) layout_slot(acts, s);
+  work_ = {};
+  if (mode != Recompute::None && !layers_.blocks.empty()) {
+    auto A = [&](Shape sh, const char* what) { return acts.alloc(sh, dtype_, what); };
+    auto W = [&](Shape sh, const char* what) { return acts.alloc(sh, wide_dtype_, what); };
+    if (mode == Recompute::Full) {
+      work_.ln1 = A({R, C}, "recomputed input_layernorm output");
+      work_.ln1_rstd = W({R}, "recomputed input_layernorm rstd");
+      work_.qkv = A({B, T, layers_.blocks[0].attn.local_qkv_width()}, "recomputed qkv");
+    }
+    work_.lse = W({B, Hp, T}, "recomputed attention log-sum-exp");
+    work_.atty = A({B, T, C / P}, "recomputed attention output");
+    if (mode == Recompute::Full) {
+      work_.res2 = A({R, C}, "recomputed residual 2");
+      work_.ln2 = A({R, C}, "recomputed post_attention_layernorm output");
+      work_.ln2_rstd = W({R}, "recomputed post_attention_layernorm rstd");
+      work_.gu = A({N, 2 * Fp}, "recomputed mlp gate and up");
+    }
+    work_.h = A({N, Fp}, "recomputed mlp swiglu");
+  }
   tp_.layout(acts, C, dtype_);
   d_res_ = acts.alloc({R, C}, dtype_, "residual gradient");
   d_c_ = acts.alloc({R, C}, dtype_, "norm output gradient");
@@ -188,6 +219,36 @@ void Llama::layout_activations(Arena& acts) {
   loss_pending_ = false;
 }
 
+Llama::BlockActs Llama::block_acts(SlotActs& s, size_t l) const {
+  const BlockActs& kept = s.blocks[l];
+  switch (batch_.recompute) {
+    case Recompute::None: return kept;
+    case Recompute::Selective: {
+      BlockActs a = kept;
+      a.lse = work_.lse;
+      a.atty = work_.atty;
+      a.h = work_.h;
+      return a;
+    }
+    case Recompute::Full: break;
+  }
+  BlockActs a = work_;
+  a.res3 = kept.res3;
+  return a;
+}
+
+void Llama::recompute(const KernelContext& ctx, const LlamaLayers::Block& b, const Tensor& x, BlockActs& a) {
+  if (batch_.recompute == Recompute::None) return;
+  const double t0 = now_seconds();
+  if (batch_.recompute == Recompute::Full) {
+    block_forward(ctx, b, x, a, /*whole=*/false);
+  } else {
+    b.attn.attend(ctx, a.qkv, a.lse, a.atty);  // qkv holds q and k rotated
+    swiglu_packed_forward(ctx, a.h, a.gu);
+  }
+  add_span(ctx.timeline, "recompute", Track::Main, t0, now_seconds());
+}
+
 void Llama::ensure_rope(const KernelContext& ctx) {
   if (rope_ready_ || layers_.blocks.empty()) return;
   rope_table(ctx, rope_.cos, rope_.sin, dims_.rope);
@@ -196,7 +257,8 @@ void Llama::ensure_rope(const KernelContext& ctx) {
 
 // ---- forward
 
-void Llama::block_forward(const KernelContext& ctx, const LlamaLayers::Block& b, const Tensor& x, BlockActs& a) {
+void Llama::block_forward(const KernelContext& ctx, const LlamaLayers::Block& b, const Tensor& x, BlockActs& a,
+                          bool whole) {
   b.input_norm.forward(ctx, a.ln1, Tensor(), a.ln1_rstd, x);
   b.attn.forward(ctx, a.qkv, a.lse, a.atty, tp_.gathered(a.ln1), &rope_);
   Tensor ln2 = a.ln2;
@@ -209,7 +271,8 @@ void Llama::block_forward(const KernelContext& ctx, const LlamaLayers::Block& b,
     b.attn.proj().forward_unsplit(ctx, a.res2, a.atty.flat2d());
     b.post_norm.residual_forward(ctx, a.res2, a.ln2, Tensor(), a.ln2_rstd, a.res2, x);
   }
-  b.mlp.forward(ctx, tp_, a.res3, a.gu, a.h, ln2, a.res2);
+  if (whole) b.mlp.forward(ctx, tp_, a.res3, a.gu, a.h, ln2, a.res2);
+  else b.mlp.forward_hidden(ctx, a.gu, a.h, ln2);
 }
 
 void Llama::head_forward(const KernelContext& ctx, SlotActs& s, const Tensor& x, const Tensor& targets, double dloss) {
@@ -240,7 +303,8 @@ void Llama::forward(const KernelContext& ctx, int slot, const Tensor& tokens, co
   }
   const Tensor* x = &s.input;
   for (size_t l = 0; l < layers_.blocks.size(); ++l) {
-    block_forward(ctx, layers_.blocks[l], *x, s.blocks[l]);
+    BlockActs a = block_acts(s, l);
+    block_forward(ctx, layers_.blocks[l], *x, a);
     x = &s.blocks[l].res3;
   }
   if (placement_.has_head) head_forward(ctx, s, *x, targets, dloss);
@@ -306,7 +370,9 @@ void Llama::backward(const KernelContext& ctx, int slot, const Tensor& tokens, G
   }
   for (int l = int(layers_.blocks.size()) - 1; l >= 0; --l) {
     const Tensor& x = l == 0 ? s.input : s.blocks[size_t(l - 1)].res3;
-    block_backward(ctx, layers_.blocks[size_t(l)], x, s.blocks[size_t(l)], phase);
+    BlockActs a = block_acts(s, size_t(l));
+    recompute(ctx, layers_.blocks[size_t(l)], x, a);
+    block_backward(ctx, layers_.blocks[size_t(l)], x, a, phase);
     if (final_pass) grad_ready(placement_.first_layer + l);
   }
   if (placement_.has_embedding) {

@@ -123,7 +123,14 @@ class Llama final : public ModelChunk {
 
   void layout_slot(Arena& acts, SlotActs& s);
   void ensure_rope(const KernelContext& ctx);
-  void block_forward(const KernelContext& ctx, const LlamaLayers::Block& b, const Tensor& x, BlockActs& a);
+  // Layer l's activations of slot s as the block passes see them: the
+  // slot's own, with what the recompute mode drops taken from work_.
+  BlockActs block_acts(SlotActs& s, size_t l) const;
+  // Before layer l's backward: recomputes what the mode dropped (a "recompute" span).
+  void recompute(const KernelContext& ctx, const LlamaLayers::Block& b, const Tensor& x, BlockActs& a);
+  // whole = false stops before the MLP's down projection (full recomputation needs no block output).
+  void block_forward(const KernelContext& ctx, const LlamaLayers::Block& b, const Tensor& x, BlockActs& a,
+                     bool whole = true);
   void block_backward(const KernelContext& ctx, const LlamaLayers::Block& b, const Tensor& x, BlockActs& a,
                       GradPhase phase);
   void head_forward(const KernelContext& ctx, SlotActs& s, const Tensor& x, const Tensor& targets, double dloss);
@@ -132,6 +139,10 @@ class Llama final : public ModelChunk {
   TpComm tp_;
   LlamaLayers layers_;
   std::vector<SlotActs> slots_;
+  // Selective: the attention output and log-sum-exp and the SwiGLU output
+  // of the layer being differentiated; full: all of a block's activations
+  // but its output. Shared by every slot and layer.
+  BlockActs work_;
   RotaryTables rope_;         // (T, D/2) cos and sin, filled at the first forward
   bool rope_ready_ = false;
   Tensor d_res_;    // (R, C)

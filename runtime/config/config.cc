@@ -63,7 +63,7 @@ struct ResumeRef {
 };
 
 using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*,
-                              RopeScalingType*, TieEmbeddings*, ResumeRef>;
+                              RopeScalingType*, TieEmbeddings*, RecomputeMode*, ResumeRef>;
 
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
@@ -71,12 +71,14 @@ constexpr const char* kBackendNames[] = {"cpu", "cuda"};
 constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank"};
 constexpr const char* kRopeScalingNames[] = {"none", "llama3"};
 constexpr const char* kTieNames[] = {"auto", "true", "false"};
+constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
 
 std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
 std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
 std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
 std::span<const char* const> spellings(const RopeScalingType*) { return kRopeScalingNames; }
 std::span<const char* const> spellings(const TieEmbeddings*) { return kTieNames; }
+std::span<const char* const> spellings(const RecomputeMode*) { return kRecomputeNames; }
 
 template <class T>
 constexpr bool is_named_v = std::is_enum_v<T>;
@@ -136,7 +138,7 @@ std::vector<Section> schema(Config& c) {
         {"seq_len", &t.seq_len}, {"lr", &t.lr}, {"min_lr_ratio", &t.min_lr_ratio},
         {"warmup_steps", &t.warmup_steps}, {"weight_decay", &t.weight_decay}, {"beta1", &t.beta1},
         {"beta2", &t.beta2}, {"eps", &t.eps}, {"grad_clip", &t.grad_clip}, {"seed", &t.seed},
-        {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}, {"stop_after", &t.stop_after}}},
+        {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}, {"recompute", &t.recompute}, {"stop_after", &t.stop_after}}},
       {"data",
        {{"train", &c.data.train}, {"val", &c.data.val}, {"prefetch", &c.data.prefetch},
         {"prefetch_min", &c.data.prefetch_min}, {"prefetch_max", &c.data.prefetch_max},
@@ -216,6 +218,7 @@ std::string expected_name(const FieldPtr& ptr) {
     std::string operator()(FaultKind* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(RopeScalingType* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(TieEmbeddings* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(RecomputeMode* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
   return std::visit(v, ptr);
@@ -277,7 +280,7 @@ bool takes_text(const FieldPtr& ptr) {
   return std::holds_alternative<std::string*>(ptr) || std::holds_alternative<ResumeRef>(ptr) ||
          std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
          std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScalingType*>(ptr) ||
-         std::holds_alternative<TieEmbeddings*>(ptr);
+         std::holds_alternative<TieEmbeddings*>(ptr) || std::holds_alternative<RecomputeMode*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {

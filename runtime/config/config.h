@@ -35,6 +35,9 @@ enum class ResumeMode { Auto, None, Path };
 enum class RopeScalingType { None, Llama3 };
 // model.tie_embeddings: auto (the architecture's default: GPT-2 ties, LLaMA does not), true, false
 enum class TieEmbeddings { Auto, True, False };
+// train.recompute: none, selective (the attention core and the MLP
+// activation), full (each block from its input); models/model.h's Recompute
+enum class RecomputeMode { None, Selective, Full };
 // The config spelling of a value ("bf16", "cuda", "kill_in_save"), for messages.
 const char* config_name(Precision v);
 const char* config_name(Backend v);
@@ -116,6 +119,7 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int eval_every = 0;    // 0 disables validation
   int eval_batches = 4;  // microbatches of validation data per evaluation
+  RecomputeMode recompute = RecomputeMode::None;  // activation recomputation in backward (models/model.h)
   int stop_after = 0;    // end this run after that many completed steps (a job time limit; the schedule still spans `steps`); 0: run to `steps`
 };
 

@@ -6,6 +6,7 @@
 //
 //   ModelDims dims = model_dims(cfg.model);
 //   check_layout(dims, parallel_layout(cfg.parallel));    // models/model.h
+//   arch.make_chunk(dims, placement, dtype, chunk_batch(cfg, slots), tp);
 #pragma once
 
 #include "models/model.h"
@@ -34,6 +35,20 @@ inline ModelDims model_dims(const ModelConfig& m) {
   d.norm_eps = m.norm_eps;
   if (m.tie_embeddings != TieEmbeddings::Auto) d.tie_embeddings = m.tie_embeddings == TieEmbeddings::True;
   return d;
+}
+
+inline Recompute recompute_mode(const TrainConfig& t) {
+  switch (t.recompute) {
+    case RecomputeMode::Selective: return Recompute::Selective;
+    case RecomputeMode::Full: return Recompute::Full;
+    case RecomputeMode::None: break;
+  }
+  return Recompute::None;
+}
+
+// A chunk's batch: the config's microbatch shape and recompute mode, with `slots` activation slots.
+inline ChunkBatch chunk_batch(const Config& c, int slots) {
+  return ChunkBatch{c.train.micro_batch, c.seq_len(), slots, recompute_mode(c.train)};
 }
 
 inline ParallelLayout parallel_layout(const ParallelConfig& p) {

@@ -77,12 +77,17 @@ PY
     echo "ok [$case]" ;;
   explain_recompute)
     "$xirang" plan "$cfg" --cluster "$a100" --layout dp=2,tp=2,recompute=1 --explain >out.txt 2>err.txt || die "$(cat err.txt)"
-    grep -q "recomputation is modelled" out.txt || die "no recomputation note: $(cat out.txt)"
+    grep -q "recomputation: train.recompute=full" out.txt || die "no recomputation note: $(cat out.txt)"
     echo "ok [$case]" ;;
   memory_one_rank) memory_matches 1 dp=1 --set train.micro_batch=2 ;;
   memory_tp2) memory_matches 2 dp=1,tp=2 --set parallel.tp=2 ;;
   memory_pp2) memory_matches 2 dp=1,pp=2 --set parallel.pp=2 ;;
   memory_dp2_zero) memory_matches 2 dp=2,zero=1 --set parallel.zero=1 --set parallel.bucket_mb=0.01 ;;
+  memory_tp2_full)
+    memory_matches 2 dp=1,tp=2,recompute=1 --set parallel.tp=2 --set train.recompute=full
+    grep -qE "activations per microbatch: none [0-9.]+ [KMG]?i?B, selective .*, full .* \(train.recompute=full\)" train.txt ||
+      die "no per-mode activation line: $(cat train.txt)" ;;
+  memory_pp2_selective) memory_matches 2 dp=1,pp=2 --set parallel.pp=2 --set train.recompute=selective ;;
   calibrate)
     "$xirang" plan --calibrate "$src/tests/assets/sweeps/this_machine.jsonl" --cluster "$here" -o fitted.yaml \
       >out.txt 2>err.txt || die "calibrate failed: $(cat err.txt)"

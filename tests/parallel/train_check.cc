@@ -2,7 +2,7 @@
 // one rank.
 //
 //   mpirun -np 4 parallel_train_check --data DIR --set parallel.zero=1 [--steps 10] [--tol 1e-5] [--param-tol T]
-//                                     [--config configs/llama_debug.yaml]
+//                                     [--config configs/llama_debug.yaml] [--against-none]
 //
 // The model is configs/gpt2_debug.yaml's unless --config names another
 // (relative to the source tree).
@@ -15,6 +15,11 @@
 // precision.dtype=bf16/fp16 the reference is one rank in the same dtype), and every rank
 // checks that its replica equals rank 0's bit for bit. Prints one line per
 // check and a closing "N passed, M failed"; exits non-zero on any failure.
+//
+// Activation recomputation: with --against-none (and --set
+// train.recompute=selective or full) the layout trains a second time with
+// train.recompute=none on the same grid, and its per-step losses and every
+// rank's final parameters must be bitwise those of the recomputing run.
 //
 // Checkpoints: with --set train.stop_after=K --set checkpoint.dir=D the
 // layout stops after K steps and saves; with --set checkpoint.resume=D/step_K
@@ -49,6 +54,7 @@ struct Args {
   int steps = 10;
   double tol = 1e-5;         // relative, for the per-step losses
   double param_tol = -1;     // final parameters, relative to the largest; -1: tol
+  bool against_none = false;  // also train the layout with train.recompute=none: bitwise the same
 };
 
 Args parse(int argc, char** argv) {
@@ -61,6 +67,7 @@ Args parse(int argc, char** argv) {
     else if (s == "--steps" && i + 1 < argc) a.steps = std::stoi(argv[++i]);
     else if (s == "--tol" && i + 1 < argc) a.tol = std::stod(argv[++i]);
     else if (s == "--param-tol" && i + 1 < argc) a.param_tol = std::stod(argv[++i]);
+    else if (s == "--against-none") a.against_none = true;
     else fail(ErrorKind::Usage, "parallel_train_check: unexpected argument '", s, "'");
   }
   if (a.data.empty()) fail(ErrorKind::Usage, "parallel_train_check: --data DIR is required");
@@ -149,6 +156,21 @@ int main(int argc, char** argv) {
     TrainResult r = t.run();
     std::vector<float> params = flat_params(t);
 
+    // The same layout without recomputation: bitwise the same losses and parameters on every rank.
+    int none_same = 1;
+    std::vector<double> none_losses;
+    if (args.against_none) {
+      Trainer plain(make_config(args, {"train.recompute=none"}, world), quiet, grid.get());
+      TrainResult pr = plain.run();
+      none_losses = pr.losses;
+      const std::vector<float> pp = flat_params(plain);
+      none_same = pp.size() == params.size() && std::memcmp(pp.data(), params.data(), pp.size() * 4) == 0 &&
+                  pr.losses.size() == r.losses.size() &&
+                  std::memcmp(pr.losses.data(), r.losses.data(), r.losses.size() * sizeof(double)) == 0;
+    }
+    int all_none_same = 0;
+    MPI_Allreduce(&none_same, &all_none_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+
     // Each rank compares its shards with the matching slices of the reference.
     uint64_t ref_size = ref_params.size();
     MPI_Bcast(&ref_size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
@@ -231,6 +253,13 @@ int main(int argc, char** argv) {
       if (cfg.parallel.pp > 1 && any_tied)
         check(all_tied_same == 1, "the tied token table is bitwise the same on the first and the last stage");
       check(r.losses.size() < 2 || r.losses.back() < r.losses.front(), "the loss went down");
+      if (args.against_none) {
+        for (size_t i = 0; i < r.losses.size() && i < none_losses.size(); ++i)
+          std::printf("  step %2zu  loss %.17g  train.recompute=none %.17g\n", i + 1, r.losses[i], none_losses[i]);
+        check(all_none_same == 1, std::string("train.recompute=") + recompute_name(recompute_mode(cfg.train)) +
+                                      ": per-step losses and every rank's parameters bitwise those of "
+                                      "train.recompute=none in the same layout");
+      }
       if (ref_val && finished) {
         // Evaluation sends stage outputs forward on the pipeline's activation queues.
         const double rel = r.final_val_loss ? std::abs(*r.final_val_loss - *ref_val) / *ref_val : 1.0;

@@ -48,6 +48,7 @@ train:
   seed: 18446744073709551615
   eval_every: 5
   eval_batches: 2
+  recompute: full
 data:
   train: some/train
   val: some/val
@@ -85,6 +86,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.seed, b.train.seed);
   EXPECT_EQ(a.train.eval_every, b.train.eval_every);
   EXPECT_EQ(a.train.eval_batches, b.train.eval_batches);
+  EXPECT_EQ(a.train.recompute, b.train.recompute);
   EXPECT_EQ(a.data.train, b.data.train);
   EXPECT_EQ(a.data.val, b.data.val);
   EXPECT_EQ(a.metrics.jsonl, b.metrics.jsonl);
@@ -143,6 +145,7 @@ TEST(ConfigParse, FullConfigSetsEveryField) {
   EXPECT_EQ(c.train.seed, 18446744073709551615ull);
   EXPECT_EQ(c.train.eval_every, 5);
   EXPECT_EQ(c.train.eval_batches, 2);
+  EXPECT_EQ(c.train.recompute, RecomputeMode::Full);
   EXPECT_EQ(c.data.train, "some/train");
   EXPECT_EQ(c.data.val, "some/val");
   EXPECT_EQ(c.metrics.jsonl, "runs/x/metrics.jsonl");
@@ -255,6 +258,12 @@ TEST(ConfigParse, NamedValues) {
   expect_parse_error("", {"device.backend='tpu'", "cpu, cuda"}, {"device.backend=tpu"});
   expect_parse_error("device:\n  backend: tpu\n", {"test.yaml:2", "device.backend='tpu'", "cpu, cuda"});
   expect_parse_error("precision:\n  dtype:\n", {"precision.dtype=''", "fp32, bf16, fp16"});
+
+  EXPECT_EQ(parse_config("").train.recompute, RecomputeMode::None);
+  EXPECT_EQ(parse_config("train:\n  recompute: selective\n").train.recompute, RecomputeMode::Selective);
+  EXPECT_EQ(parse_config("", {"train.recompute=full"}).train.recompute, RecomputeMode::Full);
+  expect_parse_error("", {"train.recompute='partial'", "none, selective, full"}, {"train.recompute=partial"});
+  expect_parse_error("train:\n  recompute: yes\n", {"test.yaml:2", "train.recompute='yes'", "none, selective, full"});
 }
 
 // LLaMA's keys: rope_scaling is a nested mapping (as in config.json), an

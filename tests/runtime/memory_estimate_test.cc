@@ -5,8 +5,11 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
@@ -66,7 +69,56 @@ INSTANTIATE_TEST_SUITE_P(
                       std::vector<std::string>{"precision.dtype=bf16", "train.micro_batch=2"},
                       std::vector<std::string>{"parallel.zero=1", "parallel.bucket_mb=0.01"},
                       std::vector<std::string>{"precision.dtype=fp16", "parallel.zero=1", "parallel.bucket_mb=0.02",
-                                               "model.d_model=128"}));
+                                               "model.d_model=128"},
+                      std::vector<std::string>{"train.recompute=selective", "train.micro_batch=2"},
+                      std::vector<std::string>{"train.recompute=full", "precision.dtype=bf16"},
+                      std::vector<std::string>{"train.recompute=selective", "precision.dtype=bf16"}));
+
+// Activation bytes per microbatch (activation_split's per_slot) of `file`
+// under each train.recompute mode, and per layer (the difference between
+// n_layer and one layer), printed next to Korthikanti et al.'s
+// s b h (34 + 5 a s / h) bytes per layer (16-bit activations, attention
+// scores kept): the numbers of docs/performance.md.
+std::vector<size_t> recompute_table(const std::string& file, std::vector<std::string> overrides) {
+  overrides.push_back("parallel.dp=1");
+  const Config base = load_config(std::string(XIRANG_SOURCE_DIR) + "/" + file, overrides);
+  const double s = base.seq_len(), b = base.train.micro_batch, h = base.model.d_model, a = base.model.n_head;
+  const int L = base.model.n_layer;
+  std::printf("%s, micro_batch %d x %d, %s, %d layers; formula per layer: %.1f MiB\n", file.c_str(), int(b), int(s),
+              config_name(base.precision.dtype), L, s * b * h * (34 + 5 * a * s / h) / (1 << 20));
+  std::vector<size_t> per_slot;
+  for (const char* mode : {"none", "selective", "full"}) {
+    auto split = [&](int layers) {
+      std::vector<std::string> o = overrides;
+      o.push_back(std::string("train.recompute=") + mode);
+      o.push_back("model.n_layer=" + std::to_string(layers));
+      return activation_split(load_config(std::string(XIRANG_SOURCE_DIR) + "/" + file, o));
+    };
+    const ActivationSplit all = split(L), one = split(1);
+    per_slot.push_back(all.per_slot);
+    std::printf("  %-9s per microbatch %9.1f MiB, per layer %8.1f MiB, fixed %8.1f MiB\n", mode,
+                double(all.per_slot) / (1 << 20), double(all.per_slot - one.per_slot) / (L - 1) / (1 << 20),
+                double(all.fixed) / (1 << 20));
+  }
+  return per_slot;
+}
+
+// Activation recomputation, measured by the arena accounting without
+// allocating: GPT-2 124M at micro_batch 8 x 1024 keeps at least 3x fewer
+// activation bytes per microbatch with full recomputation than without.
+TEST(MemoryEstimate, FullRecomputationCutsGpt2ActivationsThreefold) {
+  const std::vector<size_t> m = recompute_table("configs/gpt2_124m.yaml", {"train.micro_batch=8"});
+  EXPECT_GE(m[0], 3 * m[2]) << "none " << m[0] << ", full " << m[2];
+  EXPECT_LT(m[1], m[0]);
+  EXPECT_GT(m[1], m[2]);
+  const std::vector<size_t> bf16 =
+      recompute_table("configs/gpt2_124m.yaml", {"train.micro_batch=8", "precision.dtype=bf16"});
+  EXPECT_GE(bf16[0], 3 * bf16[2]);
+  // LLaMA 3 8B, one sequence of 8192 tokens: layout only.
+  const std::vector<size_t> llama = recompute_table("configs/llama3_8b.yaml", {"train.micro_batch=1"});
+  EXPECT_GE(llama[0], 3 * llama[2]);
+  EXPECT_LT(llama[1], llama[0]);
+}
 
 // Tensor-parallel shards: each rank holds 1/tp of the split matrices; the
 // whole model's parameters over the shards equal the single-rank count

@@ -28,7 +28,7 @@ namespace xirang::tools::plan {
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1, virtual_stages = 1, micro_batch = 1, zero = 0;
   bool sequence_parallel = false;
-  bool recompute = false;  // full activation recomputation (modelled; the trainer has none yet)
+  bool recompute = false;  // full activation recomputation (train.recompute=full)
   int devices() const { return dp * tp * pp; }
   std::string str() const;  // "dp=4,tp=2,pp=2,virtual_stages=1,micro_batch=2,zero=0,sequence_parallel=0,recompute=0"
 };

@@ -59,7 +59,8 @@ std::string explain(const Prediction& p, const Workload& w, const Cluster& c) {
   for (const auto& [name, v] : terms(t)) s += line("    %-16s %10.4g s  %5.1f%%\n", name, v, 100 * v / t.step_s);
   s += line("    %-16s %10.4g s\n", "step", t.step_s);
   if (p.layout.recompute)
-    s += "    (recomputation is modelled: the trainer does not implement it yet; its extra forward is 'recompute')\n";
+    s += "    (recomputation: train.recompute=full, each block's forward again before its backward ('recompute');\n"
+         "     activations measured by the trainer's own accounting for that mode)\n";
   for (const auto& [k, v] : t.notes) s += line("  %s: %s\n", k.c_str(), v.c_str());
   s += line("  throughput: %.5g tokens/s, %.1f model TFLOP/s per device (%.1f counting recomputation), MFU %.1f%%\n",
             p.tokens_per_s, p.model_tflops, p.hardware_tflops, 100 * p.mfu);

@@ -107,29 +107,6 @@ void optimizer_term(const Workload& w, const PlanLayout& l, const Cluster& c, St
                   c.op_overhead_us * 1e-6 * w.cfg.model.n_layer / l.pp;
 }
 
-// Full recomputation (modelled; the trainer has none yet) keeps, per
-// microbatch in flight, each layer's input and the ends' activations (the
-// loss's logits), plus one layer's full activations for the layer being
-// recomputed. A layer's activations per slot: the difference between
-// one- and two-layer models of the same shape, measured like the trainer's.
-size_t recompute_activations(const Config& cfg, int rank) {
-  const ActivationSplit s = activation_split(cfg, {rank, 0, 0});
-  auto one_chunk = [&](int layers) {
-    Config c = cfg;
-    c.model.n_layer = layers;
-    c.parallel.pp = 1;
-    c.parallel.virtual_stages = 1;
-    c.parallel.schedule = "1f1b";
-    return activation_split(c).per_slot;
-  };
-  const double layer = double(one_chunk(2)) - double(one_chunk(1));
-  const double ends = std::max(0.0, double(s.per_slot) - s.layers * layer);
-  const double input = double(cfg.train.micro_batch) * cfg.seq_len() * cfg.model.d_model *
-                       (cfg.precision.dtype == Precision::FP32 ? 4 : 2) /
-                       (cfg.parallel.sequence_parallel ? cfg.parallel.tp : 1);
-  return size_t(double(s.fixed) + s.slots * (s.layers * input + ends) + layer);
-}
-
 }  // namespace
 
 Prediction predict_time(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f) {
@@ -162,14 +139,9 @@ void add_memory(const Workload& w, const Cluster& c, Prediction& p) {
   const Config cfg = layout_config(w, l);
   int rank = 0;
   const MemoryPlan trainer = estimate_peak_memory(cfg, &rank);
+  // layout_config sets train.recompute: the activations are the trainer's own accounting for that mode.
   MemoryPlan plan;
-  for (const auto& item : trainer.items()) {
-    if (item.category != "activations" || !l.recompute) {
-      plan.add(item.category, item.bytes, item.detail);
-      continue;
-    }
-    plan.add("activations", recompute_activations(cfg, rank), "with full recomputation (modelled)");
-  }
+  for (const auto& item : trainer.items()) plan.add(item.category, item.bytes, item.detail);
   const int groups = (l.dp > 1) + (l.tp > 1) + (l.pp > 1);
   if (groups > 0 && c.comm_buffer_mb > 0)
     plan.add("communication buffers", size_t(groups * c.comm_buffer_mb * 1e6), "per group with more than one rank");

@@ -1,0 +1,181 @@
+// Activation recomputation (ChunkBatch::recompute): for GPT-2 and LLaMA, in
+// fp32, bf16 and fp16, one chunk or a two-chunk pipeline with two
+// microbatches in flight, `selective` and `full` give the losses, every
+// parameter gradient and the input gradients bitwise equal to `none`, and
+// keep fewer activation bytes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/device_memory.h"
+#include "core/rng.h"
+#include "models/llama/llama.h"
+#include "tests/models/model_fixture.h"
+
+namespace xirang {
+namespace {
+
+ModelDims dims_of(const std::string& arch) {
+  if (arch == "gpt2")
+    return ModelDims{.arch = "gpt2", .n_layer = 4, .n_head = 2, .d_model = 16, .max_seq_len = 8, .vocab_size = 23,
+                     .vocab_multiple = 8};
+  ModelDims d{.arch = "llama", .n_layer = 4, .n_head = 4, .n_kv_head = 2, .d_model = 16, .ffn_hidden = 24,
+              .max_seq_len = 8, .vocab_size = 23, .vocab_multiple = 8};
+  d.tie_embeddings = false;
+  return d;
+}
+
+struct Outcome {
+  std::vector<double> losses;              // per step: the sum of the microbatches' mean losses
+  std::vector<std::vector<uint8_t>> grads;  // every parameter's gradient bytes, chunk by chunk
+  std::vector<uint8_t> boundary_grad;      // the gradient the last chunk hands back (two chunks)
+  size_t activation_bytes = 0;
+};
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  std::vector<uint8_t> b(t.bytes());
+  std::memcpy(b.data(), t.raw(), t.bytes());
+  return b;
+}
+
+struct Built {
+  std::unique_ptr<ModelChunk> chunk;
+  Arena params, grads, acts;
+};
+
+// Pipeline chunk g of `chunks` in arenas of its own, with random parameters.
+Built build(const std::string& arch, DType dt, int chunks, int g, const ChunkBatch& batch) {
+  const ModelDims d = dims_of(arch);
+  Built b;
+  b.chunk = model_arch(arch).make_chunk(d, ChunkPlacement::of_chunk(d.n_layer, chunks, g), dt, batch, {});
+  Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
+  b.chunk->layout_parameters(mp, mg);
+  b.chunk->layout_activations(ma);
+  b.params = Arena("p", mp.used());
+  b.grads = Arena("g", mg.used());
+  b.acts = Arena("a", ma.used());
+  b.chunk->layout_parameters(b.params, b.grads);
+  b.chunk->layout_activations(b.acts);
+  // Wide random values where the storage allows it (every nonlinearity matters), else the init rules.
+  if (dt == DType::F32) randomize_parameters(*b.chunk, 31);
+  else b.chunk->init_parameters(31);
+  return b;
+}
+
+// Two steps of two microbatches through `chunks` pipeline chunks in mode `r`.
+// Backward runs the later microbatch first, so the recomputed buffers shared
+// by the slots hold the other microbatch's values when a backward starts.
+Outcome train(const std::string& arch, DType dt, int chunks, Recompute r) {
+  const ModelDims d = dims_of(arch);
+  const ChunkBatch batch{2, 7, 2, r};
+  const int micro = 2;
+  std::vector<Built> cs;
+  Outcome out;
+  for (int g = 0; g < chunks; ++g) {
+    cs.push_back(build(arch, dt, chunks, g, batch));
+    out.activation_bytes += cs.back().acts.used();
+  }
+  const int64_t n = int64_t(batch.micro_batch) * batch.seq_len;
+  std::vector<std::vector<int32_t>> tokens(micro), targets(micro);
+  std::vector<Tensor> tok(micro), tgt(micro);
+  for (int m = 0; m < micro; ++m) {
+    for (int64_t i = 0; i < n; ++i) {
+      tokens[size_t(m)].push_back(int32_t(rng_below(3, uint64_t(m), uint64_t(i), uint64_t(d.vocab_size))));
+      targets[size_t(m)].push_back(int32_t(rng_below(4, uint64_t(m), uint64_t(i), uint64_t(d.vocab_size))));
+    }
+    tok[size_t(m)] = Tensor(tokens[size_t(m)].data(), {batch.micro_batch, batch.seq_len}, DType::I32);
+    tgt[size_t(m)] = Tensor(targets[size_t(m)].data(), {batch.micro_batch, batch.seq_len}, DType::I32);
+  }
+  KernelContext ctx;
+  ModelChunk& last = *cs.back().chunk;
+  for (int step = 0; step < 2; ++step) {
+    for (int m = 0; m < micro; ++m)
+      for (int g = 0; g < chunks; ++g) {
+        ModelChunk& c = *cs[size_t(g)].chunk;
+        if (g > 0) copy_tensor(c.stage_input(m), cs[size_t(g - 1)].chunk->stage_output(m), nullptr, true);
+        c.forward(ctx, m, tok[size_t(m)], tgt[size_t(m)], 1.0 / double(n * micro));
+      }
+    out.losses.push_back(last.take_loss(ctx));
+    for (int m = micro - 1; m >= 0; --m) {
+      Tensor grad;
+      for (int g = chunks - 1; g >= 0; --g) {
+        ModelChunk& c = *cs[size_t(g)].chunk;
+        c.backward(ctx, m, tok[size_t(m)], GradPhase::Final, grad);
+        grad = c.input_grad();
+        if (g == chunks - 1 && chunks > 1 && step == 1 && m == 0) out.boundary_grad = bytes_of(grad);
+      }
+    }
+  }
+  for (auto& b : cs)
+    for (const Parameter& p : b.chunk->parameters()) out.grads.push_back(bytes_of(p.grad));
+  return out;
+}
+
+struct Case {
+  std::string arch;
+  DType dtype;
+  int chunks;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.arch << " " << dtype_name(c.dtype) << " " << c.chunks << " chunk(s)"; }
+
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  return i.param.arch + "_" + dtype_name(i.param.dtype) + "_" + std::to_string(i.param.chunks) + "chunk";
+}
+
+class RecomputeIsBitwise : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RecomputeIsBitwise, LossesAndGradientsEqualNone) {
+  const Case& c = GetParam();
+  const Outcome none = train(c.arch, c.dtype, c.chunks, Recompute::None);
+  for (Recompute r : {Recompute::Selective, Recompute::Full}) {
+    SCOPED_TRACE(recompute_name(r));
+    const Outcome o = train(c.arch, c.dtype, c.chunks, r);
+    ASSERT_EQ(o.losses.size(), none.losses.size());
+    for (size_t i = 0; i < o.losses.size(); ++i) {
+      EXPECT_EQ(std::memcmp(&o.losses[i], &none.losses[i], sizeof(double)), 0)
+          << "step " << i << ": loss " << o.losses[i] << " vs " << none.losses[i];
+      EXPECT_GT(none.losses[i], 0.0);
+    }
+    ASSERT_EQ(o.grads.size(), none.grads.size());
+    for (size_t i = 0; i < o.grads.size(); ++i) EXPECT_TRUE(o.grads[i] == none.grads[i]) << "parameter " << i;
+    EXPECT_TRUE(o.boundary_grad == none.boundary_grad);
+    EXPECT_LT(o.activation_bytes, none.activation_bytes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, RecomputeIsBitwise,
+                         ::testing::Values(Case{"gpt2", DType::F32, 1}, Case{"gpt2", DType::F32, 2},
+                                           Case{"gpt2", DType::BF16, 2}, Case{"gpt2", DType::F16, 1},
+                                           Case{"llama", DType::F32, 1}, Case{"llama", DType::F32, 2},
+                                           Case{"llama", DType::BF16, 2}, Case{"llama", DType::F16, 1}),
+                         case_name);
+
+// Full keeps less than selective, selective less than none, per microbatch
+// (the difference between two- and one-slot layouts).
+TEST(Recompute, EachModeKeepsLessPerMicrobatch) {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    const ModelDims d = dims_of(arch);
+    auto per_slot = [&](Recompute r) {
+      size_t used[2];
+      for (int s = 1; s <= 2; ++s) {
+        auto c = model_arch(arch).make_chunk(d, ChunkPlacement::whole(d.n_layer), DType::F32, {2, 8, s, r}, {});
+        Arena ma = Arena::measuring("a");
+        c->layout_activations(ma);
+        used[s - 1] = ma.used();
+      }
+      return used[1] - used[0];
+    };
+    const size_t none = per_slot(Recompute::None), sel = per_slot(Recompute::Selective),
+                 full = per_slot(Recompute::Full);
+    EXPECT_LT(sel, none) << arch;
+    EXPECT_LT(full, sel) << arch;
+  }
+}
+
+}  // namespace
+}  // namespace xirang
