@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/vexp.h"
 
 namespace xirang {
 
@@ -24,16 +25,43 @@ namespace {
 // t < 0 when the row's target is elsewhere. F32 and F64 subtract dloss from the
 // stored target entry (as they always have); 16-bit forms the target's
 // value in double so that it too is rounded only once.
+// Blocks of a row whose exponentials are taken together (cpu::exp_in_place),
+// from a buffer on the stack.
+constexpr int64_t kExpBlock = 256;
+
 template <class S>
 void softmax_gradient_row(const S* row, S* drow, int64_t n, int64_t t, double logz, double dloss) {
-  for (int64_t j = 0; j < n; ++j) {
-    double g = std::exp(double(load(row[j])) - logz) * dloss;
-    if constexpr (is_16bit_v<S>)
-      if (j == t) g -= dloss;
-    drow[j] = store<S>(g);
+  double e[kExpBlock];
+  for (int64_t j0 = 0; j0 < n; j0 += kExpBlock) {
+    const int64_t m = std::min(kExpBlock, n - j0);
+    for (int64_t j = 0; j < m; ++j) e[j] = double(load(row[j0 + j])) - logz;
+    cpu::exp_in_place(e, m);
+    for (int64_t j = 0; j < m; ++j) {
+      double g = e[j] * dloss;
+      if constexpr (is_16bit_v<S>)
+        if (j0 + j == t) g -= dloss;
+      drow[j0 + j] = store<S>(g);
+    }
   }
   if constexpr (!is_16bit_v<S>)
     if (t >= 0) drow[t] -= S(dloss);
+}
+
+// sum over j < n of e^(x_j - mx), added in order in double; `shift` is
+// applied in T (x_j - mx rounded to T, as the unsharded loss does) or in
+// double (the shards').
+template <class S, class T, bool kShiftInT>
+double sum_exp_row(const S* row, int64_t n, T mx) {
+  double e[kExpBlock];
+  double sum = 0;
+  for (int64_t j0 = 0; j0 < n; j0 += kExpBlock) {
+    const int64_t m = std::min(kExpBlock, n - j0);
+    for (int64_t j = 0; j < m; ++j)
+      e[j] = kShiftInT ? double(load(row[j0 + j]) - mx) : double(load(row[j0 + j])) - double(mx);
+    cpu::exp_in_place(e, m);
+    for (int64_t j = 0; j < m; ++j) sum += e[j];
+  }
+  return sum;
 }
 
 }  // namespace
@@ -70,8 +98,7 @@ void cross_entropy_forward_backward(const KernelContext& ctx, Tensor losses, Ten
       const S* row = pl + i * Vp;
       T mx = load(row[0]);
       for (int64_t j = 1; j < vocab_size; ++j) mx = std::max(mx, load(row[j]));
-      double sum = 0;
-      for (int64_t j = 0; j < vocab_size; ++j) sum += std::exp(double(load(row[j]) - mx));
+      const double sum = sum_exp_row<S, T, true>(row, vocab_size, mx);
       double logz = std::log(sum) + double(mx);
       T target_logit = load(row[tg[i]]);
       pls[i] = T(logz - double(target_logit));
@@ -168,10 +195,8 @@ void cross_entropy_shard_sums(const KernelContext& ctx, Tensor sums, const Tenso
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
       const S* row = pl + i * Vs;
-      const double mx = double(pm[i]);
       // Summed in double: a shard's partial sum is rounded to T once, when stored.
-      double sum = 0;
-      for (int64_t j = 0; j < n_real; ++j) sum += std::exp(double(load(row[j])) - mx);
+      const double sum = sum_exp_row<S, T, false>(row, n_real, pm[i]);
       const int64_t t = int64_t(tg[i]) - vocab_begin;
       // The target logit travels in the Sum all-reduce: exactly one shard
       // holds the target, every other one contributes 0.
