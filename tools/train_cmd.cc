@@ -11,6 +11,10 @@
 // ranks. A multi-task srun step whose tasks got no process-management
 // interface is refused before MPI starts, since every task would otherwise
 // train alone as a world of one; rank 0 prints how the ranks lie on the nodes.
+//
+// SIGTERM or SIGUSR1 to any rank (or to mpirun, which forwards them) stops
+// the run after the current step with a checkpoint and exit status 75
+// (runtime/preemption.h); a second signal ends the process at once.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -146,8 +150,13 @@ int train(const TrainArgs& args, MpiRuntime* mpi, const Launch& launch) {
                                    CommOptions{cfg.comm.timeout_s}, link);
   }
   try {
-    Trainer trainer(cfg, TrainerOptions{}, grid.get());
+    // SIGTERM or SIGUSR1 from here on stops the run at a step boundary with a checkpoint (runtime/preemption.h).
+    StopSignals signals;
+    TrainerOptions opts;
+    opts.stop = &signals;
+    Trainer trainer(cfg, opts, grid.get());
     TrainResult r = trainer.run();
+    if (r.preempted) return kPreemptedExitCode;  // the trainer printed the line
     if (rank == 0) {
       if (r.steps.empty())
         std::printf("nothing to train: the checkpoint is already at train.steps=%d\n", cfg.train.steps);
@@ -174,7 +183,9 @@ int train_command(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
       std::printf("usage: xirang train CONFIG [--set section.key=value ...]\n"
-                  "       mpirun -np N xirang train CONFIG [...]   (N = parallel.dp x tp x pp)\n");
+                  "       mpirun -np N xirang train CONFIG [...]   (N = parallel.dp x tp x pp)\n"
+                  "SIGTERM or SIGUSR1 saves a checkpoint after the current step and exits with status %d;\n"
+                  "a second signal exits at once.\n", xirang::kPreemptedExitCode);
       return 0;
     }
   TrainArgs args = parse_args(argc, argv);
