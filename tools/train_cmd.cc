@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -37,6 +38,9 @@ void abort_job(const Error& e, int rank) {
   const bool shared = e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Data;
   if (!shared || rank == 0) std::fprintf(stderr, "xirang: rank %d: %s: %s\n", rank, error_kind_name(e.kind()), e.what());
   if (shared && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+  // A timeout: the other ranks waiting on the same operation time out about
+  // now too; the moment lets them write their comm traces before the abort.
+  if (e.kind() == ErrorKind::Comm) std::this_thread::sleep_for(std::chrono::seconds(2));
   MpiRuntime::abort_world(1);
 }
 
@@ -107,6 +111,16 @@ void print_placement(const Launch& launch, const MpiRuntime& mpi) {
   std::fflush(stdout);
 }
 
+// comm.trace_dir, else where the run's other files go (runtime/config/config.h).
+std::string comm_trace_dir(const Config& cfg) {
+  if (!cfg.comm.trace_dir.empty()) return cfg.comm.trace_dir;
+  if (!cfg.metrics.jsonl.empty()) {
+    const std::string parent = std::filesystem::path(cfg.metrics.jsonl).parent_path().string();
+    return parent.empty() ? "." : parent;
+  }
+  return cfg.checkpoint.dir.empty() ? "." : cfg.checkpoint.dir;
+}
+
 struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;
@@ -147,7 +161,7 @@ int train(const TrainArgs& args, MpiRuntime* mpi, const Launch& launch) {
     // A transfer-failure fault is injected by the link decorator, so it must be present.
     if (cfg.faults.kind == FaultKind::FailTransfer && !link.active()) link.latency_us = 1e-3;
     grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
-                                   CommOptions{cfg.comm.timeout_s}, link);
+                                   CommOptions{.timeout_s = cfg.comm.timeout_s, .trace_dir = comm_trace_dir(cfg)}, link);
   }
   try {
     // SIGTERM or SIGUSR1 from here on stops the run at a step boundary with a checkpoint (runtime/preemption.h).
