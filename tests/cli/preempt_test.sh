@@ -166,5 +166,23 @@ case $case in
     [ "$step" -lt $steps ] || die "the run finished before the signal arrived"
     check_resume ck5 "$step"
     echo "ok [$case]: stopped after step $step (mpirun status $rc), resumed bitwise" ;;
+  sbatch_script)
+    # tools/slurm/train.sbatch run as a plain script (what Slurm's --signal=B:USR1 signals):
+    # it passes SIGUSR1 on to mpirun and returns the ranks' 75.
+    need_mpirun
+    rm -rf ck6 m6.jsonl
+    (cd "$work" && XIRANG="$xirang" XIRANG_LAUNCH=mpirun OMP_NUM_THREADS=1 "$src/tools/slurm/train.sbatch" "$cfg" \
+      "${common[@]}" "${slow[@]}" --set faults.delay_ms=300 --set checkpoint.dir=ck6 --set metrics.jsonl=m6.jsonl) \
+      >out.txt 2>err.txt &
+    pid=$!
+    wait_for_steps m6.jsonl 2 $pid
+    script=$(pgrep -f "train.sbatch $cfg" | head -1)
+    [ -n "$script" ] || die "the batch script's process not found"
+    kill -USR1 "$script"
+    wait $pid; rc=$?
+    [ $rc = 75 ] || die "the batch script's exit status $rc, expected 75: $(tail -5 err.txt; tail -3 out.txt)"
+    grep -q "train.sbatch: SIGUSR1: asking the ranks to save" out.txt || die "the script did not report the signal: $(cat out.txt)"
+    check_stopped ck6 m6.jsonl SIGUSR1 1
+    echo "ok [$case]: the batch script passed SIGUSR1 on; stopped after step $step with status 75" ;;
   *) die "unknown case '$case'" ;;
 esac
