@@ -235,7 +235,7 @@ int diagnose_command(int argc, char** argv) {
     return sa != sb ? sa : a.second > b.second;
   });
   if (order.empty()) {
-    std::printf("summary: no rank is behind in these traces (%zu waiting operations)\n", channels.size());
+    std::printf("summary: no rank is behind in these traces\n");
     return 0;
   }
   const int suspect = order.front().first;
