@@ -84,10 +84,11 @@ check_resume() {
 prepare_data
 case $case in
   one_rank)
-    # SIGTERM to a single process; then SIGUSR1 without checkpoint.dir: nothing saved, the line says so.
+    # SIGTERM to a single process that saves every step (asynchronously: the stop waits for the
+    # step's own save); then SIGUSR1 without checkpoint.dir: nothing saved, the line says so.
     rm -rf ck1 m1.jsonl
     "$xirang" train "$cfg" "${common[@]}" "${slow[@]}" --set faults.delay_ms=300 --set checkpoint.dir=ck1 \
-      --set metrics.jsonl=m1.jsonl >out.txt 2>err.txt &
+      --set checkpoint.every=1 --set metrics.jsonl=m1.jsonl >out.txt 2>err.txt &
     pid=$!
     wait_for_steps m1.jsonl 2 $pid
     kill -TERM $pid
