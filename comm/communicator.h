@@ -35,8 +35,16 @@ namespace xirang {
 
 enum class ReduceOp { Sum, Max };
 
+class CommTrace;  // comm/comm_trace.h
+
 struct CommOptions {
   double timeout_s = 300;  // an operation outstanding longer than this fails
+  // Where the MPI channels record their operations and, on a timeout, dump
+  // them (comm/comm_trace.h); null: no record. Must outlive the channels.
+  CommTrace* trace = nullptr;
+  // ProcessGrid::create_mpi: the directory of the CommTrace it creates when
+  // `trace` is null (DIR/comm_trace.rank<N>.json; empty: record, never dump).
+  std::string trace_dir{};
 };
 
 // A pending operation. wait() blocks until it completes and rethrows its

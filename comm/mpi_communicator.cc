@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_trace.h"
 #include "comm/mpi_check.h"
 #include "comm/mpi_runtime.h"
 #include "core/clock.h"
@@ -137,6 +138,11 @@ struct Op {
   std::function<int(Op&)> start;        // issues the MPI_I* call into `req`; returns its code
   std::function<void(const MPI_Status&)> finish;  // optional check or copy after success; may throw
   bool is_recv = false;
+  // What the channel's CommTrace records (set by the submitting method; seq and trace_id by submit()).
+  CommOpKind kind = CommOpKind::AllReduce;
+  int peer = -1, tag = -1;
+  int64_t bytes = 0;
+  uint64_t seq = 0, trace_id = 0;
   MPI_Request req = MPI_REQUEST_NULL;
   double submitted_s = 0;  // when the caller submitted it (Work::duration_ms counts from here)
   double started_s = 0;    // when the worker issued it to MPI (timeouts count from here)
@@ -177,6 +183,9 @@ struct MpiCommunicator::Impl {
   CommOptions opts;
   int rank = 0, size = 1;
   int tag_ub = 32767;  // the smallest MPI_TAG_UB the standard allows, until MPI tells us more
+  std::vector<int> world_ranks;  // the group's members' world ranks, by group rank
+  int trace_channel = -1;        // this channel in opts.trace
+  uint64_t collectives = 0, p2p = 0;  // operations submitted so far (guarded by mu): their sequence numbers
 
   std::mutex mu;  // guards queue, stopping, broken_reason
   std::condition_variable cv;
@@ -199,7 +208,11 @@ struct MpiCommunicator::Impl {
   void start_op(std::unique_ptr<Op> op);
   bool poll();
   void check_timeouts();
-  void fail_op(Op& op, std::exception_ptr e) { op.work->complete(op.submitted_s, std::move(e)); }
+  void fail_op(Op& op, std::exception_ptr e) {
+    if (opts.trace) opts.trace->completed(op.trace_id, false, now_seconds());
+    op.work->complete(op.submitted_s, std::move(e));
+  }
+  std::string timeout_message(const Op& op) const;
 };
 
 WorkPtr MpiCommunicator::Impl::submit(std::unique_ptr<Op> op) {
@@ -213,6 +226,9 @@ WorkPtr MpiCommunicator::Impl::submit(std::unique_ptr<Op> op) {
                                                            broken_reason)));
       return w;
     }
+    op->seq = is_collective(op->kind) ? ++collectives : ++p2p;
+    if (opts.trace)
+      op->trace_id = opts.trace->posted(trace_channel, op->kind, op->peer, op->tag, op->bytes, op->seq, op->submitted_s);
     queue.push_back(std::move(op));
   }
   cv.notify_one();
@@ -271,6 +287,7 @@ void MpiCommunicator::Impl::start_op(std::unique_ptr<Op> op) {
     fail_op(*op, comm_error(str_cat(op->what, " could not start: ", mpi_error_string(rc), " ", where())));
     return;
   }
+  if (opts.trace) opts.trace->started(op->trace_id, op->started_s);
   reqs.push_back(op->req);
   active.push_back(std::move(op));
 }
@@ -313,6 +330,7 @@ bool MpiCommunicator::Impl::poll() {
     } catch (...) {
       e = std::current_exception();
     }
+    if (opts.trace) opts.trace->completed(op.trace_id, !e, now_seconds());
     op.work->complete(op.submitted_s, e);
   }
   // Testsome set the finished requests to MPI_REQUEST_NULL; drop those ops.
@@ -339,8 +357,7 @@ void MpiCommunicator::Impl::check_timeouts() {
     }
   if (late == active.size()) return;
   Op& op = *active[late];
-  std::string msg = str_cat(op.what, " did not complete within ", opts.timeout_s,
-                            " s: a peer rank may have died or stopped answering ", where());
+  const std::string msg = timeout_message(op);
   {
     std::lock_guard<std::mutex> lk(mu);
     broken_reason = msg;
@@ -365,6 +382,26 @@ void MpiCommunicator::Impl::check_timeouts() {
   abandon(std::move(active));
   active.clear();
   reqs.clear();
+}
+
+// Names the operation as every rank of the group numbers it, the peer of a
+// point-to-point one by its world rank, and this rank's dump of its recent
+// operations (written here, once per process, before the channel fails).
+std::string MpiCommunicator::Impl::timeout_message(const Op& op) const {
+  std::string msg = str_cat(op.what, " did not complete within ", opts.timeout_s,
+                            " s: a peer rank may have died or stopped answering ", where());
+  if (is_collective(op.kind))
+    msg += str_cat("; it is collective #", op.seq, " of this ", name, " channel, which a rank of the group never joined");
+  else if (op.peer >= 0 && op.peer < int(world_ranks.size()))
+    msg += str_cat("; rank ", op.peer, " of group ", name, " is world rank ", world_ranks[size_t(op.peer)],
+                   ", which never ", op.is_recv ? "sent" : "received", " it");
+  if (opts.trace) {
+    const std::string path = opts.trace->dump(msg);
+    if (!path.empty())
+      msg += str_cat("; recent operations in ", path, " (`xirang diagnose ", opts.trace->dump_dir(),
+                     "` compares the ranks' files)");
+  }
+  return msg;
 }
 
 // ---- MpiCommunicator
@@ -403,6 +440,16 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, CommOptions op
   int flag = 0;
   XR_MPI_CHECK(MPI_Comm_get_attr(m.comm, MPI_TAG_UB, &ub, &flag));
   if (flag) m.tag_ub = *static_cast<int*>(ub);
+  MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  XR_MPI_CHECK(MPI_Comm_group(m.comm, &group));
+  XR_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+  std::vector<int> ranks(size_t(m.size));
+  for (int r = 0; r < m.size; ++r) ranks[size_t(r)] = r;
+  m.world_ranks.resize(size_t(m.size));
+  XR_MPI_CHECK(MPI_Group_translate_ranks(group, m.size, ranks.data(), world_group, m.world_ranks.data()));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  if (opts.trace) m.trace_channel = opts.trace->add_channel(m.name, m.rank, m.world_ranks);
   half_types();  // create the 16-bit types now, on the caller's thread, so a failure throws here
   m.worker = std::thread([&m] { m.run(); });
 }
@@ -433,6 +480,8 @@ WorkPtr MpiCommunicator::all_reduce_async(Tensor t, ReduceOp op) {
   Impl& m = *impl_;
   auto o = std::make_unique<Op>();
   o->what = str_cat(m.name, " all_reduce of ", t.bytes(), " bytes");
+  o->kind = CommOpKind::AllReduce;
+  o->bytes = t.bytes();
   check_host(o->what, t, "tensor");
   MPI_Datatype dt = mpi_type(t.dtype());
   MPI_Op mop = mpi_op(t.dtype(), op);
@@ -448,6 +497,8 @@ WorkPtr MpiCommunicator::do_reduce_scatter(const Tensor& in, Tensor out, ReduceO
   Impl& m = *impl_;
   auto o = std::make_unique<Op>();
   o->what = str_cat(m.name, " reduce_scatter of ", in.bytes(), " bytes");
+  o->kind = CommOpKind::ReduceScatter;
+  o->bytes = in.bytes();
   check_host(o->what, in, "input");
   check_host(o->what, out, "output");
   const int64_t begin = split_range(in.numel(), m.size, m.rank).first;
@@ -481,6 +532,8 @@ WorkPtr MpiCommunicator::do_all_gather(const Tensor& in, Tensor out) {
   Impl& m = *impl_;
   auto o = std::make_unique<Op>();
   o->what = str_cat(m.name, " all_gather of ", out.bytes(), " bytes");
+  o->kind = CommOpKind::AllGather;
+  o->bytes = out.bytes();
   check_host(o->what, in, "input");
   check_host(o->what, out, "output");
   const int64_t begin = split_range(out.numel(), m.size, m.rank).first;
@@ -504,6 +557,8 @@ WorkPtr MpiCommunicator::broadcast_async(Tensor t, int root) {
   Impl& m = *impl_;
   auto o = std::make_unique<Op>();
   o->what = str_cat(m.name, " broadcast of ", t.bytes(), " bytes from rank ", root);
+  o->kind = CommOpKind::Broadcast;
+  o->bytes = t.bytes();
   check_host(o->what, t, "tensor");
   if (root < 0 || root >= m.size) fail(ErrorKind::Comm, o->what, ": root must be in [0, ", m.size, ")");
   MPI_Datatype dt = mpi_type(t.dtype());
@@ -523,6 +578,10 @@ WorkPtr MpiCommunicator::send_async(const Tensor& t, int peer, int tag) {
   Impl& m = *impl_;
   auto o = std::make_unique<Op>();
   o->what = str_cat(m.name, " send of ", t.bytes(), " bytes to rank ", peer, " with tag ", tag);
+  o->kind = CommOpKind::Send;
+  o->bytes = t.bytes();
+  o->peer = peer;
+  o->tag = tag;
   check_host(o->what, t, "tensor");
   check_peer(o->what, peer, tag, m.size, m.tag_ub);
   MPI_Datatype dt = mpi_type(t.dtype());
@@ -537,6 +596,10 @@ WorkPtr MpiCommunicator::recv_async(Tensor t, int peer, int tag) {
   Impl& m = *impl_;
   auto o = std::make_unique<Op>();
   o->what = str_cat(m.name, " recv of ", t.bytes(), " bytes from rank ", peer, " with tag ", tag);
+  o->kind = CommOpKind::Recv;
+  o->bytes = t.bytes();
+  o->peer = peer;
+  o->tag = tag;
   check_host(o->what, t, "tensor");
   check_peer(o->what, peer, tag, m.size, m.tag_ub);
   MPI_Datatype dt = mpi_type(t.dtype());
@@ -561,6 +624,7 @@ void MpiCommunicator::barrier() {
   Impl& m = *impl_;
   auto o = std::make_unique<Op>();
   o->what = str_cat(m.name, " barrier");
+  o->kind = CommOpKind::Barrier;
   MPI_Comm c = m.comm;
   o->start = [c](Op& self) { return MPI_Ibarrier(c, &self.req); };
   m.submit(std::move(o))->wait();

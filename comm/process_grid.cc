@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include "comm/comm_trace.h"
 #include "comm/mpi_check.h"
 #include "comm/mpi_communicator.h"
 #include "comm/mpi_runtime.h"
@@ -45,6 +46,7 @@ class MpiGrid final : public ProcessGrid {
   Communicator& pp() override { return *pp_; }
   Communicator& dp_grads() override { return *dp_grads_; }
   Communicator& embedding() override { return *embedding_; }
+  CommTrace* trace() override { return opts_.trace; }
 
  private:
   std::unique_ptr<Communicator> make(MPI_Comm comm, const char* name);
@@ -52,6 +54,7 @@ class MpiGrid final : public ProcessGrid {
 
   CommOptions opts_;
   LinkModel link_;
+  std::unique_ptr<CommTrace> own_trace_;  // when opts.trace was null; outlives the communicators (declared first)
   // The split groups; each MpiCommunicator works on its own duplicate of one.
   MPI_Comm tp_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL;
   MPI_Comm emb_comm_ = MPI_COMM_NULL;
@@ -72,6 +75,10 @@ MpiGrid::MpiGrid(const GridShape& shape, const CommOptions& opts, const LinkMode
   shape_ = shape;
   XR_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
   coords_ = grid_coords(shape, world_rank_);
+  if (!opts_.trace) {
+    own_trace_ = std::make_unique<CommTrace>(world_rank_, shape.world(), opts_.trace_dir);
+    opts_.trace = own_trace_.get();
+  }
   const GridCoords& c = coords_;
   try {
     // Colors number the groups uniquely; keys order each group by its index,

@@ -43,6 +43,8 @@ class ProcessGrid {
   // Over MPI_COMM_WORLD (MpiRuntime must be alive); the world size must equal
   // shape.world(), else ErrorKind::Config. When `link` injects latency,
   // bandwidth or faults, every group's communicator is wrapped in a SimulatedLink.
+  // Every channel records its operations in one CommTrace (opts.trace, or
+  // one the grid creates with opts.trace_dir), dumped on a timeout.
   static std::unique_ptr<ProcessGrid> create_mpi(const GridShape& shape, const CommOptions& opts,
                                                  const LinkModel& link = {});
 
@@ -59,6 +61,8 @@ class ProcessGrid {
   // which hold the two copies of the tied token embedding (rank 0: first
   // stage, rank 1: last). A group of one on middle stages and when pp = 1.
   virtual Communicator& embedding() = 0;
+  // The record of this rank's recent operations (comm/comm_trace.h); null for single().
+  virtual CommTrace* trace() { return nullptr; }
 
  protected:
   GridShape shape_;

@@ -8,6 +8,7 @@
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
 #include "runtime/baseline.h"
+#include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/model_layout.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/prometheus_exporter.h"
@@ -380,12 +381,42 @@ TrainResult Trainer::run() {
     log.write(m);
     if (opts_.print) progress.update(m, elapsed.seconds());
     trace_->after_step(m.step, timeline_);
+    // A preemption signal on any rank: every rank stops after this same step.
+    if (m.step < last)
+      if (const StopRequest stop = agree_on_stop(opts_.stop, grid_->world(), grid_->world_rank())) {
+        result.preempted = save_for_stop(stop, m);
+        break;
+      }
   }
   ckpt_->finish();
   trace_->finish(timeline_);  // after the checkpoint writer: its span is in the window
   for (auto& o : observers_) o->on_finish();
   if (opts_.print) progress.finish();
+  if (result.preempted) report_stop(*result.preempted);
   return result;
+}
+
+Preemption Trainer::save_for_stop(const StopRequest& stop, const StepMetrics& m) {
+  Preemption p{stop.signal, stop.rank, m.step, ""};
+  if (cfg_.checkpoint.dir.empty()) return p;
+  // This step's own save (checkpoint.every) may still be writing: finish() waits for it.
+  if (!m.checkpoint_saved) ckpt_->save(m.step, ctx_.cuda_stream, ctx_.timeline);
+  ckpt_->finish();
+  p.checkpoint = CheckpointDir(cfg_.checkpoint.dir).step_dir(m.step);
+  return p;
+}
+
+void Trainer::report_stop(const Preemption& p) const {
+  if (is_logger()) {
+    const std::string saved = p.checkpoint.empty()
+                                  ? std::string("checkpoint.dir is not set, so nothing was saved")
+                                  : str_cat("saved ", p.checkpoint, " (checkpoint.resume=auto continues from it)");
+    std::fprintf(stderr, "preempted: %s received by rank %d; stopped after step %d of %d; %s; exit status %d\n",
+                 signal_name(p.signal).c_str(), p.rank, p.step, cfg_.train.steps, saved.c_str(), kPreemptedExitCode);
+    std::fflush(stderr);
+  }
+  // No rank exits before the line is out (mpirun ends the job when the first rank exits non-zero).
+  grid_->world().barrier();
 }
 
 void Trainer::print_run() const {

@@ -43,6 +43,7 @@
 #include "runtime/metrics.h"
 #include "runtime/optimizer.h"
 #include "runtime/pipeline.h"
+#include "runtime/preemption.h"
 #include "runtime/schedule.h"
 #include "runtime/step_observer.h"
 #include "runtime/trace_writer.h"
@@ -55,6 +56,16 @@ struct TrainerOptions {
   DType dtype = DType::F32;
   bool print = true;              // memory plan, progress line, summary on stderr (world rank 0)
   std::optional<PeakFlops> peak;  // skips measuring/config lookup (tests, benchmarks)
+  // Polled at every step boundary (runtime/preemption.h); null: the run is never stopped by a signal.
+  const StopSource* stop = nullptr;
+};
+
+// A run that a signal stopped at a step boundary (runtime/preemption.h).
+struct Preemption {
+  int signal = 0;          // SIGTERM, SIGUSR1
+  int rank = -1;           // the highest world rank that received it
+  int step = 0;            // the last completed step
+  std::string checkpoint;  // the committed checkpoint of `step`; empty without checkpoint.dir
 };
 
 struct TrainResult {
@@ -62,6 +73,7 @@ struct TrainResult {
   std::vector<double> grad_norms;  // per step, before clipping
   std::vector<StepMetrics> steps;
   std::optional<double> final_val_loss;
+  std::optional<Preemption> preempted;  // set when a signal stopped the run before its last step
 };
 
 class Trainer {
@@ -130,6 +142,10 @@ class Trainer {
   void save_checkpoint(StepMetrics& m);
   void take_rates(StepMetrics& m, double step_ms) const;
   bool eval_due(int step) const;
+  // After a stop request: the checkpoint of the completed step, written and committed.
+  Preemption save_for_stop(const StopRequest& stop, const StepMetrics& m);
+  // The one line on world rank 0; every rank leaves it together.
+  void report_stop(const Preemption& p) const;
 
   // Sums a tied parameter's gradient over the chunks that hold it (the
   // pipeline's embedding group: first and last stage).

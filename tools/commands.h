@@ -25,6 +25,8 @@ int sweep_command(int argc, char** argv);
 int trace_command(int argc, char** argv);
 // xirang plan CONFIG --cluster C.yaml ... (see tools/plan_cmd.cc)
 int plan_command(int argc, char** argv);
+// xirang diagnose DIR: which rank a timed-out job waited for (see tools/diagnose_cmd.cc)
+int diagnose_command(int argc, char** argv);
 
 // Whether a launcher (mpirun, srun) started this process: MPI is initialised only then.
 // Throws ErrorKind::Usage for an srun step of several tasks that has no MPI

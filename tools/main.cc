@@ -8,6 +8,7 @@
 //   xirang report RUN [--baseline RUN2] [--plot DIR] [--json] [...]
 //   xirang trace merge DIR [-o OUT.json]
 //   xirang sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]
+//   xirang diagnose DIR
 //
 // Only this layer exits: library errors arrive as xirang::Error and leave as
 // one line on stderr ("xirang: config error: ...") and exit code 1; usage
@@ -48,7 +49,9 @@ const char* kUsage =
     "                                                (default DIR/trace.json) on one time axis\n"
     "  plan CONFIG --cluster C.yaml (--gpus N | --layout tp=2,pp=4,...) [--top K] [--explain] [--json]\n"
     "       [--calibrate RESULTS.jsonl -o C.yaml]   predict memory and step time, rank layouts, fit a cluster\n"
-    "  sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]  run a benchmark sweep: results.jsonl/.csv, tables, plots\n";
+    "  sweep SPEC.yaml [--out DIR] [--resume] [--dry-run]  run a benchmark sweep: results.jsonl/.csv, tables, plots\n"
+    "  diagnose DIR                                  after a communication timeout: read the ranks'\n"
+    "                                                comm_trace.rank<N>.json and name the rank the others wait for\n";
 
 }  // namespace
 
@@ -69,8 +72,9 @@ int main(int argc, char** argv) {
     if (cmd == "trace") return xirang::tools::trace_command(argc - 1, argv + 1);
     if (cmd == "plan") return xirang::tools::plan_command(argc - 1, argv + 1);
     if (cmd == "sweep") return xirang::tools::sweep_command(argc - 1, argv + 1);
+    if (cmd == "diagnose") return xirang::tools::diagnose_command(argc - 1, argv + 1);
     std::fprintf(stderr,
-                 "xirang: usage error: unknown command '%s' (expected train, eval, generate, data, ckpt, report, trace, plan or sweep)\n",
+                 "xirang: usage error: unknown command '%s' (expected train, eval, generate, data, ckpt, report, trace, plan, sweep or diagnose)\n",
                  cmd.c_str());
     return 2;
   } catch (const xirang::Error& e) {

@@ -11,9 +11,14 @@
 // ranks. A multi-task srun step whose tasks got no process-management
 // interface is refused before MPI starts, since every task would otherwise
 // train alone as a world of one; rank 0 prints how the ranks lie on the nodes.
+//
+// SIGTERM or SIGUSR1 to any rank (or to mpirun, which forwards them) stops
+// the run after the current step with a checkpoint and exit status 75
+// (runtime/preemption.h); a second signal ends the process at once.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -33,6 +38,9 @@ void abort_job(const Error& e, int rank) {
   const bool shared = e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Data;
   if (!shared || rank == 0) std::fprintf(stderr, "xirang: rank %d: %s: %s\n", rank, error_kind_name(e.kind()), e.what());
   if (shared && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+  // A timeout: the other ranks waiting on the same operation time out about
+  // now too; the moment lets them write their comm traces before the abort.
+  if (e.kind() == ErrorKind::Comm) std::this_thread::sleep_for(std::chrono::seconds(2));
   MpiRuntime::abort_world(1);
 }
 
@@ -103,6 +111,16 @@ void print_placement(const Launch& launch, const MpiRuntime& mpi) {
   std::fflush(stdout);
 }
 
+// comm.trace_dir, else where the run's other files go (runtime/config/config.h).
+std::string comm_trace_dir(const Config& cfg) {
+  if (!cfg.comm.trace_dir.empty()) return cfg.comm.trace_dir;
+  if (!cfg.metrics.jsonl.empty()) {
+    const std::string parent = std::filesystem::path(cfg.metrics.jsonl).parent_path().string();
+    return parent.empty() ? "." : parent;
+  }
+  return cfg.checkpoint.dir.empty() ? "." : cfg.checkpoint.dir;
+}
+
 struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;
@@ -143,11 +161,16 @@ int train(const TrainArgs& args, MpiRuntime* mpi, const Launch& launch) {
     // A transfer-failure fault is injected by the link decorator, so it must be present.
     if (cfg.faults.kind == FaultKind::FailTransfer && !link.active()) link.latency_us = 1e-3;
     grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
-                                   CommOptions{cfg.comm.timeout_s}, link);
+                                   CommOptions{.timeout_s = cfg.comm.timeout_s, .trace_dir = comm_trace_dir(cfg)}, link);
   }
   try {
-    Trainer trainer(cfg, TrainerOptions{}, grid.get());
+    // SIGTERM or SIGUSR1 from here on stops the run at a step boundary with a checkpoint (runtime/preemption.h).
+    StopSignals signals;
+    TrainerOptions opts;
+    opts.stop = &signals;
+    Trainer trainer(cfg, opts, grid.get());
     TrainResult r = trainer.run();
+    if (r.preempted) return kPreemptedExitCode;  // the trainer printed the line
     if (rank == 0) {
       if (r.steps.empty())
         std::printf("nothing to train: the checkpoint is already at train.steps=%d\n", cfg.train.steps);
@@ -174,7 +197,9 @@ int train_command(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
       std::printf("usage: xirang train CONFIG [--set section.key=value ...]\n"
-                  "       mpirun -np N xirang train CONFIG [...]   (N = parallel.dp x tp x pp)\n");
+                  "       mpirun -np N xirang train CONFIG [...]   (N = parallel.dp x tp x pp)\n"
+                  "SIGTERM or SIGUSR1 saves a checkpoint after the current step and exits with status %d;\n"
+                  "a second signal exits at once.\n", xirang::kPreemptedExitCode);
       return 0;
     }
   TrainArgs args = parse_args(argc, argv);

@@ -90,6 +90,10 @@ struct CommConfig {
   // Pipeline transfers matched by order, as NCCL matches them (OrderedLink
   // over MPI): the CPU check that the executor's order works on NCCL.
   bool ordered_p2p = false;
+  // Where a rank whose operation timed out writes comm_trace.rank<N>.json
+  // (its recent operations, for `xirang diagnose`); empty: the directory of
+  // metrics.jsonl, else checkpoint.dir, else the working directory.
+  std::string trace_dir;
 };
 
 // Fault injection for tests: at the start of `step` (1-based), rank `rank`

@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
     Config cfg = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", o);
     validate(cfg, world);
     auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
-                                        CommOptions{cfg.comm.timeout_s},
+                                        CommOptions{.timeout_s = cfg.comm.timeout_s},
                                         LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
     TrainerOptions quiet;
     quiet.print = false;

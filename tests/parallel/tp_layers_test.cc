@@ -59,7 +59,7 @@ void check_layers(int n_layer, bool sequence_parallel) {
   const double ref_loss = whole.m.take_loss(ctx);
   whole.m.backward(ctx, 0, tk);
 
-  auto grid = ProcessGrid::create_mpi(GridShape{1, world, 1}, CommOptions{60});
+  auto grid = ProcessGrid::create_mpi(GridShape{1, world, 1}, CommOptions{.timeout_s = 60});
   Model<Arch> shard(shape, batch, {&grid->tp(), sequence_parallel});
   shard.m.forward(ctx, 0, tk, tg, 1.0 / 16);
   const double loss = shard.m.take_loss(ctx);

@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
 
     Config cfg = make_config(args, {}, world);
     auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
-                                        CommOptions{cfg.comm.timeout_s},
+                                        CommOptions{.timeout_s = cfg.comm.timeout_s},
                                         LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
     Trainer t(cfg, quiet, grid.get());
     TrainResult r = t.run();

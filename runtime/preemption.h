@@ -1,0 +1,62 @@
+// runtime/preemption.h: stopping a run cleanly when the scheduler asks.
+//
+// Slurm and Kubernetes send SIGTERM some time before they kill a job, and
+// Slurm's `--signal=USR1@SECONDS` sends SIGUSR1 ahead of the time limit.
+// StopSignals catches both: the handler only records the signal (and
+// restores the default action of both, so a second signal ends the process
+// at once). The trainer asks at each step boundary; the ranks agree with a
+// one-element max all-reduce over the world, so they stop after the same
+// step, save a checkpoint of it synchronously, print one line and exit with
+// kPreemptedExitCode.
+//
+//   StopSignals signals;                       // installs the handlers; the destructor restores the old ones
+//   TrainerOptions o;
+//   o.stop = &signals;                         // Trainer::run() returns early, result.preempted set
+//   ...
+//   return r.preempted ? kPreemptedExitCode : 0;
+#pragma once
+
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace xirang {
+
+// 75, EX_TEMPFAIL in sysexits.h: the run stopped on a signal after saving
+// (when checkpoint.dir is set); run it again with checkpoint.resume=auto to continue.
+constexpr int kPreemptedExitCode = 75;
+
+// Where a stop request comes from; the trainer polls it once a step.
+class StopSource {
+ public:
+  virtual ~StopSource() = default;
+  // The signal number received by this process (0: none). Async-signal-safe to set, cheap to read.
+  virtual int pending() const = 0;
+};
+
+// Installs handlers for SIGTERM and SIGUSR1. One StopSignals at a time per process.
+class StopSignals final : public StopSource {
+ public:
+  StopSignals();
+  ~StopSignals() override;
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int pending() const override;
+};
+
+// What the ranks agreed on at a step boundary.
+struct StopRequest {
+  int signal = 0;  // the largest signal number any rank received (0: no rank received one)
+  int rank = -1;   // the highest world rank that received it
+  explicit operator bool() const { return signal != 0; }
+};
+
+// The one-element max all-reduce over `world` of every rank's pending signal
+// (all ranks call it at the same step boundary). `source` may be null: this
+// rank then contributes nothing but still takes part.
+StopRequest agree_on_stop(const StopSource* source, Communicator& world, int world_rank);
+
+// "SIGTERM", "SIGUSR1", else "signal N".
+std::string signal_name(int signal);
+
+}  // namespace xirang
