@@ -455,7 +455,9 @@ TEST(NonFinite, PoisonedGradientSkipsTheStepInEveryPrecision) {
     EXPECT_EQ(flat_params(one), flat_params(two)) << "the poisoned step changed the parameters";
     EXPECT_EQ(two.optimizer().updates(), 1);
     // fp16: an overflow like any other, the dynamic scale backs off.
-    if (std::string(dtype) == "fp16") EXPECT_EQ(two.loss_scale().scale(), scale / 2);
+    if (std::string(dtype) == "fp16") {
+      EXPECT_EQ(two.loss_scale().scale(), scale / 2);
+    }
     Trainer all(debug_config(o), quiet());
     TrainResult r = all.run();
     ASSERT_EQ(r.steps.size(), 4u);
