@@ -16,7 +16,8 @@
 //   faults.at_step(step + 1);                            // before the step runs
 //   m.forward_ms += faults.delay_compute(step + 1);      // inside the step's compute
 //   if (faults.kills_save(steps_done)) ... faults.kill_in_save(steps_done);  // the saver, halfway
-//   if (faults.poisons_gradient(step + 1)) faults.poison_gradient(step + 1, grad, name, stream);  // after the reduction
+//   if (faults.poisons_gradient(step + 1))                // after the gradient reduction
+//     faults.poison_gradient(step + 1, grad, name, stream);
 #pragma once
 
 #include <cstdint>

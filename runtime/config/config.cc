@@ -68,7 +68,8 @@ using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Pre
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
 constexpr const char* kBackendNames[] = {"cpu", "cuda"};
-constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank", "nan_grad"};
+constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank",
+                                       "nan_grad"};
 constexpr const char* kRopeScalingNames[] = {"none", "llama3"};
 constexpr const char* kTieNames[] = {"auto", "true", "false"};
 
