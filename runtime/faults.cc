@@ -117,6 +117,22 @@ std::pair<int, std::string> lowest_rank_text(Communicator& world, bool have, con
   return {from, out};
 }
 
+bool LossSpikeGuard::spike(double loss) {
+  bool out = false;
+  if (losses_.size() >= warmup_) {
+    double sum = 0, sq = 0;
+    for (double l : losses_) sum += l;
+    mean_ = sum / double(losses_.size());
+    for (double l : losses_) sq += (l - mean_) * (l - mean_);
+    sd_ = std::sqrt(sq / double(losses_.size()));
+    n_ = losses_.size();
+    out = sd_ > 0 && (loss - mean_) > z_ * sd_;
+  }
+  losses_.push_back(loss);
+  if (losses_.size() > window_) losses_.pop_front();
+  return out;
+}
+
 bool FaultInjector::poisons_gradient(int step) const {
   return f_.kind == FaultKind::NanGrad && f_.rank == rank_ && step >= f_.step && step < f_.step + f_.steps;
 }

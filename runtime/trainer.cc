@@ -518,8 +518,11 @@ bool Trainer::skip_step(int step, double grad_norm, double local_loss) {
   const bool any_loss = votes[0] > 0, skip = votes[0] > 0 || votes[1] > 0;
   const bool counted = any_loss || (skip && !loss_scale_.can_back_off());
   if (loss_scale_.enabled()) loss_scale_.update(skip);
-  if (!skip) nonfinite_run_ = 0;
-  if (!counted) return skip;
+  if (!skip) {
+    nonfinite_run_ = 0;
+    return loss_spike(step, local_loss);
+  }
+  if (!counted) return true;
   const std::string cause = nonfinite_cause(loss_bad, norm_bad, any_loss);
   if (++nonfinite_run_ == 1) nonfinite_first_ = str_cat("step ", step, ": ", cause);
   const int limit = cfg_.train.max_nonfinite_steps;
@@ -533,6 +536,21 @@ bool Trainer::skip_step(int step, double grad_norm, double local_loss) {
     std::fprintf(stderr, "step %d: update skipped (%d of train.max_nonfinite_steps=%d in a row): %s\n", step,
                  nonfinite_run_, limit, cause.c_str());
   return true;
+}
+
+bool Trainer::loss_spike(int step, double local_loss) {
+  const double z = cfg_.train.skip_loss_spikes_zscore;
+  if (!(z > 0)) return false;
+  if (!spike_guard_) spike_guard_.emplace(z);
+  const double loss = global_loss(local_loss);
+  // Every rank keeps the same window, but the vote makes the answer the same regardless.
+  const bool spike = grid_->world().all_reduce_sum(spike_guard_->spike(loss) ? 1.0 : 0.0) > 0;
+  if (spike && is_logger())
+    std::fprintf(stderr,
+                 "step %d: update skipped: loss %.4f is more than %g standard deviations above the mean %.4f "
+                 "(standard deviation %.4f) of the last %zu steps (train.skip_loss_spikes_zscore)\n",
+                 step, loss, z, spike_guard_->mean(), spike_guard_->stddev(), spike_guard_->compared());
+  return spike;
 }
 
 std::string Trainer::nonfinite_cause(bool local_loss_bad, bool local_norm_bad, bool any_loss_bad) {

@@ -138,7 +138,7 @@ std::vector<Section> schema(Config& c) {
         {"warmup_steps", &t.warmup_steps}, {"weight_decay", &t.weight_decay}, {"beta1", &t.beta1},
         {"beta2", &t.beta2}, {"eps", &t.eps}, {"grad_clip", &t.grad_clip}, {"seed", &t.seed},
         {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}, {"stop_after", &t.stop_after},
-        {"max_nonfinite_steps", &t.max_nonfinite_steps}}},
+        {"max_nonfinite_steps", &t.max_nonfinite_steps}, {"skip_loss_spikes_zscore", &t.skip_loss_spikes_zscore}}},
       {"data",
        {{"train", &c.data.train}, {"val", &c.data.val}, {"prefetch", &c.data.prefetch},
         {"prefetch_min", &c.data.prefetch_min}, {"prefetch_max", &c.data.prefetch_max},

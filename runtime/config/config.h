@@ -117,6 +117,7 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int eval_every = 0;    // 0 disables validation
   int eval_batches = 4;  // microbatches of validation data per evaluation
+  double skip_loss_spikes_zscore = 0;  // skip an update whose loss is z std devs above the last 128 steps'; 0: off
   int max_nonfinite_steps = 3;  // consecutive steps skipped for a non-finite loss or gradient before the run stops
   int stop_after = 0;    // end this run after that many completed steps (a job time limit; the schedule still spans `steps`); 0: run to `steps`
 };

@@ -155,6 +155,7 @@ void check_optimizer(const Validator& v, const TrainConfig& t) {
   v.at_least("train.eval_every", t.eval_every, 0, " (0 disables validation)");
   v.at_least("train.eval_batches", t.eval_batches, 1);
   v.at_least("train.stop_after", t.stop_after, 0, " (0 runs to train.steps)");
+  v.non_negative("train.skip_loss_spikes_zscore", t.skip_loss_spikes_zscore, " (0 turns the loss-spike guard off)");
   v.at_least("train.max_nonfinite_steps", t.max_nonfinite_steps, 1, " (skipped steps in a row before the run stops)");
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -15,6 +16,7 @@
 #include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
+#include "runtime/faults.h"
 #include "runtime/optimizer.h"
 #include "runtime/trainer.h"
 #include "tests/runtime/temp_dir.h"
@@ -545,6 +547,75 @@ TEST(NonFinite, NonFiniteWeightsAreNeverCheckpointed) {
     EXPECT_FALSE(fs::exists(d.tmp_dir(3)));
     EXPECT_FALSE(fs::exists(d.tmp_dir(4)));
   }
+}
+
+// The loss-spike guard against a float64 reading of its rule: the mean and
+// (population) standard deviation of the window before each loss.
+TEST(LossSpikeGuard, FlagsLossesFarAboveTheRecentWindowAndAbsorbsALastingShift) {
+  LossSpikeGuard g(3.0, 8, 4);
+  uint64_t state = 12345;
+  auto noise = [&] {  // deterministic, in [-0.05, 0.05)
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double(state >> 11) / double(uint64_t(1) << 53) - 0.5) / 10;
+  };
+  std::deque<double> window;
+  auto expect = [&](double loss) {
+    bool want = false;
+    if (window.size() >= 4) {
+      double mean = 0, var = 0;
+      for (double l : window) mean += l;
+      mean /= double(window.size());
+      for (double l : window) var += (l - mean) * (l - mean);
+      want = (loss - mean) > 3.0 * std::sqrt(var / double(window.size()));
+    }
+    window.push_back(loss);
+    if (window.size() > 8) window.pop_front();
+    return want;
+  };
+  int spikes = 0;
+  for (int i = 0; i < 40; ++i) {
+    const double loss = (i == 20 ? 9.0 : i >= 30 ? 7.0 : 5.0) + noise();
+    const bool want = expect(loss);
+    EXPECT_EQ(g.spike(loss), want) << "loss " << i;
+    spikes += want;
+    EXPECT_FALSE(i < 4 && want) << "loss " << i << " flagged during the warm-up";
+    EXPECT_TRUE(i != 20 || want) << "a jump of 4 with noise 0.05 is a spike";
+    EXPECT_FALSE(i >= 36 && want) << "the shift to 7 was not absorbed by loss " << i;
+  }
+  EXPECT_LE(spikes, 4);
+}
+
+// In training: a normal run with the guard on skips nothing and trains bit
+// for bit as without it; a guard that flags any loss above the window's mean
+// skips those updates, leaving the parameters as they were.
+TEST(LossSpikeGuard, SkippedUpdatesLeaveTheParameters) {
+  Trainer plain(debug_config({"train.steps=8"}), quiet()),
+      guarded(debug_config({"train.steps=8", "train.skip_loss_spikes_zscore=3"}), quiet());
+  const TrainResult a = plain.run(), b = guarded.run();
+  EXPECT_EQ(a.losses, b.losses);
+  for (const StepMetrics& m : b.steps) EXPECT_FALSE(m.skipped) << "step " << m.step;
+  // A learning rate too small to lower the loss: the batches' noise decides, so
+  // some losses after the 16-step warm-up lie above the mean.
+  const std::vector<std::string> o = {"train.steps=30", "train.lr=1e-9", "train.skip_loss_spikes_zscore=1e-6"};
+  Trainer t(debug_config(o), quiet());
+  const TrainResult r = t.run();
+  int first = 0, skipped = 0;
+  for (const StepMetrics& m : r.steps) {
+    EXPECT_FALSE(m.step <= 16 && m.skipped) << "step " << m.step << " skipped during the warm-up";
+    if (m.skipped && !first) first = m.step;
+    skipped += m.skipped;
+  }
+  ASSERT_GT(first, 0) << "no loss above the mean in 14 noisy steps";
+  EXPECT_LT(skipped, 14) << "every step skipped";
+  EXPECT_EQ(t.optimizer().updates(), 30 - skipped);
+  auto upto = [&](int n) {
+    std::vector<std::string> v = o;
+    v.push_back("train.stop_after=" + std::to_string(n));
+    Trainer u(debug_config(v), quiet());
+    u.run();
+    return flat_params(u);
+  };
+  EXPECT_EQ(upto(first - 1), upto(first)) << "the update of spike step " << first << " was applied";
 }
 
 // Resuming a checkpoint without optimizer state at step 3 starts AdamW
