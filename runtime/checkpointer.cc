@@ -1,6 +1,7 @@
 #include "runtime/checkpointer.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 
 #include "core/device_memory.h"
@@ -64,20 +65,39 @@ void Checkpointer::snapshot(std::vector<SaveEntry>& entries, void* stream) {
   }
 }
 
+// The first tensor that holds a non-finite value (its group and name), or "".
+std::string Checkpointer::nonfinite_entry(const std::vector<SaveEntry>& entries, void* stream) const {
+  for (const SaveEntry& e : entries)
+    if (!all_finite(e.data, stream)) return str_cat("tensor '", e.name, "' (", e.group, ")");
+  return {};
+}
+
 void Checkpointer::save(int64_t steps_done, void* stream, Timeline* tl) {
   finish();  // one save in flight at a time
   CheckpointDir dir(cfg_.checkpoint.dir);
   SaveJob job;
   job.tmp_dir = dir.tmp_dir(steps_done);
   job.steps_done = steps_done;
-  if (is_logger()) dir.prepare(steps_done);
-  grid_.world().barrier();
+  pending_step_ = steps_done;
   job.entries = entries_to_save();
   const bool async = cfg_.checkpoint.async;
   if (async || device_ != Device::CPU) {
     SpanScope span(tl, "checkpoint_snapshot", Track::Main, -1, -1, int(steps_done));
     snapshot(job.entries, stream);
   }
+  // A checkpoint is never written from non-finite state: the values it would
+  // hold are checked first, and a refused save touches no directory.
+  const std::string bad = nonfinite_entry(job.entries, stream);
+  if (!settle(bad.empty() ? "" : str_cat(bad, " holds non-finite values (a checkpoint is never written from them)"),
+              false))
+    return;
+  std::string why;
+  if (is_logger()) try {
+      dir.prepare(steps_done);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  if (!settle(why, true)) return;
   job.tl = tl;
   job.track = async ? Track::Checkpoint : Track::Main;
   job.kill = faults_.kills_save(steps_done);
@@ -87,7 +107,6 @@ void Checkpointer::save(int64_t steps_done, void* stream, Timeline* tl) {
   job.good_steps = ls.good_steps();
   job.hysteresis_left = ls.hysteresis_left();
   job.updates = state_.optimizer.updates();
-  pending_step_ = steps_done;
   save_done_ = false;
   save_error_ = nullptr;
   if (async) {
@@ -126,17 +145,63 @@ void Checkpointer::write(const SaveJob& job) {
   save_done_ = true;
 }
 
-void Checkpointer::commit() {
-  if (save_error_) std::rethrow_exception(save_error_);
-  if (is_logger()) {
-    CheckpointMeta meta;
-    meta.step = pending_step_;
-    meta.layout = CheckpointLayout{cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero,
-                                   cfg_.parallel.virtual_stages, cfg_.parallel.sequence_parallel};
-    meta.config_yaml = cfg_.yaml;
-    CheckpointDir(cfg_.checkpoint.dir).commit(meta, cfg_.checkpoint.keep);
+namespace {
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown error";
   }
+}
+
+}  // namespace
+
+void Checkpointer::commit() {
+  // Every rank's file, then rank 0's commit: each outcome is agreed on.
+  if (!settle(save_error_ ? message_of(save_error_) : "", true)) return;
+  std::string why;
+  if (is_logger()) try {
+      CheckpointMeta meta;
+      meta.step = pending_step_;
+      meta.layout = CheckpointLayout{cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero,
+                                     cfg_.parallel.virtual_stages, cfg_.parallel.sequence_parallel};
+      meta.config_yaml = cfg_.yaml;
+      CheckpointDir(cfg_.checkpoint.dir).commit(meta, cfg_.checkpoint.keep);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  if (!settle(why, true)) return;
   pending_step_ = -1;
+}
+
+// A save that failed on any rank, or was refused, is dropped everywhere:
+// rank 0 removes its partial directory, so `latest` and the checkpoints
+// already committed stay as they were. Then checkpoint.on_error=stop ends
+// the run with the first failing rank's error; continue warns and trains on.
+bool Checkpointer::settle(const std::string& why_here, bool remove_tmp) {
+  const auto [rank, why] = lowest_rank_text(grid_.world(), !why_here.empty(), why_here);
+  if (rank < 0) return true;
+  const int64_t step = pending_step_;
+  pending_step_ = -1;
+  CheckpointDir dir(cfg_.checkpoint.dir);
+  if (remove_tmp && is_logger()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir.tmp_dir(step), ec);
+  }
+  const std::optional<std::string> latest = dir.latest();
+  const std::string kept = latest ? str_cat("latest stays ", *latest) : std::string("no checkpoint was saved before");
+  grid_.world().barrier();  // the partial directory is gone before any rank reports
+  if (cfg_.checkpoint.on_error == "continue") {
+    if (is_logger())
+      std::fprintf(stderr, "warning: checkpoint step %lld not saved (rank %d: %s); %s; training goes on "
+                   "(checkpoint.on_error=continue)\n", (long long)step, rank, why.c_str(), kept.c_str());
+    return false;
+  }
+  fail(ErrorKind::Checkpoint, "checkpoint step ", step, " not saved (rank ", rank, ": ", why, "); ", kept,
+       " (checkpoint.on_error=continue would train on)");
 }
 
 void Checkpointer::poll() {

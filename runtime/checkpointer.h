@@ -22,6 +22,12 @@
 //     if (ckpt.due(step + 1, last)) ckpt.save(step + 1, stream);
 //   }
 //   ckpt.finish();                                  // waits for and commits the last save
+//
+// A save that fails on any rank (disk full, permissions, I/O), or would hold
+// a non-finite value, is dropped on every rank: its partial directory goes,
+// `latest` and the committed checkpoints stay, and checkpoint.on_error says
+// whether the run stops (one error line) or warns and trains on. An
+// asynchronous save's failure surfaces at the poll() of a later step.
 #pragma once
 
 #include <atomic>
@@ -111,6 +117,12 @@ class Checkpointer {
   void snapshot(std::vector<SaveEntry>& entries, void* stream);
   void write(const SaveJob& job);
   void commit();
+  std::string nonfinite_entry(const std::vector<SaveEntry>& entries, void* stream) const;
+  // Agrees on whether the save in flight failed (`why_here`: this rank's
+  // error, "" if none); true when no rank failed. Otherwise drops the save
+  // (removing its tmp directory when `remove_tmp`) and, under
+  // checkpoint.on_error=stop, throws the lowest failing rank's error.
+  bool settle(const std::string& why_here, bool remove_tmp);
 
   std::optional<std::string> resume_path() const;
   void check_model(const CheckpointReader& r, const std::string& path) const;

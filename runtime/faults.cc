@@ -1,12 +1,18 @@
 #include "runtime/faults.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstring>
+#include <limits>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "comm/simulated_link.h"
 #include "core/clock.h"
+#include "core/device_memory.h"
 #include "core/error.h"
 
 namespace xirang {
@@ -15,7 +21,9 @@ FaultInjector::FaultInjector(const FaultConfig& faults, ProcessGrid& grid, Devic
     : f_(faults), grid_(grid), device_(device), rank_(grid.world_rank()) {}
 
 void FaultInjector::at_step(int step) {
-  if (f_.kind == FaultKind::None || f_.kind == FaultKind::KillInSave || f_.step != step || f_.rank != rank_) return;
+  if (f_.kind == FaultKind::None || f_.kind == FaultKind::KillInSave || f_.kind == FaultKind::NanGrad ||
+      f_.step != step || f_.rank != rank_)
+    return;
   std::fprintf(stderr, "rank %d: injecting fault '%s' at step %d%s\n", f_.rank, config_name(f_.kind), step,
                f_.kind == FaultKind::SlowRank ? str_cat(" (", f_.delay_ms, " ms more compute from now on)").c_str() : "");
   std::fflush(stderr);
@@ -53,6 +61,98 @@ void FaultInjector::kill_in_save(int64_t steps_done) const {
   std::fflush(stderr);
   std::raise(SIGKILL);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // SIGKILL is never ignored; this keeps [[noreturn]] true
+}
+
+bool all_finite(const Tensor& t, void* stream) {
+  if (t.numel() == 0) return true;
+  XR_CHECK(is_float(t.dtype()), "all_finite needs a float tensor, got ", t.str());
+  std::vector<unsigned char> copy;
+  const unsigned char* p = static_cast<const unsigned char*>(t.raw());
+  if (t.device() != Device::CPU) {
+    copy.resize(t.bytes());
+    copy_bytes(copy.data(), Device::CPU, t.raw(), t.device(), t.bytes(), stream, true);
+    p = copy.data();
+  }
+  const int64_t n = t.numel();
+  bool ok = true;
+  switch (t.dtype()) {
+    case DType::F32: {
+      const float* f = reinterpret_cast<const float*>(p);
+      for (int64_t i = 0; i < n; ++i) ok &= std::isfinite(f[i]);
+      break;
+    }
+    case DType::F64: {
+      const double* d = reinterpret_cast<const double*>(p);
+      for (int64_t i = 0; i < n; ++i) ok &= std::isfinite(d[i]);
+      break;
+    }
+    default: {
+      // bf16 and f16: the exponent bits all set is inf or NaN.
+      const uint16_t mask = t.dtype() == DType::BF16 ? 0x7f80 : 0x7c00;
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, p + 2 * i, 2);
+        ok &= (b & mask) != mask;
+      }
+    }
+  }
+  return ok;
+}
+
+std::pair<int, std::string> lowest_rank_text(Communicator& world, bool have, const std::string& text) {
+  const int me = world.rank(), n = world.size();
+  double lowest = have ? -me : -n;  // a max over the negated ranks
+  world.all_reduce(Tensor(&lowest, {1}, DType::F64), ReduceOp::Max);
+  const int from = int(-lowest);
+  if (from >= n) return {-1, ""};
+  std::vector<double> chars(1001, 0.0);  // the text travels as characters in a sum
+  for (size_t i = 0; me == from && i < std::min(text.size(), chars.size() - 1); ++i)
+    chars[i] = double(static_cast<unsigned char>(text[i]));
+  world.all_reduce(Tensor(chars.data(), {int64_t(chars.size())}, DType::F64), ReduceOp::Sum);
+  std::string out;
+  for (double c : chars) {
+    if (c == 0) break;
+    out.push_back(char(int(c)));
+  }
+  return {from, out};
+}
+
+bool LossSpikeGuard::spike(double loss) {
+  bool out = false;
+  if (losses_.size() >= warmup_) {
+    double sum = 0, sq = 0;
+    for (double l : losses_) sum += l;
+    mean_ = sum / double(losses_.size());
+    for (double l : losses_) sq += (l - mean_) * (l - mean_);
+    sd_ = std::sqrt(sq / double(losses_.size()));
+    n_ = losses_.size();
+    out = sd_ > 0 && (loss - mean_) > z_ * sd_;
+  }
+  losses_.push_back(loss);
+  if (losses_.size() > window_) losses_.pop_front();
+  return out;
+}
+
+bool FaultInjector::poisons_gradient(int step) const {
+  return f_.kind == FaultKind::NanGrad && f_.rank == rank_ && step >= f_.step && step < f_.step + f_.steps;
+}
+
+void FaultInjector::poison_gradient(int step, const Tensor& grad, const std::string& name, void* stream) const {
+  XR_CHECK(grad.numel() > 0 && is_float(grad.dtype()), "nan_grad needs a float gradient, got ", grad.str());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  unsigned char bytes[8] = {};
+  if (grad.dtype() == DType::F32) std::memcpy(bytes, &nan, 4);
+  else if (grad.dtype() == DType::F64) {
+    const double d = nan;
+    std::memcpy(bytes, &d, 8);
+  } else {
+    const uint16_t b = grad.dtype() == DType::BF16 ? float_to_bf16(nan).bits : float_to_f16(nan).bits;
+    std::memcpy(bytes, &b, 2);
+  }
+  copy_bytes(grad.raw(), grad.device(), bytes, Device::CPU, dtype_size(grad.dtype()), stream, true);
+  std::fprintf(stderr, "rank %d: injecting fault 'nan_grad' at step %d (the gradient of '%s')\n", rank_, step,
+               name.c_str());
+  std::fflush(stderr);
 }
 
 }  // namespace xirang

@@ -8,21 +8,65 @@
 // (kill_in_save). The tests check that the job then ends with a clear
 // error, not a hang, and that no checkpoint is damaged. One fault lasts:
 // slow_rank makes the rank's compute faults.delay_ms longer in that step
-// and every later one (a slow device: the straggler tests).
+// and every later one (a slow device: the straggler tests). nan_grad writes
+// NaN into the rank's reduced gradient in faults.steps steps from that step
+// on (a diverging run: the non-finite guard's tests).
 //
 //   FaultInjector faults(cfg.faults, grid, device);
 //   faults.at_step(step + 1);                            // before the step runs
 //   m.forward_ms += faults.delay_compute(step + 1);      // inside the step's compute
 //   if (faults.kills_save(steps_done)) ... faults.kill_in_save(steps_done);  // the saver, halfway
+//   if (faults.poisons_gradient(step + 1))                // after the gradient reduction
+//     faults.poison_gradient(step + 1, grad, name, stream);
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
 
 #include "comm/process_grid.h"
 #include "core/tensor.h"
 #include "runtime/config/config.h"
 
 namespace xirang {
+
+// Whether every element of `t` (a float tensor, host or device memory; a
+// device copy goes through the host on `stream`) is finite. The non-finite
+// guard scans gradients with it, the checkpointer the tensors it saves.
+bool all_finite(const Tensor& t, void* stream = nullptr);
+
+// The text of the lowest world rank with `have` set, on every rank
+// (collective over `world`; up to 1000 characters), with that rank; rank
+// -1 and "" when no rank has one. Errors found on some ranks become one
+// message that every rank reports alike.
+std::pair<int, std::string> lowest_rank_text(Communicator& world, bool have, const std::string& text);
+
+// train.skip_loss_spikes_zscore: a loss more than `z` standard deviations
+// above the mean of the last `window` losses (once `warmup` are known) is a
+// spike. Every loss joins the window, spikes too, so that a lasting change of
+// level is absorbed instead of skipped for ever.
+//
+//   LossSpikeGuard guard(3.0);
+//   if (guard.spike(loss)) ...  // skip the update
+class LossSpikeGuard {
+ public:
+  explicit LossSpikeGuard(double z, size_t window = 128, size_t warmup = 16)
+      : z_(z), window_(window), warmup_(warmup) {}
+  // Whether `loss` is a spike against the losses before it; then adds it.
+  bool spike(double loss);
+  // The mean and standard deviation the last spike() compared with, over `compared()` losses.
+  double mean() const { return mean_; }
+  double stddev() const { return sd_; }
+  size_t compared() const { return n_; }
+
+ private:
+  double z_;
+  size_t window_, warmup_;
+  std::deque<double> losses_;
+  double mean_ = 0, sd_ = 0;
+  size_t n_ = 0;
+};
 
 class FaultInjector {
  public:
@@ -43,6 +87,11 @@ class FaultInjector {
   bool kills_save(int64_t steps_done) const;
   // Dies now (the saver calls it halfway through its file). Thread-safe.
   [[noreturn]] void kill_in_save(int64_t steps_done) const;
+  // nan_grad: whether this rank poisons its gradient in `step`.
+  bool poisons_gradient(int step) const;
+  // Writes NaN into element 0 of `grad` (host or device memory; on `stream`,
+  // then waits) and says so on stderr, naming the parameter `name`.
+  void poison_gradient(int step, const Tensor& grad, const std::string& name, void* stream) const;
 
  private:
   FaultConfig f_;

@@ -92,6 +92,8 @@ class LossScale {
   double scale() const { return scale_; }
   bool dynamic() const { return dynamic_; }
   bool enabled() const { return dynamic_ || scale_ != 1.0; }
+  // Whether an overflow can still lower the scale (dynamic, above its minimum).
+  bool can_back_off() const { return dynamic_ && scale_ > min_scale_; }
   int good_steps() const { return good_steps_; }
   int hysteresis_left() const { return hysteresis_left_; }
   void update(bool overflow);

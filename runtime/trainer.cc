@@ -27,8 +27,28 @@ std::string count_str(double n) {
   return buf;
 }
 
-TokenDataset open_split(const std::string& dir, const char* key, const Config& cfg) {
+// data.verify: every shard's checksum, before any step reads it. A large
+// split (over 1 GB) reports its progress every 10 s on world rank 0.
+void verify_split(const TokenDataset& ds, const char* key, bool print) {
+  Stopwatch sw;
+  double last_report = 0;
+  int64_t bytes = 0;
+  ds.verify_checksums([&](int64_t done, int64_t total) {
+    bytes = total;
+    if (print && total > (int64_t(1) << 30) && sw.seconds() - last_report >= 10) {
+      last_report = sw.seconds();
+      std::fprintf(stderr, "%s: verifying shard checksums: %.1f of %.1f GB (data.verify=false skips this)\n", key,
+                   done / 1e9, total / 1e9);
+    }
+  });
+  if (print && bytes > (int64_t(1) << 30))
+    std::fprintf(stderr, "%s: %zu shards (%.1f GB) verified in %.1f s\n", key, ds.index().shards.size(), bytes / 1e9,
+                 sw.seconds());
+}
+
+TokenDataset open_split(const std::string& dir, const char* key, const Config& cfg, bool print) {
   TokenDataset ds = TokenDataset::open(dir);
+  if (cfg.data.verify) verify_split(ds, key, print);
   if (ds.index().vocab_size > cfg.model.vocab_size)
     fail(ErrorKind::Config, key, ": dataset vocabulary ", ds.index().vocab_size, " is larger than model.vocab_size ",
          cfg.model.vocab_size);
@@ -117,9 +137,9 @@ void Trainer::build_schedule() {
 
 // The data come first: a missing or corrupt dataset should fail before any large allocation.
 void Trainer::open_data() {
-  train_data_.emplace(open_split(cfg_.data.train, "data.train", cfg_));
+  train_data_.emplace(open_split(cfg_.data.train, "data.train", cfg_, is_logger()));
   if (!cfg_.data.val.empty()) {
-    val_data_.emplace(open_split(cfg_.data.val, "data.val", cfg_));
+    val_data_.emplace(open_split(cfg_.data.val, "data.val", cfg_, is_logger()));
     val_sampler_ = std::make_unique<SequenceSampler>(*val_data_, cfg_.seq_len(), cfg_.train.seed, false);
   }
 }
@@ -344,6 +364,7 @@ TrainResult Trainer::run() {
     accumulate_gradients(step, m);  // forward and backward of every microbatch, buckets reduced as they fill
     sync_->finish(ctx_.cuda_stream);
     wait_step_transfers();
+    if (faults_->poisons_gradient(step + 1)) inject_nan_grad(step + 1);
     // The optimizer's part leaves out the host's waits for data-parallel
     // communication (ZeRO's parameter gather; on a device the buckets'
     // host wait in grad_norm): on the CPU they are dp_comm_exposed_ms (on a
@@ -358,7 +379,7 @@ TrainResult Trainer::run() {
     const double local_loss = take_local_loss();
     take_device_times(m);
     m.lr = lr_at(cfg_.train, step);
-    m.skipped = skip_step(m.grad_norm);
+    m.skipped = skip_step(m.step, m.grad_norm, local_loss);
     if (!m.skipped) update_parameters(m.lr, m.grad_norm, scale);
     m.optimizer_ms = ow.ms() - (sync_->host_held_ms() - dp_waits);
     optimizer_span.end();
@@ -536,13 +557,76 @@ void Trainer::take_device_times(StepMetrics& m) {
   m.pp_bubble_ms += dev.bubble_ms;
 }
 
-bool Trainer::skip_step(double grad_norm) {
-  if (!loss_scale_.enabled()) return false;
-  // The norm is reduced over tp and pp (and dp under ZeRO); the vote over
-  // the world makes the skip decision identical on every rank regardless.
-  const bool overflow = grid_->world().all_reduce_sum(std::isfinite(grad_norm) ? 0.0 : 1.0) > 0;
-  loss_scale_.update(overflow);
-  return overflow;
+// Every precision: one vote over the world, so that every rank skips the
+// same steps. Under a dynamic loss scale a non-finite gradient is an
+// overflow that the scale backs off from: expected, it does not count toward
+// train.max_nonfinite_steps until the scale is at precision.min_scale (or
+// fixed), where backing off cannot help. A non-finite loss always counts.
+bool Trainer::skip_step(int step, double grad_norm, double local_loss) {
+  const bool loss_bad = !std::isfinite(local_loss), norm_bad = !std::isfinite(grad_norm);
+  double votes[2] = {loss_bad ? 1.0 : 0.0, norm_bad ? 1.0 : 0.0};
+  grid_->world().all_reduce(Tensor(votes, {2}, DType::F64), ReduceOp::Sum);
+  const bool any_loss = votes[0] > 0, skip = votes[0] > 0 || votes[1] > 0;
+  const bool counted = any_loss || (skip && !loss_scale_.can_back_off());
+  if (loss_scale_.enabled()) loss_scale_.update(skip);
+  if (!skip) {
+    nonfinite_run_ = 0;
+    return loss_spike(step, local_loss);
+  }
+  if (!counted) return true;
+  const std::string cause = nonfinite_cause(loss_bad, norm_bad, any_loss);
+  if (++nonfinite_run_ == 1) nonfinite_first_ = str_cat("step ", step, ": ", cause);
+  const int limit = cfg_.train.max_nonfinite_steps;
+  if (nonfinite_run_ >= limit) {
+    ckpt_->finish();  // a save in flight is from finite state (the decision is the same on every rank)
+    fail(ErrorKind::Data, "training stopped at step ", step, ": ", limit, " step", limit > 1 ? "s" : "",
+         " in a row skipped for non-finite values (train.max_nonfinite_steps=", limit, "); the first, ",
+         nonfinite_first_);
+  }
+  if (is_logger())
+    std::fprintf(stderr, "step %d: update skipped (%d of train.max_nonfinite_steps=%d in a row): %s\n", step,
+                 nonfinite_run_, limit, cause.c_str());
+  return true;
+}
+
+bool Trainer::loss_spike(int step, double local_loss) {
+  const double z = cfg_.train.skip_loss_spikes_zscore;
+  if (!(z > 0)) return false;
+  if (!spike_guard_) spike_guard_.emplace(z);
+  const double loss = global_loss(local_loss);
+  // Every rank keeps the same window, but the vote makes the answer the same regardless.
+  const bool spike = grid_->world().all_reduce_sum(spike_guard_->spike(loss) ? 1.0 : 0.0) > 0;
+  if (spike && is_logger())
+    std::fprintf(stderr,
+                 "step %d: update skipped: loss %.4f is more than %g standard deviations above the mean %.4f "
+                 "(standard deviation %.4f) of the last %zu steps (train.skip_loss_spikes_zscore)\n",
+                 step, loss, z, spike_guard_->mean(), spike_guard_->stddev(), spike_guard_->compared());
+  return spike;
+}
+
+std::string Trainer::nonfinite_cause(bool local_loss_bad, bool local_norm_bad, bool any_loss_bad) {
+  Communicator& world = grid_->world();
+  if (any_loss_bad) {
+    const int from = lowest_rank_text(world, local_loss_bad, "").first;
+    return str_cat("non-finite loss (first seen on rank ", from, ")");
+  }
+  // Scan this rank's gradients (those its norm covered) in parameter order.
+  std::string name;
+  for (const auto& seg : opt_->segments())
+    if (local_norm_bad && name.empty() && !seg.tied_copy && !all_finite(seg.grad, ctx_.cuda_stream))
+      name = params_[size_t(seg.param_index)].name;
+  const auto [from, agreed] = lowest_rank_text(world, !name.empty(), name);
+  if (from < 0) return "non-finite gradient norm (every gradient element is finite: the sum of squares overflowed)";
+  return str_cat("non-finite gradient of parameter '", agreed, "' (on rank ", from, ")");
+}
+
+void Trainer::inject_nan_grad(int step) {
+  const bool tp_split = cfg_.parallel.tp > 1;
+  for (const auto& seg : opt_->segments())
+    if (!seg.tied_copy && seg.grad.numel() > 0 && !(tp_split && seg.tp_replicated && grid_->coords().tp != 0)) {
+      faults_->poison_gradient(step, seg.grad, params_[size_t(seg.param_index)].name, ctx_.cuda_stream);
+      return;
+    }
 }
 
 void Trainer::update_parameters(double lr, double grad_norm, double scale) {

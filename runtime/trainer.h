@@ -134,8 +134,19 @@ class Trainer {
   void wait_step_transfers();
   double take_local_loss();
   void take_device_times(StepMetrics& m);
-  // Under loss scaling: whether the step overflowed (a vote over the world), updating the scale.
-  bool skip_step(double grad_norm);
+  // Whether the step makes no update: its loss or gradient norm is not
+  // finite on some rank (a vote over the world; under loss scaling it updates
+  // the scale). Stops the run after train.max_nonfinite_steps in a row.
+  bool skip_step(int step, double grad_norm, double local_loss);
+  // Where a skipped step's non-finite value appeared, the same text on every
+  // rank: the loss (and the lowest rank that saw it), or the first parameter
+  // whose gradient is not finite (on the lowest rank that holds one).
+  std::string nonfinite_cause(bool local_loss_bad, bool local_norm_bad, bool any_loss_bad);
+  // train.skip_loss_spikes_zscore: whether the global batch's loss is a
+  // spike (the same answer on every rank). Off: false, with no communication.
+  bool loss_spike(int step, double local_loss);
+  // nan_grad fault: poisons this rank's gradient of the first parameter its norm covers.
+  void inject_nan_grad(int step);
   void update_parameters(double lr, double grad_norm, double scale);
   double global_loss(double local_loss);
   void take_comm_times(StepMetrics& m);
@@ -162,6 +173,9 @@ class Trainer {
   std::unique_ptr<ProcessGrid> own_grid_;
   ProcessGrid* grid_;
   std::unique_ptr<FaultInjector> faults_;
+  int nonfinite_run_ = 0;         // counted non-finite skips in a row
+  std::string nonfinite_first_;   // the first one's step and cause
+  std::optional<LossSpikeGuard> spike_guard_;  // train.skip_loss_spikes_zscore > 0
   std::vector<std::unique_ptr<StepObserver>> observers_;  // called at the end of every step
   // Spans (metrics.trace) and per-op times (metrics.op_profile); ctx_.timeline
   // points here when either is on.

@@ -52,6 +52,12 @@ namespace xirang {
 class Hdf5Scope {
  public:
   Hdf5Scope() : lock_(mutex()) {
+    // A file whose H5Fclose failed (a flush onto a full disk) stays in
+    // HDF5's id table half destroyed, and the library's exit handler would
+    // close it again and crash: the handler is turned off before HDF5 first
+    // initialises (every file is closed explicitly; nothing is left to flush).
+    static const bool no_exit_handler = H5dont_atexit() >= 0;
+    (void)no_exit_handler;
     thread_local bool quiet = false;
     if (!quiet) {
       H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);

@@ -68,7 +68,8 @@ using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Pre
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
 constexpr const char* kBackendNames[] = {"cpu", "cuda"};
-constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank"};
+constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank",
+                                       "nan_grad"};
 constexpr const char* kRopeScalingNames[] = {"none", "llama3"};
 constexpr const char* kTieNames[] = {"auto", "true", "false"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
@@ -138,11 +139,13 @@ std::vector<Section> schema(Config& c) {
         {"seq_len", &t.seq_len}, {"lr", &t.lr}, {"min_lr_ratio", &t.min_lr_ratio},
         {"warmup_steps", &t.warmup_steps}, {"weight_decay", &t.weight_decay}, {"beta1", &t.beta1},
         {"beta2", &t.beta2}, {"eps", &t.eps}, {"grad_clip", &t.grad_clip}, {"seed", &t.seed},
-        {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}, {"recompute", &t.recompute}, {"stop_after", &t.stop_after}}},
+        {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}, {"recompute", &t.recompute}, {"stop_after", &t.stop_after},
+        {"max_nonfinite_steps", &t.max_nonfinite_steps}, {"skip_loss_spikes_zscore", &t.skip_loss_spikes_zscore}}},
       {"data",
        {{"train", &c.data.train}, {"val", &c.data.val}, {"prefetch", &c.data.prefetch},
         {"prefetch_min", &c.data.prefetch_min}, {"prefetch_max", &c.data.prefetch_max},
-        {"loader_threads", &c.data.loader_threads}, {"read_delay_ms", &c.data.read_delay_ms}}},
+        {"loader_threads", &c.data.loader_threads}, {"read_delay_ms", &c.data.read_delay_ms},
+        {"verify", &c.data.verify}}},
       {"metrics",
        {{"jsonl", &c.metrics.jsonl}, {"peak_tflops", &c.metrics.peak_tflops},
         {"log_every", &c.metrics.log_every}, {"job", &c.metrics.job}, {"prometheus", &c.metrics.prometheus},
@@ -159,14 +162,15 @@ std::vector<Section> schema(Config& c) {
       {"device", {{"backend", &c.device.backend}}},
       {"checkpoint",
        {{"dir", &c.checkpoint.dir}, {"every", &c.checkpoint.every}, {"keep", &c.checkpoint.keep},
-        {"resume", ResumeRef{&c.checkpoint.resume, &c.checkpoint.resume_path}}, {"async", &c.checkpoint.async}}},
+        {"resume", ResumeRef{&c.checkpoint.resume, &c.checkpoint.resume_path}}, {"async", &c.checkpoint.async},
+        {"on_error", &c.checkpoint.on_error}}},
       {"comm",
        {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
         {"bandwidth_gbps", &c.comm.bandwidth_gbps}, {"ordered_p2p", &c.comm.ordered_p2p},
         {"trace_dir", &c.comm.trace_dir}}},
       {"faults",
        {{"kind", &c.faults.kind}, {"rank", &c.faults.rank}, {"step", &c.faults.step},
-        {"delay_ms", &c.faults.delay_ms}}},
+        {"delay_ms", &c.faults.delay_ms}, {"steps", &c.faults.steps}}},
   };
 }
 

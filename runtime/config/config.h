@@ -27,8 +27,8 @@ const char* schedule_name(ScheduleKind k);
 // accepted spellings); code past runtime/config compares enums, not text.
 enum class Precision { FP32, BF16, FP16 };  // precision.dtype: fp32, bf16, fp16
 enum class Backend { CPU, CUDA };           // device.backend: cpu, cuda
-// faults.kind: none, kill, hang, fail_transfer, kill_in_save, slow_rank
-enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank };
+// faults.kind: none, kill, hang, fail_transfer, kill_in_save, slow_rank, nan_grad
+enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank, NanGrad };
 // checkpoint.resume: auto, none, or the path of a step directory
 enum class ResumeMode { Auto, None, Path };
 // model.rope_scaling.type: none, llama3 (Llama 3.1's frequency scaling)
@@ -105,6 +105,7 @@ struct FaultConfig {
   int rank = 0;
   int step = 0;
   double delay_ms = 0;  // slow_rank: extra compute time of that rank in every step from `step` on
+  int steps = 1;        // nan_grad: poison that rank's gradient in `steps` steps from `step` on
 };
 
 struct TrainConfig {
@@ -124,6 +125,8 @@ struct TrainConfig {
   int eval_every = 0;    // 0 disables validation
   int eval_batches = 4;  // microbatches of validation data per evaluation
   RecomputeMode recompute = RecomputeMode::None;  // activation recomputation in backward (models/model.h)
+  double skip_loss_spikes_zscore = 0;  // skip an update whose loss is z std devs above the last 128 steps'; 0: off
+  int max_nonfinite_steps = 3;  // consecutive steps skipped for a non-finite loss or gradient before the run stops
   int stop_after = 0;    // end this run after that many completed steps (a job time limit; the schedule still spans `steps`); 0: run to `steps`
 };
 
@@ -135,6 +138,7 @@ struct DataConfig {
   int prefetch_max = 8;
   int loader_threads = 2;
   double read_delay_ms = 0; // fault injection: every sample read takes this much longer (slow storage)
+  bool verify = true;       // check every shard's checksum when training opens a dataset
 };
 
 struct MetricsConfig {
@@ -178,6 +182,7 @@ struct CheckpointConfig {
   ResumeMode resume = ResumeMode::Auto;
   std::string resume_path;     // resume = Path: the checkpoint step directory to load
   bool async = true;           // snapshot to host memory, write on a background thread while training goes on
+  std::string on_error = "stop";  // a failed save: stop the run, or "continue" (warn and train on)
 };
 
 // Mixed precision: parameters and activations in `dtype` (fp32, bf16, fp16),

@@ -155,6 +155,8 @@ void check_optimizer(const Validator& v, const TrainConfig& t) {
   v.at_least("train.eval_every", t.eval_every, 0, " (0 disables validation)");
   v.at_least("train.eval_batches", t.eval_batches, 1);
   v.at_least("train.stop_after", t.stop_after, 0, " (0 runs to train.steps)");
+  v.non_negative("train.skip_loss_spikes_zscore", t.skip_loss_spikes_zscore, " (0 turns the loss-spike guard off)");
+  v.at_least("train.max_nonfinite_steps", t.max_nonfinite_steps, 1, " (skipped steps in a row before the run stops)");
 }
 
 // "HOST:PORT" with a port in 1..65535.
@@ -238,6 +240,8 @@ void check_precision(const Validator& v, const PrecisionConfig& pc) {
 void check_checkpoint(const Validator& v, const CheckpointConfig& ck) {
   v.at_least("checkpoint.every", ck.every, 0, " (0 saves only at the end)");
   v.at_least("checkpoint.keep", ck.keep, 1);
+  if (ck.on_error != "stop" && ck.on_error != "continue")
+    v.fail_rule(str_cat("checkpoint.on_error=", ck.on_error, " must be stop (a failed save ends the run) or continue"));
   if (ck.resume == ResumeMode::Path && ck.resume_path.empty())
     v.fail_rule("checkpoint.resume is empty: use auto, none, or the path of a checkpoint step directory");
 }
@@ -248,6 +252,7 @@ void check_faults(const Validator& v, const FaultConfig& f, int world_size) {
     v.fail_rule(str_cat("faults.rank=", f.rank, " is not a rank of this world (0..", world_size - 1, ")"));
   v.at_least("faults.step", f.step, 1);
   v.non_negative("faults.delay_ms", f.delay_ms);
+  v.at_least("faults.steps", f.steps, 1);
   if (f.kind == FaultKind::SlowRank && !(f.delay_ms > 0))
     v.fail_rule("faults.kind=slow_rank needs faults.delay_ms > 0 (the extra compute time per step)");
 }

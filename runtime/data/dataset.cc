@@ -465,13 +465,17 @@ std::pair<int64_t, int64_t> TokenDataset::document_span(int64_t i) const {
   return {document_begin(i), i + 1 < num_documents() ? document_begin(i + 1) : num_tokens()};
 }
 
-void TokenDataset::verify_checksums() const {
+void TokenDataset::verify_checksums(const std::function<void(int64_t done, int64_t total)>& progress) const {
   const size_t tb = token_bytes(index_.token_dtype);
+  const int64_t total = num_tokens() * int64_t(tb);
+  int64_t done = 0;
   for (const Shard& s : shards_) {
     uint64_t h = fnv1a64(s.tokens, size_t(s.n_tokens) * tb);
     if (h != s.checksum)
       fail(ErrorKind::Data, "shard '", s.path, "' is corrupt: checksum mismatch (its tokens hash to ", checksum_hex(h),
            ", its header records ", checksum_hex(s.checksum), ")");
+    done += s.n_tokens * int64_t(tb);
+    if (progress) progress(done, total);
   }
 }
 

@@ -46,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,8 +149,10 @@ class TokenDataset {
   void read(int64_t begin, int64_t count, int32_t* out) const;
   // Global token range [begin, end) of document i.
   std::pair<int64_t, int64_t> document_span(int64_t i) const;
-  // Recomputes every shard's checksum; throws a Data error naming the first bad shard.
-  void verify_checksums() const;
+  // Recomputes every shard's checksum; throws a Data error naming the first
+  // bad shard. `progress`, when set, is called after each shard with the
+  // token bytes checked so far and in all.
+  void verify_checksums(const std::function<void(int64_t done, int64_t total)>& progress = {}) const;
 
   struct Shard;  // one mapped shard, defined in dataset.cc
 

@@ -500,6 +500,11 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"precision.min_scale=0"}, 1, {"precision.min_scale=0 must be > 0"}},
       {{"precision.hysteresis=0"}, 1, {"precision.hysteresis=0 must be >= 1"}},
       {{"precision.min_scale=131072"}, 1, {"precision.min_scale=131072 is above precision.initial_scale=65536"}},
+      {{"train.max_nonfinite_steps=0"}, 1, {"train.max_nonfinite_steps=0 must be >= 1"}},
+      {{"checkpoint.on_error=retry"}, 1,
+       {"checkpoint.on_error=retry must be stop (a failed save ends the run) or continue"}},
+      {{"faults.kind=nan_grad", "faults.step=2", "faults.steps=0"}, 1, {"faults.steps=0 must be >= 1"}},
+      {{"train.skip_loss_spikes_zscore=-1"}, 1, {"train.skip_loss_spikes_zscore=-1 must be >= 0"}},
   };
   for (const Case& c : cases) expect_invalid(c.overrides, c.world, c.needles);
   // Messages start with the config's source so a multi-file run says which file.
