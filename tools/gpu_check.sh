@@ -9,9 +9,12 @@
 #    compute-sanitizer memcheck and racecheck on the hand-written kernels'
 #    tests (at most 90 s each), and the NCCL communicator in a group of one
 #    (mpi_nccl_tests),
-# 3. trains gpt2_124m in bf16 on one GPU for a few steps and prints tokens/s
-#    and MFU (metrics JSONL in OUT).
-# 4. trains 4 steps with a trace and the per-op profile and checks their CUDA
+# 3. trains gpt2_debug in fp32 on the GPU and on the CPU from the same data
+#    and seed and compares the losses (within 1e-4 relative at every step:
+#    fp32 accumulation order is all that may differ),
+# 4. trains gpt2_124m in bf16 on one GPU for a few steps, prints tokens/s
+#    and MFU (metrics JSONL in OUT) and checks that the loss fell.
+# 5. trains 4 steps with a trace and the per-op profile and checks their CUDA
 #    paths (device-stream spans, op times from stream events, parts >= 0).
 # Budget: under 8 minutes on an H200 (the build is most of it).
 #
@@ -92,7 +95,6 @@ mpirun --oversubscribe -np 1 "$root/build-gpu/bin/mpi_nccl_tests" --gtest_brief=
 
 # Throughput: gpt2_124m (real shapes) in bf16 on one GPU, on byte tokens of
 # this repository's text (the tokenizer does not change the work per token).
-log "gpt2_124m bf16 training, $steps steps"
 data="$out/data"
 if [[ ! -e "$data/train/index.json" ]]; then
   find "$root" -path "$root/build*" -prune -o \( -name '*.md' -o -name '*.cc' -o -name '*.h' -o -name '*.cu' \) -print |
@@ -100,13 +102,45 @@ if [[ ! -e "$data/train/index.json" ]]; then
   "$root/build-gpu/bin/xirang" data prepare --tokenizer bytes --force --val-fraction 0.05 --out "$data" \
     $(cat "$out/text_files") >"$out/prepare.log" 2>&1 || { tail "$out/prepare.log"; exit 1; }
 fi
+# The GPU against the CPU: gpt2_debug in fp32, same data, seed and batch.
+: >"$out/summary.txt"
+log "gpt2_debug fp32, 10 steps on the GPU and on the CPU"
+for backend in cuda cpu; do
+  "$root/build-gpu/bin/xirang" train "$root/configs/gpt2_debug.yaml" \
+    --set device.backend=$backend --set precision.dtype=fp32 --set train.steps=10 --set train.eval_every=0 \
+    --set data.train="$data/train" --set data.val= --set checkpoint.dir= \
+    --set metrics.jsonl="$out/debug_$backend.jsonl" --set metrics.log_every=1 >"$out/debug_$backend.log" 2>&1 ||
+    { tail -5 "$out/debug_$backend.log"; status=1; }
+done
+python3 - "$out/debug_cuda.jsonl" "$out/debug_cpu.jsonl" <<'EOF' | tee -a "$out/summary.txt" || status=1
+import json, sys
+def losses(path):
+    try:
+        return [json.loads(l)["loss"] for l in open(path) if l.strip()]
+    except OSError:
+        return []
+gpu, cpu = losses(sys.argv[1]), losses(sys.argv[2])
+bad = []
+if len(gpu) != 10 or len(cpu) != 10:
+    bad.append(f"expected 10 steps from each backend, got {len(gpu)} on the GPU and {len(cpu)} on the CPU")
+for step, (g, c) in enumerate(zip(gpu, cpu), 1):
+    rel = abs(g - c) / abs(c)
+    print(f"gpt2_debug fp32 step {step}: GPU {g:.6f} CPU {c:.6f} rel diff {rel:.1e}")
+    if not rel <= 1e-4:
+        bad.append(f"step {step}: GPU loss {g} differs from the CPU's {c} by {rel:.1e} (limit 1e-4)")
+for b in bad:
+    print("FAIL:", b)
+sys.exit(1 if bad else 0)
+EOF
+
+log "gpt2_124m bf16 training, $steps steps"
 "$root/build-gpu/bin/xirang" train "$root/configs/gpt2_124m.yaml" \
   --set device.backend=cuda --set precision.dtype=bf16 --set train.steps="$steps" --set train.warmup_steps=2 \
   --set train.global_batch=16 --set train.micro_batch=16 --set train.eval_every=0 \
   --set data.train="$data/train" --set data.val= --set checkpoint.dir= \
   --set metrics.jsonl="$out/metrics.jsonl" --set metrics.log_every=1 2>&1 | tee "$out/train.log" | tail -20 || status=1
 if [[ -s "$out/metrics.jsonl" ]]; then
-  python3 - "$out/metrics.jsonl" <<'EOF' | tee "$out/summary.txt"
+  python3 - "$out/metrics.jsonl" <<'EOF' | tee -a "$out/summary.txt" || status=1
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 warm = rows[2:] if len(rows) > 4 else rows  # the first steps include cuBLASLt heuristics and first-touch costs
@@ -115,7 +149,14 @@ mfu = sum(r["mfu"] for r in warm) / len(warm)
 print(f"gpt2_124m bf16, 1 GPU, {len(rows)} steps: {tok:,.0f} tokens/s, MFU {100*mfu:.1f}% "
       f"of {rows[-1]['peak_tflops']:.0f} TFLOP/s ({rows[-1]['peak_source']}); "
       f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}")
+# Learning, not only running: the loss falls over the run.
+if not rows[-1]["loss"] < rows[0]["loss"] - 0.1:
+    print(f"FAIL: gpt2_124m loss did not fall: {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f} in {len(rows)} steps")
+    sys.exit(1)
 EOF
+else
+  log "FAIL: gpt2_124m training wrote no metrics"
+  status=1
 fi
 # The metrics' CUDA paths: the device-stream spans of a trace, the per-op
 # profile from stream events, and the step's parts (device-timed forward,

@@ -11,6 +11,8 @@ packages=(
   fortunes fortunes-min gnuplot-nox
   # tests/cli/slurm_test.sh runs a one-node Slurm; its pmix plugin comes with slurm-wlm-basic-plugins.
   munge slurmctld slurmd slurm-client
+  # tools/run_fuzz.sh: libFuzzer, AddressSanitizer and UBSan come with clang; OpenMP for clang.
+  clang libclang-rt-dev libomp-dev
 )
 
 missing=()

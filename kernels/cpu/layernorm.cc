@@ -64,7 +64,9 @@ void layernorm_forward(const KernelContext& ctx, Tensor y, Tensor mean, Tensor r
   OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Norm);
   XR_ON_CUDA(ctx, layernorm_forward(ctx, y, mean, rstd, x, w, b));
   cpu::require_cpu(ctx, "layernorm_forward");
-  auto [N, C] = check_forward("layernorm_forward", y, mean, rstd, x, w, b);
+  // Plain variables, not a structured binding: the OpenMP loops inside lambdas capture them (clang 14).
+  const auto nc = check_forward("layernorm_forward", y, mean, rstd, x, w, b);
+  const int64_t N = nc.N, C = nc.C;
   dispatch_storage(x.dtype(), "layernorm_forward", [&](auto tag) {
     using S = decltype(tag);
     using St = compute_t<S>;
@@ -92,7 +94,9 @@ void residual_layernorm_forward(const KernelContext& ctx, Tensor res, Tensor y, 
   check_same_shape(op, b, a);
   check_dtype(op, "res", res, a.dtype());
   check_dtype(op, "b", b, a.dtype());
-  auto [N, C] = check_forward(op, y, mean, rstd, a, w, bias);
+  // Plain variables, not a structured binding: the OpenMP loops inside lambdas capture them (clang 14).
+  const auto nc = check_forward(op, y, mean, rstd, a, w, bias);
+  const int64_t N = nc.N, C = nc.C;
   dispatch_storage(a.dtype(), op, [&](auto tag) {
     using S = decltype(tag);
     using St = compute_t<S>;

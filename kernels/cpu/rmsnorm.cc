@@ -63,7 +63,9 @@ void rmsnorm_forward(const KernelContext& ctx, Tensor y, Tensor rstd, const Tens
   XR_ON_CUDA(ctx, rmsnorm_forward(ctx, y, rstd, x, w, eps));
   const char* op = "rmsnorm_forward";
   cpu::require_cpu(ctx, op);
-  auto [N, C] = check_forward(op, y, rstd, x, w, eps);
+  // Plain variables, not a structured binding: the OpenMP loops inside lambdas capture them (clang 14).
+  const auto nc = check_forward(op, y, rstd, x, w, eps);
+  const int64_t N = nc.N, C = nc.C;
   dispatch_storage(x.dtype(), op, [&](auto tag) {
     using S = decltype(tag);
     using St = compute_t<S>;
@@ -85,7 +87,9 @@ void residual_rmsnorm_forward(const KernelContext& ctx, Tensor res, Tensor y, Te
   XR_ON_CUDA(ctx, residual_rmsnorm_forward(ctx, res, y, rstd, a, b, w, eps));
   const char* op = "residual_rmsnorm_forward";
   cpu::require_cpu(ctx, op);
-  auto [N, C] = check_forward(op, y, rstd, a, w, eps);
+  // Plain variables, not a structured binding: the OpenMP loops inside lambdas capture them (clang 14).
+  const auto nc = check_forward(op, y, rstd, a, w, eps);
+  const int64_t N = nc.N, C = nc.C;
   check_same_shape(op, res, a);
   check_same_shape(op, b, a);
   check_dtype(op, "res", res, a.dtype());

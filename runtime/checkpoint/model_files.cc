@@ -168,7 +168,9 @@ std::vector<StTensor> read_st_header(const InFile& f, uint64_t& data_start) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) fail(ErrorKind::Data, "'", path, "': the safetensors header is not a JSON object");
   std::vector<StTensor> out;
-  for (const auto& [key, v] : j.items()) {
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();  // not a structured binding: the lambda below captures it
+    const nlohmann::json& v = item.value();
     if (key == "__metadata__") continue;
     auto bad = [&](const std::string& why) { fail(ErrorKind::Data, "'", path, "': tensor '", key, "' ", why); };
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
@@ -181,9 +183,15 @@ std::vector<StTensor> read_st_header(const InFile& f, uint64_t& data_start) {
     t.dtype = st_dtype(t.dtype_name);
     const auto& shape = v["shape"];
     if (!shape.is_array() || shape.size() > size_t(Shape::kMaxRank)) bad("has no valid shape");
+    // Element count checked as it grows: a hostile shape must not overflow it.
+    uint64_t elements = 1;
     for (const auto& d : shape) {
       if (!d.is_number_unsigned()) bad(str_cat("has shape ", shape.dump(), "; expected non-negative integers"));
-      t.shape.push_back(d.get<int64_t>());
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > uint64_t(INT64_MAX) || (dim != 0 && elements > uint64_t(INT64_MAX) / dim / es))
+        bad(str_cat("has shape ", shape.dump(), ": more bytes than any file holds"));
+      elements *= dim;
+      t.shape.push_back(int64_t(dim));
     }
     const auto& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned() ||
@@ -191,13 +199,13 @@ std::vector<StTensor> read_st_header(const InFile& f, uint64_t& data_start) {
       bad(str_cat("has data_offsets ", off.dump(), "; expected [begin, end]"));
     t.begin = off[0].get<uint64_t>();
     t.end = off[1].get<uint64_t>();
-    const uint64_t need = uint64_t(t.shape.numel()) * es;
+    const uint64_t need = elements * es;
     if (t.end - t.begin != need)
       bad(str_cat("has data_offsets [", t.begin, ", ", t.end, "): ", t.end - t.begin, " bytes, but ", shape.dump(),
                   " of ", t.dtype_name, " needs ", need));
-    if (data_start + t.end > f.size())
-      fail(ErrorKind::Data, "'", path, "' is truncated: tensor '", key, "' ends at byte ", data_start + t.end,
-           " but the file has ", f.size());
+    if (t.end > f.size() - data_start)  // data_start <= size: the header was read
+      fail(ErrorKind::Data, "'", path, "' is truncated: tensor '", key, "' ends at byte ", t.end,
+           " of the data section, which starts at byte ", data_start, " of a file of ", f.size());
     out.push_back(std::move(t));
   }
   return out;

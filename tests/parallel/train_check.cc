@@ -1,20 +1,29 @@
 // Layout equivalence under MPI: every parallel layout trains exactly like
 // one rank.
 //
-//   mpirun -np 4 parallel_train_check --data DIR --set parallel.zero=1 [--steps 10] [--tol 1e-5] [--param-tol T]
-//                                     [--config configs/llama_debug.yaml] [--against-none]
+//   mpirun -np 4 parallel_train_check --data DIR --set parallel.zero=1 [--steps 10] [--tol 1e-5]
+//                                     [--update-tol T] [--resumed-from K] [--config configs/llama_debug.yaml]
+//                                     [--against-none]
 //
 // The model is configs/gpt2_debug.yaml's unless --config names another
 // (relative to the source tree).
 //
 // World rank 0 first trains the single-rank reference (parallel.dp = tp = pp
 // = 1, same global batch and seed) on its own; then every rank trains the
-// layout given by the overrides on the process grid. Rank 0 compares the
-// per-step losses (relative difference < --tol, 1e-5 unless given) and the
-// final parameters (largest difference < tol of the largest parameter; under
-// precision.dtype=bf16/fp16 the reference is one rank in the same dtype), and every rank
-// checks that its replica equals rank 0's bit for bit. Prints one line per
-// check and a closing "N passed, M failed"; exits non-zero on any failure.
+// layout given by the overrides on the process grid. Rank 0 checks that both
+// ran the expected number of steps, and compares the per-step losses
+// (relative difference < --tol, 1e-5 unless given) and the updates: for
+// every parameter tensor, the layout's change since initialisation, w_final
+// - w_init, against the reference's, as ||dw_layout - dw_ref|| / ||dw_ref||
+// < --update-tol (1e-3 unless given), over the elements each rank's
+// optimizer holds (its shard, its ZeRO-1 piece). The weights compared are
+// those the optimizer updates: the fp32 masters under precision.dtype=
+// bf16/fp16 (whose reference is one rank in the same dtype), the parameters
+// otherwise. A shard that never updated is off by exactly 1 whatever the
+// dtype. In fp32 the final parameters must also be within
+// --tol of the largest parameter. Every rank checks that its replica equals
+// rank 0's bit for bit. Prints one line per check and a closing "N passed, M
+// failed"; exits non-zero on any failure.
 //
 // Activation recomputation: with --against-none (and --set
 // train.recompute=selective or full) the layout trains a second time with
@@ -23,8 +32,9 @@
 //
 // Checkpoints: with --set train.stop_after=K --set checkpoint.dir=D the
 // layout stops after K steps and saves; with --set checkpoint.resume=D/step_K
-// (in any layout) it resumes there, and its steps K+1.. are compared with
-// the uninterrupted single-rank run's.
+// (in any layout) and --resumed-from K it must resume there, and its steps
+// K+1.. are compared with the uninterrupted single-rank run's (its updates
+// too, counted from the common initialisation).
 #include <mpi.h>
 
 #include <cmath>
@@ -53,7 +63,8 @@ struct Args {
   std::vector<std::string> overrides;
   int steps = 10;
   double tol = 1e-5;         // relative, for the per-step losses
-  double param_tol = -1;     // final parameters, relative to the largest; -1: tol
+  double update_tol = 1e-3;  // per tensor, ||dw - dw_ref|| / ||dw_ref||
+  int resumed_from = 0;      // the step the layout must start from (a checkpoint's)
   bool against_none = false;  // also train the layout with train.recompute=none: bitwise the same
 };
 
@@ -66,12 +77,12 @@ Args parse(int argc, char** argv) {
     else if (s == "--config" && i + 1 < argc) a.config = argv[++i];
     else if (s == "--steps" && i + 1 < argc) a.steps = std::stoi(argv[++i]);
     else if (s == "--tol" && i + 1 < argc) a.tol = std::stod(argv[++i]);
-    else if (s == "--param-tol" && i + 1 < argc) a.param_tol = std::stod(argv[++i]);
+    else if (s == "--update-tol" && i + 1 < argc) a.update_tol = std::stod(argv[++i]);
+    else if (s == "--resumed-from" && i + 1 < argc) a.resumed_from = std::stoi(argv[++i]);
     else if (s == "--against-none") a.against_none = true;
     else fail(ErrorKind::Usage, "parallel_train_check: unexpected argument '", s, "'");
   }
   if (a.data.empty()) fail(ErrorKind::Usage, "parallel_train_check: --data DIR is required");
-  if (a.param_tol < 0) a.param_tol = a.tol;
   return a;
 }
 
@@ -98,6 +109,26 @@ std::vector<float> flat_params(Trainer& t) {
   for (auto& p : t.parameters()) {
     const std::vector<float> v = as_floats(p);
     out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// (index in the reference's concatenation, value) of every weight this rank's
+// optimizer updates: the fp32 masters under 16-bit parameters, the
+// parameters otherwise. Each segment is a parameter or, under ZeRO-1, this
+// rank's piece of one; the tied token table's last-stage copy counts too.
+std::vector<std::pair<size_t, float>> optimizer_weights(Trainer& t, const std::map<std::string, size_t>& ref_offset) {
+  std::vector<std::pair<size_t, float>> out;
+  const AdamW& opt = t.optimizer();
+  const auto& segs = opt.segments();
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const Parameter& p = t.parameters()[size_t(segs[s].param_index)];
+    const Tensor& w = opt.has_master() ? opt.master()[s] : segs[s].param;
+    std::vector<float> v(size_t(w.numel()));
+    convert_elements(w.raw(), w.dtype(), v.data(), DType::F32, w.numel());
+    const size_t base = ref_offset.at(p.name);
+    for (int64_t i = 0; i < w.numel(); ++i)
+      out.emplace_back(base + size_t(p.shard.global_index(p.value.shape(), segs[s].param_offset + i)), v[size_t(i)]);
   }
   return out;
 }
@@ -131,9 +162,24 @@ int main(int argc, char** argv) {
     quiet.print = false;
     quiet.peak = PeakFlops{1e11, "test"};
 
+    // Where each parameter starts in the reference's concatenation: the
+    // single-rank model's parameter order, known to every rank without data.
+    std::map<std::string, size_t> ref_offset;
+    std::vector<std::string> names;  // in that order
+    size_t ref_size = 0;
+    {
+      const Config one = make_config(args, kOneRank, 1);
+      const ModelDims dims = model_dims(one.model);
+      for (auto& p : model_arch(dims.arch).parameters(dims, ChunkPlacement::whole(dims.n_layer), 1, 0)) {
+        ref_offset[p.name] = ref_size;
+        names.push_back(p.name);
+        ref_size += size_t(p.shard.global.numel());
+      }
+    }
+
     std::vector<double> ref_losses;
     std::optional<double> ref_val;  // with data.val and train.eval_every: the last evaluation
-    std::vector<float> ref_params;
+    std::vector<float> ref_params, ref_init(ref_size), ref_final(ref_size);  // init/final: the optimizer's weights
     size_t ref_opt_bytes = 0;
     if (rank == 0) {
       // The uninterrupted reference: no early stop, no checkpoints.
@@ -141,10 +187,12 @@ int main(int argc, char** argv) {
       one.insert(one.end(), {"train.stop_after=0", "checkpoint.dir=", "checkpoint.resume=none"});
       Trainer ref(make_config(args, one, 1), quiet);
       ref_opt_bytes = ref.memory_plan().bytes_of("optimizer state");
+      for (auto& [i, v] : optimizer_weights(ref, ref_offset)) ref_init[i] = v;
       TrainResult rr = ref.run();
       ref_losses = rr.losses;
       ref_val = rr.final_val_loss;
       ref_params = flat_params(ref);
+      for (auto& [i, v] : optimizer_weights(ref, ref_offset)) ref_final[i] = v;
     }
     MPI_Barrier(MPI_COMM_WORLD);
 
@@ -172,22 +220,38 @@ int main(int argc, char** argv) {
     MPI_Allreduce(&none_same, &all_none_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
 
     // Each rank compares its shards with the matching slices of the reference.
-    uint64_t ref_size = ref_params.size();
-    MPI_Bcast(&ref_size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
     ref_params.resize(ref_size);
     MPI_Bcast(ref_params.data(), int(ref_size), MPI_FLOAT, 0, MPI_COMM_WORLD);
-    // Where each parameter starts in the reference's concatenation: the
-    // single-rank model's parameter order, known to every rank without data.
-    std::map<std::string, size_t> ref_offset;
-    {
-      const Config one = make_config(args, kOneRank, 1);
-      const ModelDims dims = model_dims(one.model);
-      size_t off = 0;
-      for (auto& p : model_arch(dims.arch).parameters(dims, ChunkPlacement::whole(dims.n_layer), 1, 0)) {
-        ref_offset[p.name] = off;
-        off += size_t(p.shard.global.numel());
-      }
+    MPI_Bcast(ref_init.data(), int(ref_size), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    MPI_Bcast(ref_final.data(), int(ref_size), MPI_FLOAT, 0, MPI_COMM_WORLD);
+
+    // The updates, per tensor and rank: sums of (dw - dw_ref)^2 and dw_ref^2
+    // over the elements of the tensor this rank's optimizer holds (its
+    // tensor-parallel shard, its ZeRO-1 piece, its replica). A rank whose
+    // shard never updated has dw = 0 there: a ratio of exactly 1.
+    std::vector<size_t> tensor_of(ref_size);
+    for (size_t k = 0; k < names.size(); ++k)
+      for (size_t i = ref_offset[names[k]], e = k + 1 < names.size() ? ref_offset[names[k + 1]] : ref_size; i < e; ++i)
+        tensor_of[i] = k;
+    std::vector<double> upd(2 * names.size(), 0.0);  // [2k]: sum (dw - dw_ref)^2, [2k+1]: sum dw_ref^2
+    for (auto& [i, v] : optimizer_weights(t, ref_offset)) {
+      const double dw = double(v) - ref_init[i], dref = double(ref_final[i]) - ref_init[i];
+      upd[2 * tensor_of[i]] += (dw - dref) * (dw - dref);
+      upd[2 * tensor_of[i] + 1] += dref * dref;
     }
+    struct {
+      double ratio;
+      int tensor;
+    } worst_update{0.0, -1};
+    for (size_t k = 0; k < names.size(); ++k) {
+      if (upd[2 * k] == 0 && upd[2 * k + 1] == 0) continue;  // none of it here (or it never moves)
+      // A piece the reference never moved has no scale to compare with: any change is all wrong.
+      const double rel = upd[2 * k + 1] > 0 ? std::sqrt(upd[2 * k] / upd[2 * k + 1]) : 1.0;
+      if (rel >= worst_update.ratio) worst_update = {rel, int(k)};
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &worst_update, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+    const std::string worst_tensor = worst_update.tensor >= 0 ? names[size_t(worst_update.tensor)] : "none";
+
     double diff_scale[2] = {0, 0};
     for (auto& p : t.parameters()) {
       const size_t base = ref_offset.at(p.name);
@@ -237,7 +301,18 @@ int main(int argc, char** argv) {
       double worst = 0;
       const size_t first = size_t(t.start_step());  // a resumed run starts after its checkpoint
       if (first > 0) std::printf("  resumed at step %zu\n", first);
-      for (size_t i = 0; i < r.losses.size(); ++i) {
+      // How many steps ran: the reference all of them, the layout from where
+      // it resumed to train.stop_after (or the end).
+      const int last = cfg.train.stop_after > 0 ? std::min(cfg.train.stop_after, args.steps) : args.steps;
+      check(int(ref_losses.size()) == args.steps,
+            "the reference ran " + std::to_string(ref_losses.size()) + " steps, expected " + std::to_string(args.steps));
+      check(int(first) == args.resumed_from,
+            "the layout started after step " + std::to_string(first) + ", expected " + std::to_string(args.resumed_from));
+      check(!r.losses.empty() && int(first + r.losses.size()) == last,
+            "the layout ran " + std::to_string(r.losses.size()) + " steps to step " +
+                std::to_string(first + r.losses.size()) + ", expected to step " + std::to_string(last));
+
+      for (size_t i = 0; i < r.losses.size() && first + i < ref_losses.size(); ++i) {
         const double ref = ref_losses[first + i];
         const double rel = std::abs(r.losses[i] - ref) / std::abs(ref);
         worst = std::max(worst, rel);
@@ -245,10 +320,17 @@ int main(int argc, char** argv) {
       }
       check(worst < args.tol, "per-step losses within " + sci(args.tol) + " relative of one rank (worst " + sci(worst) + ")");
       const bool finished = int(first + r.losses.size()) == args.steps;
-      if (finished)
-        check(diff_scale[0] / diff_scale[1] < args.param_tol,
-            "final parameters (every rank's shards) within " + sci(args.param_tol) + " of one rank (largest difference " +
-                sci(diff_scale[0] / diff_scale[1]) + " of the largest parameter)");
+      if (finished) {
+        check(worst_update.ratio < args.update_tol,
+              "every rank's update of every tensor (w_final - w_init" +
+                  std::string(t.optimizer().has_master() ? ", fp32 masters" : "") + ") within " +
+                  sci(args.update_tol) + " of one rank's, relative to its size (worst " + sci(worst_update.ratio) +
+                  ", " + worst_tensor + ")");
+        if (t.model_dtype() == DType::F32)
+          check(diff_scale[0] / diff_scale[1] < args.tol,
+                "final parameters (every rank's shards) within " + sci(args.tol) + " of one rank (largest difference " +
+                    sci(diff_scale[0] / diff_scale[1]) + " of the largest parameter)");
+      }
       check(all_same == 1, "every data-parallel replica's parameters equal its group's first rank's bit for bit");
       if (cfg.parallel.pp > 1 && any_tied)
         check(all_tied_same == 1, "the tied token table is bitwise the same on the first and the last stage");

@@ -266,6 +266,24 @@ TEST(CheckpointConvert, BadInputsAreRefusedWithOneClearMessage) {
                {"the llm.c header has n_layer 3 but the config has model.n_layer=4"});
   write_llmc(dir + "/version.bin", s, 4);
   expect_error([&] { import_model_file(dir + "/version.bin", cfg, dir + "/o1", {}); }, ErrorKind::Data, {"version 4"});
+  // Hostile safetensors headers (found by tests/fuzz): a shape whose element
+  // count overflows 64 bits, and data offsets that wrap past 2^64 (the
+  // truncation check once added them to the header's end and wrapped).
+  auto header_only = [&](const std::string& name, const std::string& json) {
+    std::string bytes(8, '\0');
+    const uint64_t n = json.size();
+    std::memcpy(bytes.data(), &n, 8);
+    return write(name, bytes + json);
+  };
+  const std::string huge = header_only(
+      "huge.safetensors", R"({"wte.weight":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,0]}})");
+  expect_error([&] { import_model_file(huge, cfg, dir + "/o1", {}); }, ErrorKind::Data,
+               {"huge.safetensors", "tensor 'wte.weight' has shape", "more bytes than any file holds"});
+  const std::string wrap = header_only(
+      "wrap.safetensors",
+      R"({"wte.weight":{"dtype":"U8","shape":[4],"data_offsets":[18446744073709551610,18446744073709551614]}})");
+  expect_error([&] { import_model_file(wrap, cfg, dir + "/o1", {}); }, ErrorKind::Data,
+               {"wrap.safetensors", "is truncated: tensor 'wte.weight' ends at byte 18446744073709551614"});
   EXPECT_FALSE(fs::exists(dir + "/o1")) << "a failed import leaves nothing behind";
   EXPECT_FALSE(fs::exists(dir + "/o1.converting"));
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -30,10 +31,21 @@ std::unique_ptr<Gpt2Tokenizer> load_or_null() {
   return Gpt2Tokenizer::load(dir);
 }
 
-#define LOAD_GPT2_OR_SKIP(tok)                                                                       \
-  std::unique_ptr<Gpt2Tokenizer> tok = load_or_null();                                               \
-  if (!tok)                                                                                          \
-  GTEST_SKIP() << "GPT-2 vocabulary not installed in " << Gpt2Tokenizer::default_vocab_dir() \
+// Whether a missing vocabulary fails the test instead of skipping it:
+// XIRANG_REQUIRE_VOCAB=1, which tools/run_tests.sh sets after tools/setup.sh
+// installed it, so that a broken install cannot hide these tests.
+bool vocab_required() {
+  const char* v = std::getenv("XIRANG_REQUIRE_VOCAB");
+  return v && std::string(v) == "1";
+}
+
+#define LOAD_GPT2_OR_SKIP(tok)                                                                            \
+  std::unique_ptr<Gpt2Tokenizer> tok = load_or_null();                                                    \
+  if (!tok && vocab_required())                                                                           \
+    FAIL() << "GPT-2 vocabulary not installed in " << Gpt2Tokenizer::default_vocab_dir()                  \
+           << " and XIRANG_REQUIRE_VOCAB=1 (tools/setup.sh installs it)";                                  \
+  if (!tok)                                                                                               \
+  GTEST_SKIP() << "GPT-2 vocabulary not installed in " << Gpt2Tokenizer::default_vocab_dir()              \
                << " (tools/setup.sh installs it)"
 
 std::string read_asset(const std::string& name) {

@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/device_memory.h"
 #include "runtime/checkpoint/checkpoint_convert.h"
 #include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/config.h"
@@ -151,14 +152,17 @@ TEST(Trainer, ThreadCountDoesNotChangeTheResult) {
   EXPECT_EQ(flat_params(a), flat_params(b));
 }
 
-// Slow storage (20 ms per sample read, injected) with compute slower than
+// Slow storage (injected delay per sample read) with compute slower than
 // reading: prefetching hides the reads after warm-up; reading on demand does
-// not. The on-demand check is absolute (each step reads its 8 samples on the
-// caller's thread: at least 8 x 20 ms of waiting), so a machine slowed by
-// other work, which makes compute longer, cannot make it pass or fail.
+// not. The bounds are counts and the injected sleeps, not shares of the step
+// time, so that a machine slowed by other work cannot break them: on demand,
+// each step reads its 8 samples on the caller's thread (at least 8 delays of
+// waiting, absolute); with prefetching, a step waits as long as one sample's
+// read only when the loader fell a whole read behind (one such step of the
+// measured four is allowed), and the waits are a small part of the reads.
 TEST(Trainer, PrefetchHidesSlowReads) {
   struct Waits {
-    double share = 0;        // of the step time, after warm-up
+    std::vector<double> ms;  // per step, after warm-up
     double per_step_ms = 0;  // mean, after warm-up
     double step_ms = 0;      // mean, after warm-up
   };
@@ -168,13 +172,17 @@ TEST(Trainer, PrefetchHidesSlowReads) {
                             "data.prefetch_min=4", std::string("data.prefetch=") + (prefetch ? "true" : "false")}),
               quiet());
     TrainResult r = t.run();
+    Waits w;
     double wait = 0, total = 0;
     for (size_t i = 2; i < r.steps.size(); ++i) {  // after two warm-up steps
+      w.ms.push_back(r.steps[i].data_wait_ms);
       wait += r.steps[i].data_wait_ms;
       total += r.steps[i].step_ms;
     }
     const double n = double(r.steps.size() - 2);
-    return Waits{wait / total, wait / n, total / n};
+    w.per_step_ms = wait / n;
+    w.step_ms = total / n;
+    return w;
   };
   // Prefetching can hide reads only while the loader keeps up: its two
   // threads read a step's 8 sequences in 8 x delay / 2 ms, which must stay
@@ -184,8 +192,10 @@ TEST(Trainer, PrefetchHidesSlowReads) {
   const double compute_ms = measure(true, 0).step_ms;
   const double delay_ms = std::clamp(0.4 * compute_ms * 2 / 8, 1.0, 20.0);
   const Waits on = measure(true, delay_ms), off = measure(false, delay_ms);
-  EXPECT_LT(on.share, 0.02) << "prefetching left " << 100 * on.share << "% of the step waiting for data (reads of "
-                            << delay_ms << " ms a sequence, compute " << compute_ms << " ms a step)";
+  const auto behind = std::count_if(on.ms.begin(), on.ms.end(), [&](double ms) { return ms >= delay_ms; });
+  EXPECT_LE(behind, 1) << "prefetching left " << behind << " of " << on.ms.size()
+                       << " steps waiting a whole read or more (reads of " << delay_ms << " ms a sequence, compute "
+                       << compute_ms << " ms a step)";
   EXPECT_GT(off.per_step_ms, 0.95 * 8 * delay_ms) << "reading on demand waited only " << off.per_step_ms
                                                  << " ms a step: the test's delay did not bite";
   EXPECT_LT(on.per_step_ms, 0.25 * off.per_step_ms) << "prefetching hid less than 75% of the reads";
@@ -711,7 +721,10 @@ TEST(Trainer, CheckpointsCrossPrecisions) {
   EXPECT_LT(h.run().losses.back(), 5.5);
 }
 
+// Where a device is visible (and the build has the backend) the run would
+// start, so the refusal cannot be tested there.
 TEST(Trainer, CudaBackendWithoutADeviceIsRefused) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is visible: device.backend=cuda is not refused here";
   try {
     Trainer t(debug_config({"device.backend=cuda"}), quiet());
     FAIL() << "device.backend=cuda started without a GPU";
