@@ -226,7 +226,9 @@ TEST(MpiCollectives, DurationCountsTheWaitForALatePeer) {
   const double wall_ms = wall.ms();
   EXPECT_GT(w->duration_ms(), 0.0);
   EXPECT_LE(w->duration_ms(), wall_ms);
-  if (c.rank() != late) EXPECT_GE(w->duration_ms(), 50.0) << "the wait for the late rank is not in the duration";
+  if (c.rank() != late) {
+    EXPECT_GE(w->duration_ms(), 50.0) << "the wait for the late rank is not in the duration";
+  }
   expect_matches(b, 0, b.n, want_of(DType::F32, ReduceOp::Sum, 6, c.size()), tol_of(DType::F32, ReduceOp::Sum, 6, c.size()));
 }
 
