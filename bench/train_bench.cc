@@ -22,6 +22,7 @@
 
 #include "bench/bench_util.h"
 #include "core/omp_wait.h"
+#include "kernels/matmul.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/trainer.h"
@@ -158,7 +159,8 @@ int main(int argc, char** argv) {
     const fs::path dir = fs::temp_directory_path() / ("xirang_bench_" + std::to_string(::getpid()));
     bench::write_random_tokens((dir / "train").string(), "gpt2", 50257, 1 << 20, 1);
     const double peak = measure_sgemm_flops(1024, 1.0);
-    std::printf("sgemm peak measured in this run: %.1f GFLOP/s\n", peak / 1e9);
+    std::printf("sgemm peak measured in this run: %.1f GFLOP/s; CPU GEMM path: %s\n", peak / 1e9,
+                cpu_gemm_path().c_str());
     if (overhead.empty())
       std::printf("| B x T | tokens/step | step ms (median) | tokens/s | MFU vs sgemm |\n|---|---|---|---|---|\n");
     else

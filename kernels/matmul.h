@@ -13,9 +13,19 @@
 //   linear_backward(ctx, dx, dw, db, dy, x, w, GradMode::Overwrite);
 #pragma once
 
+#include <string>
+
 #include "kernels/context.h"
 
 namespace xirang {
+
+// The CPU's GEMM path in this process and how it was chosen, one line, e.g.
+// "onednn (auto: CPU: AVX-512 with BF16, kernels generated for it by oneDNN)";
+// kernels/cpu/gemm.h has the paths and XIRANG_CPU_GEMM.
+std::string cpu_gemm_path();
+// Sets it as XIRANG_CPU_GEMM=setting would (auto, openblas, onednn); only
+// while no product runs.
+void set_cpu_gemm_path(const std::string& setting);
 
 // out (M, N) = alpha * op(a) op(b) + beta * out, op = transpose when trans_*.
 // All three tensors share the dtype (F32, F64, BF16 or F16).

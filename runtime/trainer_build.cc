@@ -11,6 +11,7 @@
 #include "core/clock.h"
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
+#include "kernels/matmul.h"
 #include "runtime/baseline.h"
 #include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/model_layout.h"
@@ -338,6 +339,7 @@ void Trainer::print_run() const {
                cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero ? " (ZeRO-1)" : "",
                cfg_.parallel.pp > 1 ? str_cat(" ", schedule_name(schedule_kind_)).c_str() : "", cfg_.train.steps,
                tokens_per_step(), peak_.flops / 1e9, peak_.source.c_str());
+  if (device_ == Device::CPU) std::fprintf(stderr, "cpu gemm: %s\n", cpu_gemm_path().c_str());
 }
 
 }  // namespace xirang

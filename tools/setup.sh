@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libopenblas-dev libopenmpi-dev openmpi-bin libhdf5-dev
+  # CPU GEMM paths (kernels/cpu/gemm.h): OpenBLAS's OpenMP build, and oneDNN.
+  libopenblas-openmp-dev libdnnl-dev
   libyaml-cpp-dev libpcre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libcpp-httplib-dev prometheus curl
   fortunes fortunes-min gnuplot-nox

@@ -6,12 +6,11 @@
 //                           GemmTiles::for_shape(M, N, K));
 #pragma once
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <type_traits>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/gemm.h"
 
 namespace xirang::cpu {
 
@@ -33,12 +32,6 @@ struct GemmTiles {
     return t;
   }
 };
-
-inline void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-              ldb, beta, C, ldc);
-}
 
 // Rows [r0, r1) x columns [c0, c1) of a row-major 16-bit matrix (leading
 // dimension ld) widened into a dense float tile. Parallel over rows; the

@@ -1,5 +1,5 @@
-// CPU matrix products through CBLAS (OpenBLAS). F32 and F64 call sgemm and
-// dgemm on the tensors; BF16 and F16 convert tiles of the operands to float
+// CPU matrix products. F32 calls cpu::sgemm (OpenBLAS or oneDNN, chosen at
+// run time: kernels/cpu/gemm.h) and F64 OpenBLAS's dgemm on the tensors; BF16 and F16 convert tiles of the operands to float
 // scratch, call sgemm and round each result once when storing it.
 #include "kernels/matmul.h"
 
@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_16bit.h"
 #include "kernels/elementwise.h"
 
@@ -24,11 +25,11 @@ namespace {
 template <class T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
           T beta, T* C, int64_t ldc) {
-  auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cpu::sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   else
-    cblas_dgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
+                B, ldb, beta, C, ldc);
 }
 
 void check_2d(const char* op, const char* what, const Tensor& t) {
@@ -36,6 +37,9 @@ void check_2d(const char* op, const char* what, const Tensor& t) {
 }
 
 }  // namespace
+
+std::string cpu_gemm_path() { return std::string(cpu::gemm_path().name) + " (" + cpu::gemm_path().why + ")"; }
+void set_cpu_gemm_path(const std::string& setting) { cpu::set_gemm_path(setting); }
 
 void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b,
             double alpha, double beta) {
