@@ -426,7 +426,7 @@ void flash_backward_impl(const Dims& d, S* pd, const S* pdo, const S* pqkv, cons
 
 // ---------------------------------------------------------------- blocked F32 compute (F32, BF16, F16)
 //
-// The F32-compute flash pair works on blocks of kQBlock query rows: the
+// The F32-compute flash pair works on blocks of kQBlock (32) query rows: the
 // block's scores against all the keys it may see (causal: keys 0..last
 // row) are one matrix product, its softmax a row pass, its output (or, in
 // backward, its dV, dK and dQ contributions) more matrix products. Products
@@ -438,7 +438,7 @@ void flash_backward_impl(const Dims& d, S* pd, const S* pdo, const S* pqkv, cons
 // column count is a multiple of 16; padding contributes exact zeros.
 namespace blocked {
 
-constexpr int64_t kQBlock = 64;
+constexpr int64_t kQBlock = 32;
 constexpr int64_t kMR = 6;
 
 inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
