@@ -294,7 +294,15 @@ void cross_entropy_shard_max(const KernelContext& ctx, Tensor row_max, const Ten
       // -inf is the identity of the Max all-reduce, so a shard without real
       // columns leaves the global max to the others.
       T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < n_real; ++j) mx = std::max(mx, load(row[j]));
+      if constexpr (std::is_same_v<S, float>) {  // eight lanes (a NaN logit is skipped, as below)
+        __m256 m = _mm256_set1_ps(mx);
+        int64_t j = 0;
+        for (; j + 8 <= n_real; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(row + j), m);
+        mx = cpu::hmax8f(m);
+        for (; j < n_real; ++j) mx = std::max(mx, row[j]);
+      } else {
+        for (int64_t j = 0; j < n_real; ++j) mx = std::max(mx, load(row[j]));
+      }
       pm[i] = mx;
     }
   });
