@@ -5,6 +5,12 @@
 // OpenMP region rather than calling BLAS there, so OpenBLAS's own threads
 // never nest inside ours.
 //
+// The flash pair with F32, BF16 or F16 storage runs the blocked path
+// (namespace blocked below: query blocks as AVX2/FMA matrix products); F64
+// and the probability-based pair keep the row-at-a-time loops.
+//
+//   flash_attention_forward(ctx, out, lse, qkv, n_head, n_kv_head);
+//
 // A task gathers its head's q, k and v (T rows of D, a qkv row apart) into
 // contiguous per-thread scratch in the compute type, accumulates
 // the head's gradients there and writes them back at the end, rounding once

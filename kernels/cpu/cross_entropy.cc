@@ -2,6 +2,14 @@
 // vocabulary-parallel form (max, sums, finish) for a shard of the columns.
 // 16-bit logits are widened to float; losses and row statistics are then F32
 // and each gradient element is rounded once, the target's included.
+//
+// F32, BF16 and F16 rows are read from memory once: a per-lane running max
+// and sum of exponentials (cpu::exp8f, sums in double), then the gradient
+// from the row still in cache, written over the logits when dlogits aliases
+// them (as the model calls it). One row per loop iteration, so each row's
+// result is the same whatever the thread count. F64 keeps its double path.
+//
+//   cross_entropy_forward_backward(ctx, losses, logits, logits, targets, vocab_size, 1.0 / N);
 #include "kernels/cross_entropy.h"
 
 #include <immintrin.h>

@@ -159,8 +159,9 @@ TYPED_TEST(FlashWideTest, IndependentOfThreadCount) {
 
 // Long rows for the blocked F32 path (query blocks of 32 rows, key columns
 // padded to 16, head width padded to 16): T = 200 (six full blocks and one
-// of 8 rows, T not a multiple of 16) with D = 64, and T = 131 with D = 20. Same tolerances as the short shapes: each output is still one
-// fp32 computation of O(1) values, now with 64-term dot products and up to
+// of 8 rows, T not a multiple of 16) with D = 64, and T = 131 with D = 20.
+// Same tolerances as the short shapes: each output is still one fp32
+// computation of O(1) values, now with 64-term dot products and up to
 // 200-term sums over keys (relative rounding ~sqrt(n) u, under 1e-6).
 TEST(FlashLongTest, ManyQueryBlocksAgainstReference) {
   for (const AttnShape& a : {AttnShape{2, 200, 128, 2}, AttnShape{1, 131, 40, 2}}) {
