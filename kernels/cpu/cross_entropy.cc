@@ -2,14 +2,27 @@
 // vocabulary-parallel form (max, sums, finish) for a shard of the columns.
 // 16-bit logits are widened to float; losses and row statistics are then F32
 // and each gradient element is rounded once, the target's included.
+//
+// F32, BF16 and F16 rows are read from memory once: a per-lane running max
+// and sum of exponentials (cpu::exp8f, sums in double), then the gradient
+// from the row still in cache, written over the logits when dlogits aliases
+// them (as the model calls it). One row per loop iteration, so each row's
+// result is the same whatever the thread count. F64 keeps its double path.
+//
+//   cross_entropy_forward_backward(ctx, losses, logits, logits, targets, vocab_size, 1.0 / N);
 #include "kernels/cross_entropy.h"
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/vexp.h"
+#include "kernels/cpu/vexpf.h"
 
 namespace xirang {
 
@@ -21,47 +34,166 @@ using cpu::store;
 
 namespace {
 
+// ---------------------------------------------------------------- F64
+
 // dlogits row (n columns, may alias the logits row) = (softmax - onehot(t)) * dloss,
-// t < 0 when the row's target is elsewhere. F32 and F64 subtract dloss from the
-// stored target entry (as they always have); 16-bit forms the target's
-// value in double so that it too is rounded only once.
-// Blocks of a row whose exponentials are taken together (cpu::exp_in_place),
-// from a buffer on the stack.
+// t < 0 when the row's target is elsewhere; F64 subtracts dloss from the
+// stored target entry. Blocks of a row whose exponentials are taken
+// together (cpu::exp_in_place), from a buffer on the stack.
 constexpr int64_t kExpBlock = 256;
 
-template <class S>
-void softmax_gradient_row(const S* row, S* drow, int64_t n, int64_t t, double logz, double dloss) {
+void softmax_gradient_row(const double* row, double* drow, int64_t n, int64_t t, double logz, double dloss) {
   double e[kExpBlock];
   for (int64_t j0 = 0; j0 < n; j0 += kExpBlock) {
     const int64_t m = std::min(kExpBlock, n - j0);
-    for (int64_t j = 0; j < m; ++j) e[j] = double(load(row[j0 + j])) - logz;
+    for (int64_t j = 0; j < m; ++j) e[j] = row[j0 + j] - logz;
     cpu::exp_in_place(e, m);
-    for (int64_t j = 0; j < m; ++j) {
-      double g = e[j] * dloss;
-      if constexpr (is_16bit_v<S>)
-        if (j0 + j == t) g -= dloss;
-      drow[j0 + j] = store<S>(g);
-    }
+    for (int64_t j = 0; j < m; ++j) drow[j0 + j] = e[j] * dloss;
   }
-  if constexpr (!is_16bit_v<S>)
-    if (t >= 0) drow[t] -= S(dloss);
+  if (t >= 0) drow[t] -= dloss;
 }
 
-// sum over j < n of e^(x_j - mx), added in order in double; `shift` is
-// applied in T (x_j - mx rounded to T, as the unsharded loss does) or in
-// double (the shards').
-template <class S, class T, bool kShiftInT>
-double sum_exp_row(const S* row, int64_t n, T mx) {
+// sum over j < n of e^(x_j - mx), added in order in double.
+double sum_exp_row(const double* row, int64_t n, double mx) {
   double e[kExpBlock];
   double sum = 0;
   for (int64_t j0 = 0; j0 < n; j0 += kExpBlock) {
     const int64_t m = std::min(kExpBlock, n - j0);
-    for (int64_t j = 0; j < m; ++j)
-      e[j] = kShiftInT ? double(load(row[j0 + j]) - mx) : double(load(row[j0 + j])) - double(mx);
+    for (int64_t j = 0; j < m; ++j) e[j] = row[j0 + j] - mx;
     cpu::exp_in_place(e, m);
     for (int64_t j = 0; j < m; ++j) sum += e[j];
   }
   return sum;
+}
+
+// ---------------------------------------------------------------- F32, BF16, F16
+//
+// The float paths read a row in blocks of kBlock floats (eight AVX vectors),
+// 16-bit blocks widened into a stack buffer first. Exponentials are
+// cpu::exp8f of float arguments <= 0; the row sums are kept in double.
+
+constexpr int64_t kBlock = 64;
+
+// Block j0 of a row of n values as kBlock floats: the row itself (F32, full
+// block), else `buf` filled with the widened values and padded with -inf
+// (whose exponentials are 0).
+template <class S>
+const float* float_block(const S* row, int64_t j0, int64_t n, float* buf) {
+  const int64_t m = std::min(kBlock, n - j0);
+  if constexpr (std::is_same_v<S, float>)
+    if (m == kBlock) return row + j0;
+  cpu::load_row(row + j0, buf, m);
+  std::fill(buf + m, buf + kBlock, -std::numeric_limits<float>::infinity());
+  return buf;
+}
+
+// A row's softmax statistics: its max and lse = log sum_j e^(x_j - max).
+struct RowStats {
+  float max;
+  double lse;
+};
+
+// One read of the row (n >= 1 values): a running max and sum per lane (the
+// sum rescaled in double when its lane's max grows), combined at the end.
+// The order of operations depends on n alone, not on the thread. A NaN
+// logit makes lse NaN (its exponential enters the sum).
+template <class S>
+RowStats row_stats(const S* row, int64_t n) {
+  alignas(32) float buf[kBlock];
+  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::max());
+  __m256d s_lo = _mm256_setzero_pd(), s_hi = _mm256_setzero_pd();
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const float* x = float_block(row, j0, n, buf);
+    __m256 v[kBlock / 8];
+    __m256 bm = m;
+    for (int k = 0; k < kBlock / 8; ++k) {
+      v[k] = _mm256_loadu_ps(x + 8 * k);
+      bm = _mm256_max_ps(v[k], bm);  // a NaN v lane keeps bm
+    }
+    if (_mm256_movemask_ps(_mm256_cmp_ps(bm, m, _CMP_GT_OQ))) {
+      // The lanes whose max grew scale their sums by e^(old - new) (1 elsewhere).
+      using cpu::vexp_detail::D4;
+      D4 f_lo, f_hi;
+      const __m256d d_lo = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(m)),
+                                         _mm256_cvtps_pd(_mm256_castps256_ps128(bm)));
+      const __m256d d_hi = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(m, 1)),
+                                         _mm256_cvtps_pd(_mm256_extractf128_ps(bm, 1)));
+      std::memcpy(&f_lo, &d_lo, sizeof f_lo);
+      std::memcpy(&f_hi, &d_hi, sizeof f_hi);
+      f_lo = cpu::vexp_detail::exp4(f_lo);
+      f_hi = cpu::vexp_detail::exp4(f_hi);
+      __m256d g_lo, g_hi;
+      std::memcpy(&g_lo, &f_lo, sizeof g_lo);
+      std::memcpy(&g_hi, &f_hi, sizeof g_hi);
+      s_lo = _mm256_mul_pd(s_lo, g_lo);
+      s_hi = _mm256_mul_pd(s_hi, g_hi);
+      m = bm;
+    }
+    __m256 acc = _mm256_setzero_ps();
+    for (int k = 0; k < kBlock / 8; ++k) acc = _mm256_add_ps(acc, cpu::exp8f(_mm256_sub_ps(v[k], m)));
+    s_lo = _mm256_add_pd(s_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(acc)));
+    s_hi = _mm256_add_pd(s_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(acc, 1)));
+  }
+  alignas(32) float ml[8];
+  alignas(32) double sl[8];
+  _mm256_store_ps(ml, m);
+  _mm256_store_pd(sl, s_lo);
+  _mm256_store_pd(sl + 4, s_hi);
+  const float mx = *std::max_element(ml, ml + 8);
+  double sum = 0;
+  for (int l = 0; l < 8; ++l) sum += sl[l] * std::exp(double(ml[l]) - double(mx));
+  return {mx, std::log(sum)};
+}
+
+// sum over j < n of e^(x_j - mx) for a given mx >= every x_j: each block's
+// eight-lane float sum is added in double.
+template <class S>
+double sum_exp_shifted(const S* row, int64_t n, float mx) {
+  alignas(32) float buf[kBlock];
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256d s_lo = _mm256_setzero_pd(), s_hi = _mm256_setzero_pd();
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const float* x = float_block(row, j0, n, buf);
+    __m256 acc = _mm256_setzero_ps();
+    for (int k = 0; k < kBlock / 8; ++k)
+      acc = _mm256_add_ps(acc, cpu::exp8f(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * k), vmx)));
+    s_lo = _mm256_add_pd(s_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(acc)));
+    s_hi = _mm256_add_pd(s_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(acc, 1)));
+  }
+  alignas(32) double sl[8];
+  _mm256_store_pd(sl, s_lo);
+  _mm256_store_pd(sl + 4, s_hi);
+  double sum = 0;
+  for (double v : sl) sum += v;
+  return sum;
+}
+
+// dlogits row (n columns, may alias the logits row: each block is read
+// before it is written) = (softmax - onehot(t)) * dloss with softmax_j =
+// e^((x_j - max) - lse) in float, t < 0 when the row's target is elsewhere.
+// F32 subtracts dloss from the stored target entry; 16-bit subtracts it in
+// float and rounds each entry once.
+template <class S>
+void softmax_gradient_row(const S* row, S* drow, int64_t n, int64_t t, float mx, float lse, float dloss) {
+  alignas(32) float buf[kBlock];
+  const __m256 vmx = _mm256_set1_ps(mx), vlse = _mm256_set1_ps(lse), vdl = _mm256_set1_ps(dloss);
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - j0);
+    const float* x = float_block(row, j0, n, buf);
+    float* g = (std::is_same_v<S, float> && m == kBlock) ? reinterpret_cast<float*>(drow + j0) : buf;
+    for (int k = 0; k < kBlock / 8; ++k) {
+      const __m256 e = cpu::exp8f(_mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * k), vmx), vlse));
+      _mm256_storeu_ps(g + 8 * k, _mm256_mul_ps(e, vdl));
+    }
+    if constexpr (is_16bit_v<S>) {
+      if (t >= j0 && t < j0 + m) buf[t - j0] -= dloss;
+      cpu::store_row(buf, drow + j0, m);
+    } else if (g == buf) {
+      std::copy(buf, buf + m, drow + j0);
+    }
+  }
+  if constexpr (!is_16bit_v<S>)
+    if (t >= 0) drow[t] -= dloss;
 }
 
 }  // namespace
@@ -96,17 +228,20 @@ void cross_entropy_forward_backward(const KernelContext& ctx, Tensor losses, Ten
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
       const S* row = pl + i * Vp;
-      T mx = load(row[0]);
-      for (int64_t j = 1; j < vocab_size; ++j) mx = std::max(mx, load(row[j]));
-      const double sum = sum_exp_row<S, T, true>(row, vocab_size, mx);
-      double logz = std::log(sum) + double(mx);
-      T target_logit = load(row[tg[i]]);
-      pls[i] = T(logz - double(target_logit));
-      if (pd) {
-        S* drow = pd + i * Vp;  // may alias row: each element is read before it is written
-        softmax_gradient_row(row, drow, vocab_size, tg[i], logz, dloss);
-        std::fill(drow + vocab_size, drow + Vp, S{});
+      S* drow = pd ? pd + i * Vp : nullptr;  // may alias row
+      const T target_logit = load(row[tg[i]]);
+      if constexpr (std::is_same_v<S, double>) {
+        double mx = row[0];
+        for (int64_t j = 1; j < vocab_size; ++j) mx = std::max(mx, row[j]);
+        const double logz = std::log(sum_exp_row(row, vocab_size, mx)) + mx;
+        pls[i] = logz - target_logit;
+        if (drow) softmax_gradient_row(row, drow, vocab_size, tg[i], logz, dloss);
+      } else {
+        const RowStats st = row_stats(row, vocab_size);
+        pls[i] = T(double(st.max) + st.lse - double(target_logit));
+        if (drow) softmax_gradient_row(row, drow, vocab_size, tg[i], st.max, float(st.lse), float(dloss));
       }
+      if (drow) std::fill(drow + vocab_size, drow + Vp, S{});
     }
   });
 }
@@ -167,7 +302,15 @@ void cross_entropy_shard_max(const KernelContext& ctx, Tensor row_max, const Ten
       // -inf is the identity of the Max all-reduce, so a shard without real
       // columns leaves the global max to the others.
       T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < n_real; ++j) mx = std::max(mx, load(row[j]));
+      if constexpr (std::is_same_v<S, float>) {  // eight lanes (a NaN logit is skipped, as below)
+        __m256 m = _mm256_set1_ps(mx);
+        int64_t j = 0;
+        for (; j + 8 <= n_real; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(row + j), m);
+        mx = cpu::hmax8f(m);
+        for (; j < n_real; ++j) mx = std::max(mx, row[j]);
+      } else {
+        for (int64_t j = 0; j < n_real; ++j) mx = std::max(mx, load(row[j]));
+      }
       pm[i] = mx;
     }
   });
@@ -196,7 +339,9 @@ void cross_entropy_shard_sums(const KernelContext& ctx, Tensor sums, const Tenso
     for (int64_t i = 0; i < N; ++i) {
       const S* row = pl + i * Vs;
       // Summed in double: a shard's partial sum is rounded to T once, when stored.
-      const double sum = sum_exp_row<S, T, false>(row, n_real, pm[i]);
+      double sum;
+      if constexpr (std::is_same_v<S, double>) sum = sum_exp_row(row, n_real, pm[i]);
+      else sum = sum_exp_shifted(row, n_real, pm[i]);
       const int64_t t = int64_t(tg[i]) - vocab_begin;
       // The target logit travels in the Sum all-reduce: exactly one shard
       // holds the target, every other one contributes 0.
@@ -241,7 +386,11 @@ void cross_entropy_shard_finish(const KernelContext& ctx, Tensor losses, Tensor 
       const S* row = pl + i * Vs;
       S* drow = pd + i * Vs;  // may alias row: each element is read before it is written
       const int64_t t = int64_t(tg[i]) - vocab_begin;
-      softmax_gradient_row(row, drow, n_real, (t >= 0 && t < n_real) ? t : -1, logz, dloss);
+      const int64_t tl = (t >= 0 && t < n_real) ? t : -1;
+      if constexpr (std::is_same_v<S, double>)
+        softmax_gradient_row(row, drow, n_real, tl, logz, dloss);
+      else
+        softmax_gradient_row(row, drow, n_real, tl, pm[i], float(std::log(double(ps[2 * i]))), float(dloss));
       std::fill(drow + n_real, drow + Vs, S{});
     }
   });

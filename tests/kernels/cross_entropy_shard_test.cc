@@ -204,6 +204,23 @@ TYPED_TEST(CrossEntropyShardTest, LossesOnly) {
 
 // Targets are global ids: one in the padding (or negative) is a data error
 // naming the phase and the value, even on a shard that does not hold it.
+// The row max is exact: the largest real column wherever it sits (every
+// position of a 45-column shard with 37 real columns: lanes of eight and the
+// tail), the padding ignored. (The losses alone would not notice a smaller
+// max: the softmax is shift invariant.)
+TEST(CrossEntropyShardMax, ExactWhereverTheMaxSits) {
+  KernelContext ctx;
+  const int64_t w = 45, n_real = 37, N = n_real;
+  std::vector<float> logits = cast_vec<float>(randn(N * w, 451));
+  for (int64_t i = 0; i < N; ++i) {
+    logits[i * w + i] = 9.5f + 0.01f * float(i);        // row i's max at column i
+    for (int64_t j = n_real; j < w; ++j) logits[i * w + j] = 50.f;  // padding
+  }
+  std::vector<float> m(N);
+  cross_entropy_shard_max(ctx, view(m, {N}), view(logits, {N, w}), 100, 100 + n_real);
+  for (int64_t i = 0; i < N; ++i) EXPECT_EQ(m[i], 9.5f + 0.01f * float(i)) << "row " << i;
+}
+
 TEST(CrossEntropyShardErrors, TargetOutsideVocabularyIsADataError) {
   KernelContext ctx;
   std::vector<float> logits(4 * 128, 0.5f), row_max(4, 0.5f), sums(4 * 2, 1.0f), losses(4);

@@ -5,6 +5,8 @@
 // fp32 tolerance: 1e-5 of max(1, max|ref|). The loss is a log-sum-exp over
 // V = 300 entries (relative error ~1e-6 with the max subtracted); each
 // gradient entry is one softmax value minus the one-hot, times dloss.
+#include <omp.h>
+
 #include <cmath>
 
 #include "kernels/cross_entropy.h"
@@ -145,6 +147,56 @@ TEST(CrossEntropyGradCheck, FiniteDifferences) {
   cross_entropy_forward_backward(ctx, view(losses, {N}), view(dlogits, {N, Vp}), view(logits, {N, Vp}),
                                  view(targets, {N}), V, dloss);
   EXPECT_LT(normwise_error(numeric_gradient(logits, h, loss), dlogits), 1e-6);
+}
+
+// A GPT-2-sized row (V = 50257, not a multiple of the kernel's 64-value
+// blocks, padded to 50304) in F32, with two rows whose max grows in every
+// block (the running per-lane max is rescaled again and again) and one whose
+// max is the very last real column; losses and gradient against float64.
+TEST(CrossEntropyLongRows, GptVocabularyAgainstReference) {
+  const int64_t N = 6, Vp = 50304, V = 50257;
+  KernelContext ctx;
+  Vec l64 = randn(N * Vp, 431, 2.0);
+  for (int64_t j = 0; j < V; ++j) {
+    l64[j] = 0.001 * double(j);                   // rising: a new max in every block
+    l64[Vp + j] = 40.0 * double(j) / double(V);   // rising steeply
+  }
+  l64[2 * Vp + V - 1] = 30.0;                     // the max in the tail block
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = V; j < Vp; ++j) l64[n * Vp + j] = 1e4;  // padding never enters
+  std::vector<float> logits = cast_vec<float>(l64);
+  auto targets = rand_int(N, 432, 0, int32_t(V));
+  targets[2] = int32_t(V - 1);
+  const double dloss = 0.25;
+  std::vector<float> losses(N), dlogits(N * Vp);
+  cross_entropy_forward_backward(ctx, view(losses, {N}), view(dlogits, {N, Vp}), view(logits, {N, Vp}),
+                                 view(targets, {N}), V, dloss);
+  CrossEntropyOut r = ref_cross_entropy(to_f64(logits), targets, N, Vp, V, dloss);
+  expect_near(losses, r.losses, tol<float>(kTolF32), "losses");
+  Vec got = to_f64(dlogits), want = r.dlogits;
+  for (double& x : got) x /= dloss;
+  for (double& x : want) x /= dloss;
+  expect_near(got, want, tol<float>(kTolF32), "dlogits / dloss");
+}
+
+// Each row's loss and gradient are the same bits whatever the thread count.
+TEST(CrossEntropyDeterminism, IndependentOfThreadCount) {
+  const int64_t N = 29, Vp = 1000, V = 997;
+  KernelContext ctx;
+  std::vector<float> logits = cast_vec<float>(randn(N * Vp, 441, 3.0));
+  auto targets = rand_int(N, 442, 0, int32_t(V));
+  const int saved = omp_get_max_threads();
+  std::vector<float> losses[2], dlogits[2];
+  for (int k = 0; k < 2; ++k) {
+    omp_set_num_threads(k == 0 ? 1 : 3);
+    losses[k].assign(N, 0.f);
+    dlogits[k].assign(N * Vp, 0.f);
+    cross_entropy_forward_backward(ctx, view(losses[k], {N}), view(dlogits[k], {N, Vp}), view(logits, {N, Vp}),
+                                   view(targets, {N}), V, 0.5);
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(dlogits[0], dlogits[1]);
 }
 
 TEST(CrossEntropyErrors, VocabWiderThanLogitsNamesTheOp) {

@@ -157,6 +157,46 @@ TYPED_TEST(FlashWideTest, IndependentOfThreadCount) {
   EXPECT_EQ(one.dqkv, three.dqkv);
 }
 
+// Long rows for the blocked F32 path (query blocks of 32 rows, key columns
+// padded to 16, head width padded to 16): T = 200 (six full blocks and one
+// of 8 rows, T not a multiple of 16) with D = 64, and T = 131 with D = 20.
+// Same tolerances as the short shapes: each output is still one fp32
+// computation of O(1) values, now with 64-term dot products and up to
+// 200-term sums over keys (relative rounding ~sqrt(n) u, under 1e-6).
+TEST(FlashLongTest, ManyQueryBlocksAgainstReference) {
+  for (const AttnShape& a : {AttnShape{2, 200, 128, 2}, AttnShape{1, 131, 40, 2}}) {
+    SCOPED_TRACE(testing::Message() << "B " << a.B << " T " << a.T << " C " << a.C << " H " << a.H);
+    auto qkv = cast_vec<float>(randn(a.B * a.T * 3 * a.C, 1541 + a.T));
+    auto dout = cast_vec<float>(randn(a.B * a.T * a.C, 1542 + a.T));
+    auto fl = run_flash(qkv, dout, a);
+    expect_near(fl.out, ref_attention_forward(to_f64(qkv), a.B, a.T, a.C, a.H).out, 1e-5, "out");
+    expect_near(fl.lse, ref_lse(to_f64(qkv), a), 1e-5, "lse");
+    expect_near(fl.dqkv, ref_attention_backward(to_f64(dout), to_f64(qkv), a.B, a.T, a.C, a.H), 1e-5, "dqkv");
+  }
+}
+
+// Bitwise the same with 1 and 3 threads over several query blocks, F32 and BF16.
+template <class T>
+class FlashLongThreads : public ::testing::Test {};
+using LongTypes = ::testing::Types<float, bf16>;
+TYPED_TEST_SUITE(FlashLongThreads, LongTypes);
+
+TYPED_TEST(FlashLongThreads, IndependentOfThreadCount) {
+  using T = TypeParam;
+  const AttnShape a{3, 150, 128, 2};
+  auto qkv = cast_vec<T>(randn(a.B * a.T * 3 * a.C, 1551));
+  auto dout = cast_vec<T>(randn(a.B * a.T * a.C, 1552));
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  auto one = run_flash(qkv, dout, a);
+  omp_set_num_threads(3);
+  auto three = run_flash(qkv, dout, a);
+  omp_set_num_threads(saved);
+  EXPECT_EQ(to_f64(one.out), to_f64(three.out));  // exact widenings: a bitwise comparison
+  EXPECT_EQ(to_f64(one.lse), to_f64(three.lse));
+  EXPECT_EQ(to_f64(one.dqkv), to_f64(three.dqkv));
+}
+
 // Central differences of L = sum(out * R) in float64 against the kernel's
 // F64 flash backward with dout = R, over every element of qkv (the forward
 // recomputed for each perturbation). h = 1e-6: truncation ~1e-12, roundoff
