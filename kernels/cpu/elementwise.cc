@@ -50,7 +50,7 @@ void gelu_forward_block(const S* px, S* py, int64_t n) {
   } else {
     float v[kGeluBlock], t[kGeluBlock];
     double scratch[kGeluBlock];
-    for (int64_t j = 0; j < n; ++j) v[j] = load(px[j]);
+    cpu::load_row(px, v, n);
     for (int64_t j = 0; j < n; ++j) t[j] = float(kGeluC) * (v[j] + 0.044715f * v[j] * v[j] * v[j]);
     tanh_block(t, t, n, scratch);
     for (int64_t j = 0; j < n; ++j) v[j] = 0.5f * v[j] * (1.0f + t[j]);
@@ -73,10 +73,10 @@ void gelu_backward_block(const S* px, const S* pdy, S* pdx, int64_t n) {
   } else {
     float v[kGeluBlock], t[kGeluBlock], d[kGeluBlock];
     double scratch[kGeluBlock];
-    for (int64_t j = 0; j < n; ++j) v[j] = load(px[j]);
+    cpu::load_row(px, v, n);
     for (int64_t j = 0; j < n; ++j) t[j] = float(kGeluC) * (v[j] + 0.044715f * v[j] * v[j] * v[j]);
     tanh_block(t, t, n, scratch);
-    for (int64_t j = 0; j < n; ++j) d[j] = load(pdy[j]);
+    cpu::load_row(pdy, d, n);
     for (int64_t j = 0; j < n; ++j) {
       const float du = float(kGeluC) * (1.0f + float(3 * 0.044715) * v[j] * v[j]);
       const float grad = 0.5f * (1.0f + t[j]) + 0.5f * v[j] * (1.0f - t[j] * t[j]) * du;
