@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/common.h"
-#include "kernels/cpu/vexp.h"
+#include "kernels/cpu/vtanh.h"
 #include "kernels/reduce_checks.h"
 
 namespace xirang {
@@ -25,35 +25,11 @@ constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
 
 namespace {
 
-// GELU runs over blocks of kGeluBlock elements, and tanh(u) for a block is
-// computed in double and rounded to float once: 1 - 2 / (e^{2u} + 1) with
-// e^{2u} from vexp.h (absolute error about 1e-16) for |u| >= 1/8, and the
-// odd Taylor series to u^15 (relative error under 1e-15) below, where the
-// first form would lose the relative accuracy of small results. Over every
-// 7th float |u| < 10 this float is never farther from tanh(u) than libm's
-// tanhf and differs from it in 5% of them (by 1-2 ulp, where tanhf is off).
-// The rest is the float expression of the scalar form; an element's value
-// depends on its input alone, not on the block or thread.
+// GELU runs over blocks of kGeluBlock elements: tanh from vtanh.h (a
+// float within 1 ulp of the exact tanh, vectorized), then the float
+// expression of the scalar form. An element's value depends on its input
+// alone, not on the block or thread.
 constexpr int64_t kGeluBlock = 512;
-
-// t[j] = tanh(u[j]) for j < n (u, t may alias).
-inline void tanh_block(const float* u, float* t, int64_t n, double* scratch) {
-  for (int64_t j = 0; j < n; ++j) scratch[j] = 2.0 * double(u[j]);
-  cpu::exp_in_place(scratch, n);
-  for (int64_t j = 0; j < n; ++j) {
-    const double x = u[j], x2 = x * x;
-    double poly = -929569.0 / 638512875.0;
-    poly = poly * x2 + 21844.0 / 6081075.0;
-    poly = poly * x2 - 1382.0 / 155925.0;
-    poly = poly * x2 + 62.0 / 2835.0;
-    poly = poly * x2 - 17.0 / 315.0;
-    poly = poly * x2 + 2.0 / 15.0;
-    poly = poly * x2 - 1.0 / 3.0;
-    const double small = x + x * x2 * poly;
-    const double large = 1.0 - 2.0 / (scratch[j] + 1.0);
-    t[j] = float(std::fabs(x) < 0.125 ? small : large);
-  }
-}
 
 template <class S>
 void gelu_forward_block(const S* px, S* py, int64_t n) {
@@ -68,7 +44,7 @@ void gelu_forward_block(const S* px, S* py, int64_t n) {
     double scratch[kGeluBlock];
     cpu::load_row(px, v, n);
     for (int64_t j = 0; j < n; ++j) t[j] = float(kGeluC) * (v[j] + 0.044715f * v[j] * v[j] * v[j]);
-    tanh_block(t, t, n, scratch);
+    cpu::tanh_floats(t, t, n, scratch);
     for (int64_t j = 0; j < n; ++j) v[j] = 0.5f * v[j] * (1.0f + t[j]);
     cpu::store_row(v, py, n);
   }
@@ -91,7 +67,7 @@ void gelu_backward_block(const S* px, const S* pdy, S* pdx, int64_t n) {
     double scratch[kGeluBlock];
     cpu::load_row(px, v, n);
     for (int64_t j = 0; j < n; ++j) t[j] = float(kGeluC) * (v[j] + 0.044715f * v[j] * v[j] * v[j]);
-    tanh_block(t, t, n, scratch);
+    cpu::tanh_floats(t, t, n, scratch);
     cpu::load_row(pdy, d, n);
     for (int64_t j = 0; j < n; ++j) {
       const float du = float(kGeluC) * (1.0f + float(3 * 0.044715) * v[j] * v[j]);
