@@ -187,9 +187,10 @@ void zero(const KernelContext& ctx, Tensor x) {
   const size_t bytes = x.bytes();
   // A large fill (the gradient arena, every step) is split over the threads
   // in fixed slices of 32-byte-aligned non-temporal stores: the zeros go to
-  // memory without first reading the lines they replace.
+  // memory without first reading the lines they replace. Below 16 MiB the
+  // tensor may stay in the cache for its next use: a plain memset.
   constexpr size_t kSlice = size_t(1) << 20;
-  if (bytes < 4 * kSlice) {
+  if (bytes < 16 * kSlice) {
     std::memset(p, 0, bytes);
     return;
   }

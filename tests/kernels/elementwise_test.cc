@@ -194,7 +194,7 @@ TEST(SumSquares, LongTensorSameForAnyThreadCount) {
 // elements either side of it keep their values.
 TEST(Zero, LargeUnalignedViewAndItsNeighbours) {
   KernelContext ctx;
-  const int64_t n = (int64_t(5) << 20) / 4 + 13, pad = 3;
+  const int64_t n = (int64_t(17) << 20) / 4 + 13, pad = 3;  // past the 16 MiB of the parallel fill
   std::vector<float> buf(size_t(n + 2 * pad), 0.0f);
   const Vec r = randn(n + 2 * pad, 208);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = float(r[i]) + 10.0f;  // never 0
