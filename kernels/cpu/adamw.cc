@@ -1,4 +1,13 @@
 // CPU AdamW.
+//
+// One pass per parameter: the gradient's storage type G and the model
+// copy's type C are template parameters (the dtype switch is taken once, at
+// the op boundary), so the element loop has no branches and vectorizes. The
+// loop runs over blocks of kBlock elements; a block's updated parameters are
+// rounded into the model copy while they are still in the L1 cache. The
+// arithmetic per element is the same expression, in the same order, for
+// every G and C, and no element depends on another, so the result does not
+// depend on the thread count.
 #include "kernels/adamw.h"
 
 #include <algorithm>
@@ -10,6 +19,76 @@
 namespace xirang {
 
 using cpu::dispatch_float;
+
+namespace {
+
+constexpr int64_t kBlock = 2048;
+
+// The gradient element i of storage type G read as T (exact: widening).
+template <class T, class G>
+inline T grad_value(const G* g, int64_t i) {
+  if constexpr (std::is_same_v<G, bf16>) return T(bf16_to_float(g[i]));
+  else if constexpr (std::is_same_v<G, f16>) return T(cpu::f16_bits_to_float(g[i].bits));
+  else return T(g[i]);
+}
+
+template <class T>
+struct Coefficients {
+  T b1, b2, lr, eps, wd, gs, ic1, ic2;
+};
+
+// Elements [b, e) of one update. The expression is the one AdamW has always
+// used here; keep its order (fp32 results are compared bitwise in
+// tests/kernels/adamw_test.cc).
+template <class T, class G>
+inline void update_range(T* __restrict p, const G* __restrict g, T* __restrict pm, T* __restrict pv,
+                         const Coefficients<T>& k, int64_t b, int64_t e) {
+  const T b1 = k.b1, b2 = k.b2, lr = k.lr, eps = k.eps, wd = k.wd, gs = k.gs, ic1 = k.ic1, ic2 = k.ic2;
+  for (int64_t i = b; i < e; ++i) {
+    T gi = grad_value<T>(g, i) * gs;
+    T mi = b1 * pm[i] + (T(1) - b1) * gi;
+    T vi = b2 * pv[i] + (T(1) - b2) * gi * gi;
+    pm[i] = mi;
+    pv[i] = vi;
+    T update = (mi * ic1) / (std::sqrt(vi * ic2) + eps) + wd * p[i];
+    p[i] -= lr * update;
+  }
+}
+
+// The whole update: C is void without a model copy, else the copy's storage
+// type (float, bf16, f16; T is float then).
+template <class T, class G, class C>
+void update_all(T* p, const G* g, T* pm, T* pv, C* copy, const Coefficients<T>& k, int64_t n) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t b = blk * kBlock, e = std::min(n, b + kBlock);
+    update_range(p, g, pm, pv, k, b, e);
+    if constexpr (!std::is_void_v<C>) {
+      if constexpr (std::is_same_v<C, float>) {
+        if (static_cast<const void*>(copy) != static_cast<const void*>(p)) std::copy(p + b, p + e, copy + b);
+      } else {
+        cpu::store_row(p + b, copy + b, e - b);
+      }
+    }
+  }
+}
+
+template <class T, class G>
+void update_with_copy(T* p, const G* g, T* pm, T* pv, Tensor& model_copy, const Coefficients<T>& k, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (model_copy.defined()) {
+      switch (model_copy.dtype()) {
+        case DType::BF16: return update_all(p, g, pm, pv, model_copy.data<bf16>(), k, n);
+        case DType::F16: return update_all(p, g, pm, pv, model_copy.data<f16>(), k, n);
+        default: return update_all(p, g, pm, pv, model_copy.data<float>(), k, n);
+      }
+    }
+  }
+  update_all(p, g, pm, pv, static_cast<void*>(nullptr), k, n);
+}
+
+}  // namespace
 
 void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s,
                   Tensor model_copy) {
@@ -35,52 +114,22 @@ void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Te
   const double c2 = 1.0 - std::pow(s.beta2, double(s.step));
   dispatch_float(param.dtype(), "adamw_update", [&](auto tag) {
     using T = decltype(tag);
+    const Coefficients<T> k{T(s.beta1), T(s.beta2), T(s.lr), T(s.eps), T(s.weight_decay),
+                            T(s.grad_scale), T(1.0 / c1), T(1.0 / c2)};
     T* p = param.data<T>();
-    // Gradients may be stored in a 16-bit type; they are read through float.
-    auto grad_at = [&](int64_t i) -> T {
-      switch (grad.dtype()) {
-        case DType::BF16: return T(bf16_to_float(static_cast<const bf16*>(grad.raw())[i]));
-        case DType::F16: return T(f16_to_float(static_cast<const f16*>(grad.raw())[i]));
-        case DType::F64: return T(static_cast<const double*>(grad.raw())[i]);
-        default: return T(static_cast<const float*>(grad.raw())[i]);
-      }
-    };
     T* pm = m.data<T>();
     T* pv = v.data<T>();
-    const T b1 = T(s.beta1), b2 = T(s.beta2), lr = T(s.lr), eps = T(s.eps), wd = T(s.weight_decay);
-    const T gs = T(s.grad_scale), ic1 = T(1.0 / c1), ic2 = T(1.0 / c2);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      T gi = grad_at(i) * gs;
-      T mi = b1 * pm[i] + (T(1) - b1) * gi;
-      T vi = b2 * pv[i] + (T(1) - b2) * gi * gi;
-      pm[i] = mi;
-      pv[i] = vi;
-      T update = (mi * ic1) / (std::sqrt(vi * ic2) + eps) + wd * p[i];
-      p[i] -= lr * update;
+    // Gradients may be stored in a 16-bit type; they are read through float.
+    switch (grad.dtype()) {
+      case DType::BF16: return update_with_copy(p, static_cast<const bf16*>(grad.raw()), pm, pv, model_copy, k, n);
+      case DType::F16: return update_with_copy(p, static_cast<const f16*>(grad.raw()), pm, pv, model_copy, k, n);
+      case DType::F64:
+        if constexpr (std::is_same_v<T, double>)
+          return update_with_copy(p, static_cast<const double*>(grad.raw()), pm, pv, model_copy, k, n);
+        else
+          return;  // refused above
+      default: return update_with_copy(p, static_cast<const float*>(grad.raw()), pm, pv, model_copy, k, n);
     }
-    if constexpr (std::is_same_v<T, float>)
-      if (model_copy.defined()) {
-        const float* src = p;
-        switch (model_copy.dtype()) {
-          case DType::BF16: {
-            bf16* d = model_copy.data<bf16>();
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);
-            break;
-          }
-          case DType::F16: {
-            f16* d = model_copy.data<f16>();
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < n; ++i) d[i] = float_to_f16(src[i]);
-            break;
-          }
-          default: {
-            float* d = model_copy.data<float>();
-            if (d != src) std::copy(src, src + n, d);
-          }
-        }
-      }
   });
 }
 

@@ -3,10 +3,13 @@
 // when stored.
 #include "kernels/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/vtanh.h"
 #include "kernels/reduce_checks.h"
 
 namespace xirang {
@@ -20,6 +23,63 @@ namespace {
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
 }
 
+namespace {
+
+// GELU runs over blocks of kGeluBlock elements: tanh from vtanh.h (a
+// float within 1 ulp of the exact tanh, vectorized), then the float
+// expression of the scalar form. An element's value depends on its input
+// alone, not on the block or thread.
+constexpr int64_t kGeluBlock = 512;
+
+template <class S>
+void gelu_forward_block(const S* px, S* py, int64_t n) {
+  using T = compute_t<S>;
+  if constexpr (std::is_same_v<T, double>) {
+    for (int64_t i = 0; i < n; ++i) {
+      T v = px[i];
+      py[i] = T(0.5) * v * (T(1) + std::tanh(T(kGeluC) * (v + T(0.044715) * v * v * v)));
+    }
+  } else {
+    float v[kGeluBlock], t[kGeluBlock];
+    double scratch[kGeluBlock];
+    cpu::load_row(px, v, n);
+    for (int64_t j = 0; j < n; ++j) t[j] = float(kGeluC) * (v[j] + 0.044715f * v[j] * v[j] * v[j]);
+    cpu::tanh_floats(t, t, n, scratch);
+    for (int64_t j = 0; j < n; ++j) v[j] = 0.5f * v[j] * (1.0f + t[j]);
+    cpu::store_row(v, py, n);
+  }
+}
+
+template <class S>
+void gelu_backward_block(const S* px, const S* pdy, S* pdx, int64_t n) {
+  using T = compute_t<S>;
+  if constexpr (std::is_same_v<T, double>) {
+    for (int64_t i = 0; i < n; ++i) {
+      T v = px[i];
+      T u = T(kGeluC) * (v + T(0.044715) * v * v * v);
+      T t = std::tanh(u);
+      T du = T(kGeluC) * (T(1) + T(3 * 0.044715) * v * v);
+      T grad = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du;
+      pdx[i] = pdy[i] * grad;
+    }
+  } else {
+    float v[kGeluBlock], t[kGeluBlock], d[kGeluBlock];
+    double scratch[kGeluBlock];
+    cpu::load_row(px, v, n);
+    for (int64_t j = 0; j < n; ++j) t[j] = float(kGeluC) * (v[j] + 0.044715f * v[j] * v[j] * v[j]);
+    cpu::tanh_floats(t, t, n, scratch);
+    cpu::load_row(pdy, d, n);
+    for (int64_t j = 0; j < n; ++j) {
+      const float du = float(kGeluC) * (1.0f + float(3 * 0.044715) * v[j] * v[j]);
+      const float grad = 0.5f * (1.0f + t[j]) + 0.5f * v[j] * (1.0f - t[j] * t[j]) * du;
+      d[j] = d[j] * grad;
+    }
+    cpu::store_row(d, pdx, n);
+  }
+}
+
+}  // namespace
+
 void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x) {
   OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, gelu_forward(ctx, y, x));
@@ -29,13 +89,13 @@ void gelu_forward(const KernelContext& ctx, Tensor y, const Tensor& x) {
   check_dtype("gelu_forward", "y", y, x.dtype());
   dispatch_storage(x.dtype(), "gelu_forward", [&](auto tag) {
     using S = decltype(tag);
-    using T = compute_t<S>;
     const S* px = x.data<S>();
     S* py = y.data<S>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      T v = load(px[i]);
-      py[i] = store<S>(T(0.5) * v * (T(1) + std::tanh(T(kGeluC) * (v + T(0.044715) * v * v * v))));
+    const int64_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t i = b * kGeluBlock;
+      gelu_forward_block(px + i, py + i, std::min(kGeluBlock, n - i));
     }
   });
 }
@@ -51,18 +111,14 @@ void gelu_backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const 
   check_dtype("gelu_backward", "dy", dy, x.dtype());
   dispatch_storage(x.dtype(), "gelu_backward", [&](auto tag) {
     using S = decltype(tag);
-    using T = compute_t<S>;
     const S* px = x.data<S>();
     const S* pdy = dy.data<S>();
     S* pdx = dx.data<S>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      T v = load(px[i]);
-      T u = T(kGeluC) * (v + T(0.044715) * v * v * v);
-      T t = std::tanh(u);
-      T du = T(kGeluC) * (T(1) + T(3 * 0.044715) * v * v);
-      T grad = T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du;
-      pdx[i] = store<S>(load(pdy[i]) * grad);
+    const int64_t blocks = (n + kGeluBlock - 1) / kGeluBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t i = b * kGeluBlock;
+      gelu_backward_block(px + i, pdy + i, pdx + i, std::min(kGeluBlock, n - i));
     }
   });
 }
@@ -127,7 +183,31 @@ void zero(const KernelContext& ctx, Tensor x) {
   OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, zero(ctx, x));
   cpu::require_cpu(ctx, "zero");
-  std::memset(x.raw(), 0, x.bytes());
+  char* p = static_cast<char*>(x.raw());
+  const size_t bytes = x.bytes();
+  // A large fill (the gradient arena, every step) is split over the threads
+  // in fixed slices of 32-byte-aligned non-temporal stores: the zeros go to
+  // memory without first reading the lines they replace. Below 16 MiB the
+  // tensor may stay in the cache for its next use: a plain memset.
+  constexpr size_t kSlice = size_t(1) << 20;
+  if (bytes < 16 * kSlice) {
+    std::memset(p, 0, bytes);
+    return;
+  }
+  const size_t head = (32 - reinterpret_cast<uintptr_t>(p) % 32) % 32;
+  std::memset(p, 0, head);
+  char* body = p + head;
+  const size_t body_bytes = (bytes - head) / 32 * 32;
+  std::memset(body + body_bytes, 0, bytes - head - body_bytes);
+  const int64_t slices = int64_t((body_bytes + kSlice - 1) / kSlice);
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < slices; ++s) {
+    char* b = body + size_t(s) * kSlice;
+    char* e = body + std::min(body_bytes, size_t(s + 1) * kSlice);
+    const __m256i z = _mm256_setzero_si256();
+    for (; b < e; b += 32) _mm256_stream_si256(reinterpret_cast<__m256i*>(b), z);
+    _mm_sfence();
+  }
 }
 
 namespace {
@@ -161,27 +241,56 @@ void cast(const KernelContext& ctx, Tensor out, const Tensor& in) {
   });
 }
 
+namespace {
+
+// sum_squares in fixed chunks of kSquaresChunk elements: within a chunk,
+// lane j of 8 takes the elements j, j + 8, ... (the lanes vectorize), and
+// the lanes are added in a fixed tree; the chunk sums are added in order.
+// The terms and their order depend on n alone, not on the thread count.
+constexpr int64_t kSquaresChunk = 1 << 15;
+
+template <class S>
+double chunk_sum_squares(const S* p, int64_t n) {
+  double lane[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const double v = load_double(p, i + j);
+      lane[j] += v * v;
+    }
+  for (int j = 0; i < n; ++i, ++j) {
+    const double v = load_double(p, i);
+    lane[j] += v * v;
+  }
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+}  // namespace
+
 double sum_squares(const KernelContext& ctx, const Tensor& x) {
   OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, sum_squares(ctx, x));
   cpu::require_cpu(ctx, "sum_squares");
-  int64_t n = x.numel();
-  double part[cpu::kReduceChunks] = {};
+  const int64_t n = x.numel();
+  const int64_t chunks = (n + kSquaresChunk - 1) / kSquaresChunk;
+  double one = 0;
+  std::vector<double> many;
+  double* part = &one;
+  if (chunks > 1) {
+    many.assign(size_t(chunks), 0.0);
+    part = many.data();
+  }
   dispatch_storage(x.dtype(), "sum_squares", [&](auto tag) {
     using T = decltype(tag);
     const T* p = x.data<T>();
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < cpu::kReduceChunks; ++c) {
-      double s = 0;
-      for (int64_t i = cpu::chunk_begin(n, c); i < cpu::chunk_begin(n, c + 1); ++i) {
-        double v = load_double(p, i);
-        s += v * v;
-      }
-      part[c] = s;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t b = c * kSquaresChunk;
+      part[c] = chunk_sum_squares(p + b, std::min(kSquaresChunk, n - b));
     }
   });
   double total = 0;
-  for (double s : part) total += s;
+  for (int64_t c = 0; c < chunks; ++c) total += part[c];
   return total;
 }
 

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <omp.h>
+
 #include "kernels/adamw.h"
 #include "tests/kernels/reference.h"
 
@@ -113,6 +115,79 @@ TEST(AdamWClosedForm, ZeroBetasGiveSignUpdate) {
     ASSERT_NEAR(v[i], 9.0 * g[i] * g[i], 1e-11 * (1 + v[i])) << i;
   }
 }
+
+// ---------------------------------------------------------------- bitwise
+
+// The update as one scalar expression per element, in the order the kernel
+// has always used (the compiler contracts nothing: the build is ISO C++,
+// -ffp-contract=off). The vectorized kernel must give these bits exactly,
+// for every gradient type, so fp32 training runs do not change.
+template <class T>
+void scalar_adamw(std::vector<T>& p, const Vec& g, std::vector<T>& m, std::vector<T>& v, const AdamWStep& s) {
+  const double c1 = 1.0 - std::pow(s.beta1, double(s.step));
+  const double c2 = 1.0 - std::pow(s.beta2, double(s.step));
+  const T b1 = T(s.beta1), b2 = T(s.beta2), lr = T(s.lr), eps = T(s.eps), wd = T(s.weight_decay);
+  const T gs = T(s.grad_scale), ic1 = T(1.0 / c1), ic2 = T(1.0 / c2);
+  for (size_t i = 0; i < p.size(); ++i) {
+    T gi = T(g[i]) * gs;
+    T mi = b1 * m[i] + (T(1) - b1) * gi;
+    T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    T update = (mi * ic1) / (std::sqrt(vi * ic2) + eps) + wd * p[i];
+    p[i] -= lr * update;
+  }
+}
+
+// Master type T, gradient storage G; several blocks plus a ragged tail, with
+// 1 and 3 threads; with a 16-bit copy, the copy is checked too.
+template <class T, class G>
+void expect_bitwise(uint64_t seed, DType copy_type = DType::F64) {
+  KernelContext ctx;
+  const int64_t n = 3 * 2048 + 77;
+  const auto p0 = cast_vec<T>(randn(n, seed, 0.5)), m0 = cast_vec<T>(randn(n, seed + 1, 0.1));
+  Vec vv = randn(n, seed + 2, 0.1);
+  for (double& x : vv) x *= x;
+  const auto v0 = cast_vec<T>(vv);
+  Vec g = randn(n, seed + 3);
+  for (int64_t i = 0; i < n; i += 89) g[i] *= 30.0;
+  const auto gs = cast_vec<G>(g);
+  const Vec gr = to_f64(gs);  // the values the kernel reads
+  AdamWStep s = make_step(4);
+  s.weight_decay = 0.1;
+  auto rp = p0, rm = m0, rv = v0;
+  scalar_adamw(rp, gr, rm, rv, s);
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(testing::Message() << threads << " threads");
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    auto p = p0, m = m0, v = v0;
+    std::vector<uint16_t> copy(size_t(n), 0xA5A5);
+    Tensor copy_t = copy_type == DType::F64 ? Tensor() : Tensor(copy.data(), {n}, copy_type);
+    adamw_update(ctx, view(p, {n}), Tensor(const_cast<G*>(gs.data()), {n}, dtype_of<G>::value), view(m, {n}),
+                 view(v, {n}), s, copy_t);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(0, std::memcmp(p.data(), rp.data(), sizeof(T) * size_t(n))) << "param";
+    EXPECT_EQ(0, std::memcmp(m.data(), rm.data(), sizeof(T) * size_t(n))) << "m";
+    EXPECT_EQ(0, std::memcmp(v.data(), rv.data(), sizeof(T) * size_t(n))) << "v";
+    if constexpr (std::is_same_v<T, float>)
+      if (copy_type != DType::F64) {
+        int bad = 0;
+        for (int64_t i = 0; i < n && bad < 5; ++i) {
+          const uint16_t want = copy_type == DType::BF16 ? float_to_bf16(rp[i]).bits : float_to_f16(rp[i]).bits;
+          if (copy[i] != want) ++bad, ADD_FAILURE() << "copy[" << i << "] = " << copy[i] << ", expected " << want;
+        }
+      }
+  }
+}
+
+TEST(AdamWBitwise, F32GradientsMatchTheScalarFormula) { expect_bitwise<float, float>(661); }
+TEST(AdamWBitwise, Bf16GradientsMatchTheScalarFormula) { expect_bitwise<float, bf16>(662); }
+TEST(AdamWBitwise, F16GradientsMatchTheScalarFormula) { expect_bitwise<float, f16>(663); }
+TEST(AdamWBitwise, F64MatchesTheScalarFormula) { expect_bitwise<double, double>(664); }
+TEST(AdamWBitwise, F32GradientsIntoF64Master) { expect_bitwise<double, float>(665); }
+TEST(AdamWBitwise, Bf16CopyAcrossBlocks) { expect_bitwise<float, float>(666, DType::BF16); }
+TEST(AdamWBitwise, F16CopyAcrossBlocks) { expect_bitwise<float, float>(667, DType::F16); }
 
 // ---------------------------------------------------------------- model copy
 

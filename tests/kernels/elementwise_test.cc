@@ -10,6 +10,8 @@
 #include <cstring>
 #include <limits>
 
+#include <omp.h>
+
 #include "core/dtype.h"
 #include "kernels/elementwise.h"
 #include "tests/kernels/gradcheck.h"
@@ -166,6 +168,85 @@ TEST(SumSquares, SixteenBitStorage) {
   EXPECT_NEAR(sum_squares(ctx, Tensor(b.data(), {n}, DType::BF16)), rb, 1e-12 * rb);
   EXPECT_NEAR(sum_squares(ctx, Tensor(h.data(), {n}, DType::F16)), rh, 1e-12 * rh);
 }
+
+// Long tensors: sum_squares splits them into fixed chunks whatever the
+// thread count, so 1, 2 and 3 threads give the same double bit for bit, and
+// that double is the float64 sum (several chunks and a ragged tail here).
+TEST(SumSquares, LongTensorSameForAnyThreadCount) {
+  KernelContext ctx;
+  const int64_t n = 5 * 32768 + 1234;
+  const auto x = cast_vec<float>(randn(n, 207, 1.5));
+  const double ref = ref_sum_squares(to_f64(x));
+  const int saved = omp_get_max_threads();
+  std::vector<double> got;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    got.push_back(sum_squares(ctx, Tensor(const_cast<float*>(x.data()), {n}, DType::F32)));
+  }
+  omp_set_num_threads(saved);
+  EXPECT_NEAR(got[0], ref, 1e-12 * ref);
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(got[0], got[2]);
+}
+
+// zero() of a large tensor (the gradient arena) fills in parallel slices:
+// every element of an unaligned, odd-length view becomes 0 and the
+// elements either side of it keep their values.
+TEST(Zero, LargeUnalignedViewAndItsNeighbours) {
+  KernelContext ctx;
+  const int64_t n = (int64_t(17) << 20) / 4 + 13, pad = 3;  // past the 16 MiB of the parallel fill
+  std::vector<float> buf(size_t(n + 2 * pad), 0.0f);
+  const Vec r = randn(n + 2 * pad, 208);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = float(r[i]) + 10.0f;  // never 0
+  zero(ctx, Tensor(buf.data() + pad, {n}, DType::F32));
+  for (int64_t i = 0; i < pad; ++i) {
+    EXPECT_EQ(buf[size_t(i)], float(r[size_t(i)]) + 10.0f) << "before the view: " << i;
+    EXPECT_EQ(buf[size_t(pad + n + i)], float(r[size_t(pad + n + i)]) + 10.0f) << "after the view: " << i;
+  }
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += buf[size_t(pad + i)] != 0.0f;
+  EXPECT_EQ(bad, 0) << "elements left non-zero";
+}
+
+// GELU runs in blocks: several blocks and a ragged tail, in f32 and bf16,
+// against the float64 reference, and the same bits for 1 and 3 threads.
+template <class S>
+void gelu_long(uint64_t seed) {
+  KernelContext ctx;
+  const int64_t n = 3 * 512 + 37;
+  const auto x = cast_vec<S>(randn(n, seed, 3.0)), dy = cast_vec<S>(randn(n, seed + 1));
+  const Vec xr = to_f64(x), dyr = to_f64(dy);
+  Vec yref(n), dref(n);
+  for (int64_t i = 0; i < n; ++i) {
+    yref[i] = ref_gelu(xr[i]);
+    dref[i] = dyr[i] * ref_gelu_grad(xr[i]);
+  }
+  // f32: the fp32 tolerance above; 16-bit: one rounding to storage on top.
+  const double tol_rel = std::is_same_v<S, float> ? kTolF32 : 1e-5 + unit_roundoff<S>();
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<S>> ys, dxs;
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<S> y(n), dx(n);
+    gelu_forward(ctx, view(y, {n}), Tensor(const_cast<S*>(x.data()), {n}, dtype_of<S>::value));
+    gelu_backward(ctx, view(dx, {n}), Tensor(const_cast<S*>(dy.data()), {n}, dtype_of<S>::value),
+                  Tensor(const_cast<S*>(x.data()), {n}, dtype_of<S>::value));
+    ys.push_back(y);
+    dxs.push_back(dx);
+  }
+  omp_set_num_threads(saved);
+  const Vec y = to_f64(ys[0]), dx = to_f64(dxs[0]);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(y[i], yref[i], tol_rel * std::max(1.0, std::fabs(yref[i]))) << "gelu y " << i << " x " << xr[i];
+    ASSERT_NEAR(dx[i], dref[i], tol_rel * std::max(1.0, std::fabs(dref[i]))) << "gelu dx " << i << " x " << xr[i];
+  }
+  EXPECT_EQ(0, std::memcmp(ys[0].data(), ys[1].data(), sizeof(S) * size_t(n))) << "y differs with 3 threads";
+  EXPECT_EQ(0, std::memcmp(dxs[0].data(), dxs[1].data(), sizeof(S) * size_t(n))) << "dx differs with 3 threads";
+}
+
+TEST(GeluLong, F32AcrossBlocks) { gelu_long<float>(209); }
+TEST(GeluLong, Bf16AcrossBlocks) { gelu_long<bf16>(211); }
+TEST(GeluLong, F16AcrossBlocks) { gelu_long<f16>(213); }
 
 // The accumulating forms add to a one-element f64 sum: several tensors in
 // a row give the same double as adding sum_squares() results in that order

@@ -1,8 +1,10 @@
 // cpu::exp_in_place (kernels/cpu/vexp.h) against libm: within 1 ulp for
 // normal results, subnormal results within a subnormal, the special
 // values, and the same result for an element wherever it sits in an array
-// (a vector lane or the tail).
+// (a vector lane or the tail). cpu::tanh_floats (kernels/cpu/vtanh.h)
+// against libm's double tanh rounded to float.
 #include "kernels/cpu/vexp.h"
+#include "kernels/cpu/vtanh.h"
 
 #include <gtest/gtest.h>
 
@@ -72,6 +74,45 @@ TEST(VectorExp, ResultDoesNotDependOnThePosition) {
       cpu::exp_in_place(y.data(), int64_t(n));
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], each[off + i]) << "n " << n << " offset " << off;
     }
+}
+
+// Within 1 float ulp of the double tanh rounded to float, from tiny inputs
+// (the series) through the switch at 1/8 to saturation, both signs.
+TEST(VectorTanh, WithinOneUlpOfTheRoundedDoubleTanh) {
+  std::mt19937_64 gen(11);
+  std::uniform_real_distribution<double> expo(-40.0, 4.0), lin(-10.0, 10.0), sw(0.1, 0.15);
+  std::vector<float> u(300000);
+  for (size_t i = 0; i < u.size(); ++i) {
+    const double sign = gen() % 2 ? 1.0 : -1.0;
+    u[i] = float(i % 3 == 0 ? sign * std::exp2(expo(gen)) : i % 3 == 1 ? lin(gen) : sign * sw(gen));
+  }
+  std::vector<float> t(u.size());
+  std::vector<double> scratch(u.size());
+  cpu::tanh_floats(u.data(), t.data(), int64_t(u.size()), scratch.data());
+  int64_t exact = 0;
+  for (size_t i = 0; i < u.size(); ++i) {
+    const float want = float(std::tanh(double(u[i])));
+    exact += t[i] == want;
+    const float ulp = std::nextafter(std::fabs(want), INFINITY) - std::fabs(want);
+    ASSERT_LE(std::fabs(t[i] - want), ulp) << "u = " << u[i] << ": " << t[i] << " vs " << want;
+  }
+  EXPECT_GE(double(exact), 0.9999 * double(u.size()));  // off only in near-ties
+}
+
+TEST(VectorTanh, SpecialValuesAndAliasing) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> u = {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), 40.0f, -1e30f, 1e-40f};
+  std::vector<double> scratch(u.size());
+  cpu::tanh_floats(u.data(), u.data(), int64_t(u.size()), scratch.data());  // in place
+  EXPECT_EQ(u[0], 0.0f);
+  EXPECT_TRUE(std::signbit(u[1]));
+  EXPECT_EQ(u[1], 0.0f);
+  EXPECT_EQ(u[2], 1.0f);
+  EXPECT_EQ(u[3], -1.0f);
+  EXPECT_TRUE(std::isnan(u[4]));
+  EXPECT_EQ(u[5], 1.0f);
+  EXPECT_EQ(u[6], -1.0f);
+  EXPECT_EQ(u[7], 1e-40f);  // subnormal: tanh(u) = u
 }
 
 }  // namespace
