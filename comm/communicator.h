@@ -39,7 +39,7 @@ class CommTrace;  // comm/comm_trace.h
 
 struct CommOptions {
   double timeout_s = 300;  // an operation outstanding longer than this fails
-  // Where the MPI channels record their operations and, on a timeout, dump
+  // Where the MPI and NCCL channels record their operations and, on a timeout, dump
   // them (comm/comm_trace.h); null: no record. Must outlive the channels.
   CommTrace* trace = nullptr;
   // ProcessGrid::create_mpi: the directory of the CommTrace it creates when

@@ -108,6 +108,9 @@ struct NcclState {
   CommOptions opts;
   bool broken = false;  // an operation failed or timed out; the communicator was aborted
   std::string broken_reason;
+  // This channel in opts.trace, and its counts of collectives and of point-to-point operations.
+  int trace_channel = -1;
+  uint64_t collectives = 0, p2p = 0;
 
   std::string where() const {
     return str_cat("(this is rank ", rank, " of ", size, " in group ", name, ", NCCL on CUDA device ", device, ")");
@@ -191,18 +194,20 @@ void group_call(NcclState& s, const std::string& what, const std::function<ncclR
 // ---- NcclWork
 
 NcclWork::NcclWork(std::shared_ptr<NcclState> state, std::string what, double submitted_s, CudaEvent start,
-                   CudaEvent done)
+                   CudaEvent done, std::vector<uint64_t> trace_ids)
     : state_(std::move(state)),
       what_(std::move(what)),
       submitted_s_(submitted_s),
       start_(std::move(start)),
-      done_(std::move(done)) {}
+      done_(std::move(done)),
+      trace_ids_(std::move(trace_ids)) {}
 
 bool NcclWork::poll() {
   if (finished_) return true;
   cudaError_t q = cudaEventQuery(done_.get());
   if (q == cudaErrorNotReady) cudaGetLastError();  // see CudaEvent::query
   std::string failure;
+  bool timed_out = false;
   {
     NcclState& s = *state_;
     std::lock_guard<std::mutex> lk(s.mu);
@@ -226,12 +231,23 @@ bool NcclWork::poll() {
                           " s: a peer rank may have died or stopped answering ", s.where(),
                           "; the NCCL communicator was aborted");
         s.abort_locked(failure);
+        timed_out = true;
       } else {
         return false;
       }
     }
   }
   finished_ = true;
+  if (CommTrace* trace = state_->opts.trace) {
+    for (uint64_t id : trace_ids_) trace->completed(id, failure.empty(), now_seconds());
+    // Like the MPI channels: the ring goes to disk once per process, for `xirang diagnose`.
+    if (timed_out) {
+      const std::string path = trace->dump(failure);
+      if (!path.empty())
+        failure += str_cat("; recent operations in ", path, " (`xirang diagnose ", trace->dump_dir(),
+                           "` compares the ranks' files)");
+    }
+  }
   if (!failure.empty()) error_ = std::make_exception_ptr(Error(ErrorKind::Comm, failure));
   return true;
 }
@@ -323,6 +339,15 @@ NcclCommunicator::NcclCommunicator(Communicator& group, int device, cudaStream_t
       fail(ErrorKind::Comm, what, ": rank 0 of the group could not create an NCCL id", id_error, " ", s.where());
     ncclUniqueId id;
     std::memcpy(&id, &msg[1], sizeof(id));
+    if (opts.trace) {
+      // The group's world ranks, by group rank, for the trace's channel description.
+      std::vector<double> slots(size_t(s.size), 0.0);
+      slots[size_t(s.rank)] = opts.trace->world_rank();
+      group.all_reduce(Tensor(slots.data(), {int64_t(s.size)}, DType::F64), ReduceOp::Sum);
+      std::vector<int> world_ranks;
+      for (double r : slots) world_ranks.push_back(int(r));
+      s.trace_channel = opts.trace->add_channel(s.name, s.rank, std::move(world_ranks));
+    }
 
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // see settle_locked
@@ -383,7 +408,7 @@ void NcclCommunicator::set_input_ready_stream(cudaStream_t producer) {
 
 // ---- Operations
 
-WorkPtr NcclCommunicator::launch(const std::string& what,
+WorkPtr NcclCommunicator::launch(const std::string& what, const std::vector<NcclTraceOp>& ops,
                                  const std::function<void(NcclState&, cudaStream_t)>& body) {
   NcclState& s = *state_;
   std::lock_guard<std::mutex> lk(s.mu);
@@ -399,14 +424,22 @@ WorkPtr NcclCommunicator::launch(const std::string& what,
   if (input_ready_ != stream_) stream_wait(stream_, start);
   body(s, stream_);
   done.record(stream_);
-  return std::make_shared<NcclWork>(state_, what, submitted, std::move(start), std::move(done));
+  std::vector<uint64_t> ids;
+  if (CommTrace* trace = s.opts.trace) {
+    for (const NcclTraceOp& op : ops) {
+      const uint64_t seq = is_collective(op.kind) ? ++s.collectives : ++s.p2p;
+      ids.push_back(trace->posted(s.trace_channel, op.kind, op.peer, op.tag, op.bytes, seq, submitted));
+      trace->started(ids.back(), submitted);
+    }
+  }
+  return std::make_shared<NcclWork>(state_, what, submitted, std::move(start), std::move(done), std::move(ids));
 }
 
 WorkPtr NcclCommunicator::all_reduce_async(Tensor t, ReduceOp op) {
   std::string what = str_cat(name(), " all_reduce of ", t.bytes(), " bytes (", dtype_name(t.dtype()), ")");
   check_device(what, t, "tensor");
   WireType w = reduce_type(what, t.dtype());
-  return launch(what, [&](NcclState& s, cudaStream_t st) {
+  return launch(what, {{CommOpKind::AllReduce, -1, -1, int64_t(t.bytes())}}, [&](NcclState& s, cudaStream_t st) {
     if (t.numel() == 0) return;
     s.settle_locked(ncclAllReduce(t.raw(), t.raw(), w.count(t.numel()), w.type, nccl_op(op), s.comm, st), what);
   });
@@ -420,7 +453,7 @@ WorkPtr NcclCommunicator::do_reduce_scatter(const Tensor& in, Tensor out, Reduce
   const int p = size(), me = rank();
   const int64_t n = in.numel();
   WireType w = reduce_type(what, in.dtype());
-  return launch(what, [&](NcclState& s, cudaStream_t st) {
+  return launch(what, {{CommOpKind::ReduceScatter, -1, -1, int64_t(in.bytes())}}, [&](NcclState& s, cudaStream_t st) {
     if (n == 0) return;
     if (n % p == 0) {
       // In place when out is this rank's chunk: NCCL's in-place condition
@@ -451,7 +484,7 @@ WorkPtr NcclCommunicator::do_all_gather(const Tensor& in, Tensor out) {
   const int p = size(), me = rank();
   const int64_t n = out.numel();
   WireType w = wire_type(out.dtype());
-  return launch(what, [&](NcclState& s, cudaStream_t st) {
+  return launch(what, {{CommOpKind::AllGather, -1, -1, int64_t(out.bytes())}}, [&](NcclState& s, cudaStream_t st) {
     if (n == 0) return;
     if (n % p == 0) {
       s.settle_locked(ncclAllGather(in.raw(), out.raw(), w.count(n / p), w.type, s.comm, st), what);
@@ -479,7 +512,7 @@ WorkPtr NcclCommunicator::broadcast_async(Tensor t, int root) {
   check_device(what, t, "tensor");
   if (root < 0 || root >= size()) fail(ErrorKind::Comm, what, ": root must be in [0, ", size(), ")");
   WireType w = wire_type(t.dtype());
-  return launch(what, [&](NcclState& s, cudaStream_t st) {
+  return launch(what, {{CommOpKind::Broadcast, -1, -1, int64_t(t.bytes())}}, [&](NcclState& s, cudaStream_t st) {
     if (t.numel() == 0) return;
     s.settle_locked(ncclBroadcast(t.raw(), t.raw(), w.count(t.numel()), w.type, root, s.comm, st), what);
   });
@@ -503,7 +536,7 @@ WorkPtr NcclCommunicator::send_async(const Tensor& t, int peer, int tag) {
   check_device(what, t, "tensor");
   check_p2p(what, peer, tag, rank(), size());
   WireType w = wire_type(t.dtype());
-  return launch(what, [&](NcclState& s, cudaStream_t st) {
+  return launch(what, {{CommOpKind::Send, peer, tag, int64_t(t.bytes())}}, [&](NcclState& s, cudaStream_t st) {
     if (t.numel() == 0) return;  // the matching recv (same count) skips too
     s.settle_locked(ncclSend(t.raw(), w.count(t.numel()), w.type, peer, s.comm, st), what);
   });
@@ -515,7 +548,7 @@ WorkPtr NcclCommunicator::recv_async(Tensor t, int peer, int tag) {
   check_device(what, t, "tensor");
   check_p2p(what, peer, tag, rank(), size());
   WireType w = wire_type(t.dtype());
-  return launch(what, [&](NcclState& s, cudaStream_t st) {
+  return launch(what, {{CommOpKind::Recv, peer, tag, int64_t(t.bytes())}}, [&](NcclState& s, cudaStream_t st) {
     if (t.numel() == 0) return;
     s.settle_locked(ncclRecv(t.raw(), w.count(t.numel()), w.type, peer, s.comm, st), what);
   });
@@ -530,7 +563,10 @@ WorkPtr NcclCommunicator::sendrecv_async(const Tensor& send, int send_peer, Tens
   check_peer(what, recv_peer, size());
   if (overlaps(send, recv)) fail(ErrorKind::Comm, what, ": the send and receive buffers overlap");
   WireType ws = wire_type(send.dtype()), wr = wire_type(recv.dtype());
-  return launch(what, [&](NcclState& s, cudaStream_t st) {
+  // Recorded as its two halves (NCCL matches them by order; the tag is -1).
+  const std::vector<NcclTraceOp> ops = {{CommOpKind::Send, send_peer, -1, int64_t(send.bytes())},
+                                        {CommOpKind::Recv, recv_peer, -1, int64_t(recv.bytes())}};
+  return launch(what, ops, [&](NcclState& s, cudaStream_t st) {
     group_call(s, what, [&] {
       if (send.numel() > 0) {
         ncclResult_t rc = ncclSend(send.raw(), ws.count(send.numel()), ws.type, send_peer, s.comm, st);

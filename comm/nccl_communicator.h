@@ -69,7 +69,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
+#include "comm/comm_trace.h"
 #include "comm/communicator.h"
 #include "core/cuda_stream.h"
 
@@ -77,11 +79,20 @@ namespace xirang {
 
 struct NcclState;  // the NCCL handle, the group's identity, the broken flag (nccl_communicator.cc)
 
+// One operation as CommOptions::trace records it (comm/comm_trace.h).
+struct NcclTraceOp {
+  CommOpKind kind = CommOpKind::AllReduce;
+  int peer = -1, tag = -1;  // point-to-point only
+  int64_t bytes = 0;
+};
+
 // A pending NCCL operation. test() and wait() also check the channel for
 // asynchronous NCCL errors and the timeout (see the file comment).
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclState> state, std::string what, double submitted_s, CudaEvent start, CudaEvent done);
+  // `trace_ids`: the operation's records in CommOptions::trace, completed when it finishes.
+  NcclWork(std::shared_ptr<NcclState> state, std::string what, double submitted_s, CudaEvent start, CudaEvent done,
+           std::vector<uint64_t> trace_ids = {});
 
   void wait() override;
   bool test() override;
@@ -106,6 +117,7 @@ class NcclWork final : public Work {
   std::mutex mu_;
   bool finished_ = false;
   std::exception_ptr error_;
+  std::vector<uint64_t> trace_ids_;
 };
 
 // The join for any Work: an NcclWork makes `stream` wait for it on the
@@ -180,7 +192,11 @@ class NcclCommunicator final : public Communicator {
  private:
   // Runs `body` (the operation's NCCL calls on the channel's stream) between
   // the input-ready wait and the completion event; see nccl_communicator.cc.
-  WorkPtr launch(const std::string& what, const std::function<void(NcclState&, cudaStream_t)>& body);
+  // Each of `ops` is recorded in CommOptions::trace as posted and started at
+  // submission (NCCL runs it when the stream reaches it) and completed when
+  // its Work finishes.
+  WorkPtr launch(const std::string& what, const std::vector<NcclTraceOp>& ops,
+                 const std::function<void(NcclState&, cudaStream_t)>& body);
 
   std::shared_ptr<NcclState> state_;
   cudaStream_t stream_ = nullptr;

@@ -101,6 +101,7 @@ void Checkpointer::save(int64_t steps_done, void* stream, Timeline* tl) {
   job.tl = tl;
   job.track = async ? Track::Checkpoint : Track::Main;
   job.kill = faults_.kills_save(steps_done);
+  job.io_error = faults_.fails_save(steps_done);
   // The dynamic loss scale's state (nothing when there is none to continue).
   const LossScale& ls = state_.loss_scale;
   job.loss_scale = ls.dynamic() ? ls.scale() : 0.0;
@@ -129,7 +130,9 @@ void Checkpointer::write(const SaveJob& job) {
       else
         w.add(e.group, e.name, e.shard, e.begin, e.end, e.data, e.data.dtype());
       if (job.kill && i == job.entries.size() / 2) faults_.kill_in_save(job.steps_done);  // the file half written
+      if (job.io_error && i == job.entries.size() / 2) faults_.fail_save_write(job.steps_done, w.path() + ".tmp");
     }
+    if (job.io_error) faults_.fail_save_write(job.steps_done, w.path() + ".tmp");  // a rank with no entries
     // The data order is a pure function of (seed, step): the step is the loader's whole state.
     w.set_int("train.step", job.steps_done);
     w.set_int("optimizer.updates", job.updates);
@@ -200,8 +203,8 @@ bool Checkpointer::settle(const std::string& why_here, bool remove_tmp) {
                    "(checkpoint.on_error=continue)\n", (long long)step, rank, why.c_str(), kept.c_str());
     return false;
   }
-  fail(ErrorKind::Checkpoint, "checkpoint step ", step, " not saved (rank ", rank, ": ", why, "); ", kept,
-       " (checkpoint.on_error=continue would train on)");
+  throw AgreedError(ErrorKind::Checkpoint, str_cat("checkpoint step ", step, " not saved (rank ", rank, ": ", why, "); ",
+                                                   kept, " (checkpoint.on_error=continue would train on)"));
 }
 
 void Checkpointer::poll() {

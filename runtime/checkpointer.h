@@ -106,7 +106,8 @@ class Checkpointer {
     std::string tmp_dir;
     int64_t steps_done = 0;
     std::vector<SaveEntry> entries;
-    bool kill = false;  // fault injection: die halfway through the file
+    bool kill = false;      // fault injection: die halfway through the file
+    bool io_error = false;  // fault injection: the write fails halfway through the file (EIO)
     double loss_scale = 0;  // the dynamic loss scale's state; 0: none to continue
     int good_steps = 0, hysteresis_left = 0;
     int64_t updates = 0;

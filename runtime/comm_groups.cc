@@ -108,7 +108,7 @@ void CommGroups::use_nccl(const Config& cfg, ProcessGrid& grid, int device) {
   // Gradient buckets on their own high-priority stream; tp on the compute stream.
   dev_->dp_stream = std::make_unique<CudaStream>(device, StreamPriority::High);
   dev_->nccl = std::make_unique<NcclGroups>(grid, device, NcclStreams{dev_->cuda->stream(), dev_->dp_stream->get()},
-                                            p > 1 ? pipe_colors(p) : 0, CommOptions{.timeout_s = cfg.comm.timeout_s});
+                                            p > 1 ? pipe_colors(p) : 0, CommOptions{.timeout_s = cfg.comm.timeout_s, .trace = grid.trace()});
   tp_ = &dev_->nccl->tp();
   dp_grads_ = &dev_->nccl->dp_grads();
   embedding_ = &dev_->nccl->embedding();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <limits>
@@ -22,6 +23,7 @@ FaultInjector::FaultInjector(const FaultConfig& faults, ProcessGrid& grid, Devic
 
 void FaultInjector::at_step(int step) {
   if (f_.kind == FaultKind::None || f_.kind == FaultKind::KillInSave || f_.kind == FaultKind::NanGrad ||
+      f_.kind == FaultKind::IoError ||
       f_.step != step || f_.rank != rank_)
     return;
   std::fprintf(stderr, "rank %d: injecting fault '%s' at step %d%s\n", f_.rank, config_name(f_.kind), step,
@@ -61,6 +63,16 @@ void FaultInjector::kill_in_save(int64_t steps_done) const {
   std::fflush(stderr);
   std::raise(SIGKILL);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // SIGKILL is never ignored; this keeps [[noreturn]] true
+}
+
+bool FaultInjector::fails_save(int64_t steps_done) const {
+  return f_.kind == FaultKind::IoError && f_.step == steps_done && f_.rank == rank_;
+}
+
+void FaultInjector::fail_save_write(int64_t steps_done, const std::string& path) const {
+  std::fprintf(stderr, "rank %d: injecting fault 'io_error' at step %lld\n", rank_, (long long)steps_done);
+  std::fflush(stderr);
+  fail(ErrorKind::Checkpoint, "write ", path, ": ", std::strerror(EIO), " (faults.kind=io_error)");
 }
 
 bool all_finite(const Tensor& t, void* stream) {

@@ -5,7 +5,8 @@
 // without dying (hang), or fails its next data-parallel transfer
 // (fail_transfer, through the simulated link on the dp channel); or it dies
 // halfway through writing its file of the checkpoint of that step
-// (kill_in_save). The tests check that the job then ends with a clear
+// (kill_in_save), or that write fails there as on a failing disk
+// (io_error: EIO). The tests check that the job then ends with a clear
 // error, not a hang, and that no checkpoint is damaged. One fault lasts:
 // slow_rank makes the rank's compute faults.delay_ms longer in that step
 // and every later one (a slow device: the straggler tests). nan_grad writes
@@ -16,6 +17,7 @@
 //   faults.at_step(step + 1);                            // before the step runs
 //   m.forward_ms += faults.delay_compute(step + 1);      // inside the step's compute
 //   if (faults.kills_save(steps_done)) ... faults.kill_in_save(steps_done);  // the saver, halfway
+//   if (faults.fails_save(steps_done)) ... faults.fail_save_write(steps_done, path);
 //   if (faults.poisons_gradient(step + 1))                // after the gradient reduction
 //     faults.poison_gradient(step + 1, grad, name, stream);
 #pragma once
@@ -26,6 +28,7 @@
 #include <utility>
 
 #include "comm/process_grid.h"
+#include "core/error.h"
 #include "core/tensor.h"
 #include "runtime/config/config.h"
 
@@ -41,6 +44,13 @@ bool all_finite(const Tensor& t, void* stream = nullptr);
 // -1 and "" when no rank has one. Errors found on some ranks become one
 // message that every rank reports alike.
 std::pair<int, std::string> lowest_rank_text(Communicator& world, bool have, const std::string& text);
+
+// An error every rank throws alike, after agreeing on it (lowest_rank_text):
+// under mpirun rank 0 alone reports it, as for config and data errors.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
 
 // train.skip_loss_spikes_zscore: a loss more than `z` standard deviations
 // above the mean of the last `window` losses (once `warmup` are known) is a
@@ -87,6 +97,11 @@ class FaultInjector {
   bool kills_save(int64_t steps_done) const;
   // Dies now (the saver calls it halfway through its file). Thread-safe.
   [[noreturn]] void kill_in_save(int64_t steps_done) const;
+  // io_error: whether this rank's write of the checkpoint of `steps_done` fails.
+  bool fails_save(int64_t steps_done) const;
+  // Throws the Checkpoint error a write failing with EIO gives, naming
+  // `path` (the saver calls it halfway through its file). Thread-safe.
+  [[noreturn]] void fail_save_write(int64_t steps_done, const std::string& path) const;
   // nan_grad: whether this rank poisons its gradient in `step`.
   bool poisons_gradient(int step) const;
   // Writes NaN into element 0 of `grad` (host or device memory; on `stream`,

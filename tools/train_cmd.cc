@@ -29,13 +29,15 @@
 #include "core/error.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
+#include "runtime/faults.h"
 #include "runtime/trainer.h"
 #include "tools/commands.h"
 
 namespace xirang::tools {
 
 void abort_job(const Error& e, int rank) {
-  const bool shared = e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Data;
+  const bool shared = e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Data ||
+                      dynamic_cast<const AgreedError*>(&e) != nullptr;  // a failed checkpoint save
   if (!shared || rank == 0) std::fprintf(stderr, "xirang: rank %d: %s: %s\n", rank, error_kind_name(e.kind()), e.what());
   if (shared && rank != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
   // A timeout: the other ranks waiting on the same operation time out about

@@ -180,6 +180,10 @@ std::string shard_spec_problem(const ShardSpec& s) {
   if (g.rank() < 1) return "a tensor of rank 0 (store it with shape (1))";
   for (int i = 0; i < g.rank(); ++i)
     if (g[i] < 0) return str_cat("global shape ", g.str(), " has a negative dimension");
+  int64_t numel = 1;
+  for (int i = 0; i < g.rank(); ++i)
+    if (__builtin_mul_overflow(numel, g[i], &numel))
+      return str_cat("global shape ", g.str(), " has more elements than a 64-bit count holds");
   if (s.replicated()) return "";
   if (s.dim >= g.rank()) return str_cat("split dimension ", s.dim, " of a rank-", g.rank(), " tensor");
   if (s.blocks < 1) return str_cat("blocks ", s.blocks, " < 1");
@@ -195,7 +199,8 @@ std::string shard_spec_problem(const ShardSpec& s) {
   int64_t sum = 0;
   for (int64_t b : s.block_sizes) {
     if (b < 0 || b % s.parts != 0) return str_cat("block of extent ", b, " is not divisible by ", s.parts, " parts");
-    sum += b;
+    if (__builtin_add_overflow(sum, b, &sum))
+      return str_cat("block sizes add up to more than dimension ", s.dim, " of global shape ", g.str());
   }
   if (sum != g[s.dim])
     return str_cat("block sizes add up to ", sum, ", dimension ", s.dim, " of global shape ", g.str(), " is ", g[s.dim]);
@@ -348,6 +353,7 @@ void convert_from(const void* src, void* dst, DType to, int64_t n) {
 }  // namespace
 
 void convert_elements(const void* src, DType from, void* dst, DType to, int64_t n) {
+  if (n <= 0) return;  // empty buffers may be null
   if (from == to) {
     std::memcpy(dst, src, size_t(n) * dtype_size(from));
     return;

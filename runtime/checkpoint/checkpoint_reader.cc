@@ -2,6 +2,7 @@
 // fills any layout's shard from the entries that hold its elements.
 #include <algorithm>
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
 #include <cstdint>
 #include <filesystem>
@@ -22,6 +23,18 @@ Shape shape_from(const std::vector<int64_t>& dims, const char* what) {
   for (int64_t d : dims) s.push_back(d);
   return s;
 }
+
+// An attribute that the reader keeps in an int: refused outside [lo, INT_MAX]
+// rather than narrowed into another, plausible value.
+int read_attr_int(hid_t dset, const char* name, int64_t lo) {
+  const int64_t v = read_attr_i64(dset, name);
+  if (v < lo || v > INT_MAX)
+    fail(ErrorKind::Checkpoint, "attribute '", name, "' is ", v, " (expected ", lo, "..", INT_MAX, ")");
+  return int(v);
+}
+
+// Chunks of `chunk` elements covering n elements (chunk > 0, n >= 0), without overflow.
+int64_t chunks_of(int64_t n, int64_t chunk) { return n == 0 ? 0 : (n - 1) / chunk + 1; }
 
 DType stored_dtype(const std::string& s) {
   if (s == "f32") return DType::F32;
@@ -72,10 +85,10 @@ CheckpointEntry describe(hid_t dset, const std::string& group, const std::string
   e.dataset = "/" + group + "/" + ds_name;
   e.name = read_attr_str(dset, "name");
   e.shard.global = shape_from(read_attr_i64s(dset, "global_shape"), "global_shape");
-  e.shard.dim = int(read_attr_i64(dset, "split_dim"));
-  e.shard.parts = int(read_attr_i64(dset, "parts"));
-  e.shard.index = int(read_attr_i64(dset, "index"));
-  e.shard.blocks = int(read_attr_i64(dset, "blocks"));
+  e.shard.dim = read_attr_int(dset, "split_dim", -1);
+  e.shard.parts = read_attr_int(dset, "parts", 1);
+  e.shard.index = read_attr_int(dset, "index", 0);
+  e.shard.blocks = read_attr_int(dset, "blocks", 1);
   // Unequal blocks (grouped-query q, k, v) also list their extents.
   if (has_attr(dset, "block_sizes")) e.shard.block_sizes = read_attr_i64s(dset, "block_sizes");
   const std::string problem = shard_spec_problem(e.shard);
@@ -97,9 +110,9 @@ CheckpointEntry describe(hid_t dset, const std::string& group, const std::string
   if (read_attr_str(dset, "checksum") != "crc32c") fail(ErrorKind::Checkpoint, "unknown checksum kind");
   e.checksum_chunk = read_attr_i64(dset, "checksum_chunk");
   e.checksums = read_attr_u32s(dset, "checksums");
-  if (e.checksum_chunk <= 0 ||
-      int64_t(e.checksums.size()) != (e.numel() + e.checksum_chunk - 1) / e.checksum_chunk)
-    fail(ErrorKind::Checkpoint, "checksum chunks disagree with the extent");
+  if (e.checksum_chunk <= 0 || int64_t(e.checksums.size()) != chunks_of(e.numel(), e.checksum_chunk))
+    fail(ErrorKind::Checkpoint, "checksum chunks disagree with the extent: ", e.checksums.size(),
+         " checksums of chunks of ", e.checksum_chunk, " elements for ", e.numel(), " elements");
   return e;
 }
 
@@ -113,7 +126,9 @@ Span read_span(hid_t file, const CheckpointEntry& e, int64_t lo, int64_t hi) {
   const int64_t C = e.checksum_chunk;
   Span s;
   s.begin = lo / C * C;
-  const int64_t end = std::min(e.numel(), (hi + C - 1) / C * C);
+  // The end of the chunk holding element hi - 1 (hi + C may not fit in 64 bits).
+  const int64_t last = hi <= s.begin ? s.begin : (hi - 1) / C * C;
+  const int64_t end = hi <= s.begin ? s.begin : last + std::min(C, e.numel() - last);
   const size_t es = dtype_size(e.dtype);
   s.bytes.resize(size_t(end - s.begin) * es);
   H5Id dset(XR_HDF5_ID(H5Dopen2(file, e.dataset.c_str(), H5P_DEFAULT)), H5Dclose);
@@ -369,7 +384,8 @@ std::vector<std::string> CheckpointReader::verify_all() const {
     try {
       const hid_t file = open_cached(files, e);
       // A few chunks at a time bounds the memory for a large tensor.
-      const int64_t step = e.checksum_chunk * std::max<int64_t>(1, (int64_t(64) << 20) / (e.checksum_chunk * 4));
+      const int64_t chunks = std::max<int64_t>(1, (int64_t(16) << 20) / e.checksum_chunk);
+      const int64_t step = chunks > INT64_MAX / e.checksum_chunk ? INT64_MAX : e.checksum_chunk * chunks;
       for (int64_t b = 0; b < e.numel(); b += step) read_span(file, e, b, std::min(e.numel(), b + step));
     } catch (const std::exception& ex) {
       problems.push_back(str_cat(entry_context(e), ": ", ex.what()));

@@ -69,7 +69,7 @@ using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Pre
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
 constexpr const char* kBackendNames[] = {"cpu", "cuda"};
 constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank",
-                                       "nan_grad"};
+                                       "nan_grad", "io_error"};
 constexpr const char* kRopeScalingNames[] = {"none", "llama3"};
 constexpr const char* kTieNames[] = {"auto", "true", "false"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};

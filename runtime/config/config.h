@@ -27,8 +27,8 @@ const char* schedule_name(ScheduleKind k);
 // accepted spellings); code past runtime/config compares enums, not text.
 enum class Precision { FP32, BF16, FP16 };  // precision.dtype: fp32, bf16, fp16
 enum class Backend { CPU, CUDA };           // device.backend: cpu, cuda
-// faults.kind: none, kill, hang, fail_transfer, kill_in_save, slow_rank, nan_grad
-enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank, NanGrad };
+// faults.kind: none, kill, hang, fail_transfer, kill_in_save, slow_rank, nan_grad, io_error
+enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank, NanGrad, IoError };
 // checkpoint.resume: auto, none, or the path of a step directory
 enum class ResumeMode { Auto, None, Path };
 // model.rope_scaling.type: none, llama3 (Llama 3.1's frequency scaling)
@@ -99,7 +99,8 @@ struct CommConfig {
 // Fault injection for tests: at the start of `step` (1-based), rank `rank`
 // is killed (kill), stops answering (hang), or fails its next transfer
 // (fail_transfer); kill_in_save kills it halfway through writing the
-// checkpoint of `step`.
+// checkpoint of `step`, and io_error makes that write fail there as a
+// failing disk does (EIO).
 struct FaultConfig {
   FaultKind kind = FaultKind::None;
   int rank = 0;

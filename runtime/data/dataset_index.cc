@@ -2,6 +2,7 @@
 // and validated by TokenDataset::open().
 #include "runtime/data/dataset_index.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -132,7 +133,9 @@ DatasetIndex parse_index(const std::string& text, const std::string& path) {
   int64_t sum = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     ix.shards.push_back(parse_shard_info(shards[i], str_cat(where, " shard ", i)));
-    sum += ix.shards.back().tokens;
+    if (__builtin_add_overflow(sum, ix.shards.back().tokens, &sum))
+      fail(ErrorKind::Data, where, ": its shards hold more than ", INT64_MAX, " tokens in all (shard ", i, " has ",
+           ix.shards.back().tokens, ")");
   }
   if (sum != ix.total_tokens)
     fail(ErrorKind::Data, where, ": total_tokens is ", ix.total_tokens, " but its shards hold ", sum);

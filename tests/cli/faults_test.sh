@@ -12,6 +12,13 @@
 #                        with one line, exit 1 (no crash); the previous checkpoint stays latest,
 #                        verifies and evaluates; no .tmp directory is left
 #   disk_full_continue   the same with checkpoint.on_error=continue: a warning, training goes on
+#   io_error             dp2, faults.kind=io_error: rank 1's write of the step-8 checkpoint fails
+#                        halfway with EIO (rank 0's file is complete): one line naming rank 1 and
+#                        the I/O error, exit 1; step 4 stays latest and verifies; no step 8, no .tmp
+#   io_error_continue    the same with checkpoint.on_error=continue: a warning, the run finishes and
+#                        step 12 is saved
+#   read_only            a checkpoint into a tmpfs, which is then remounted read-only; the resumed
+#                        run's save fails (EROFS): one line, exit 1; the previous checkpoint stays
 #   damaged_shard        4 KiB of a shard overwritten with zeros: refused at open, naming the
 #                        shard; data.verify=false trains on it
 #   bad_config           the new keys' bad values: one config error line each
@@ -193,6 +200,53 @@ case $case in
     grep -q "trained to step 16 of 16" out.txt || die "the run did not finish: $(cat out.txt)"
     check_previous_kept
     echo "ok [$case]: $(grep -c '^warning: checkpoint' err.txt) failed saves warned; $latest kept" ;;
+  io_error|io_error_continue)
+    need_mpirun
+    prepare_data
+    rm -rf ck
+    extra=()
+    [ "$case" = io_error_continue ] && extra=(--set checkpoint.on_error=continue)
+    "${mpi[@]}" "$xirang" train "$cfg" "${data[@]}" --set train.steps=12 --set checkpoint.dir=ck \
+      --set checkpoint.every=4 --set checkpoint.keep=10 --set faults.kind=io_error --set faults.rank=1 \
+      --set faults.step=8 "${extra[@]}" >out.txt 2>err.txt
+    rc=$?
+    grep -q "rank 1: injecting fault 'io_error' at step 8" err.txt || die "the fault was not injected: $(cat err.txt)"
+    why="checkpoint step 8 not saved \(rank 1: .*write .*ck/step_00000008\.tmp/rank_00001\.h5\.tmp: Input/output error \(faults\.kind=io_error\)\); latest stays ck/step_00000004"
+    if [ "$case" = io_error ]; then
+      [ "$rc" = 1 ] || die "exit code $rc, expected 1 (>= 128 is a crash): $(tail -3 err.txt)"
+      [ "$(grep -c '^xirang: ' err.txt)" = 1 ] || die "expected one error line, got: $(cat err.txt)"
+      grep -qE "^xirang: (rank 0: )?checkpoint error: $why \(checkpoint\.on_error=continue would train on\)" err.txt ||
+        die "unexpected error line: $(grep '^xirang: ' err.txt)"
+      [ "$(cat ck/latest)" = step_00000004 ] || die "latest is '$(cat ck/latest)', expected step_00000004"
+    else
+      [ "$rc" = 0 ] || die "exit code $rc, expected 0: $(tail -3 err.txt)"
+      grep -qE "^warning: $why; training goes on \(checkpoint\.on_error=continue\)" err.txt ||
+        die "no warning: $(cat err.txt)"
+      [ "$(cat ck/latest)" = step_00000012 ] || die "latest is '$(cat ck/latest)', expected step_00000012"
+      "$xirang" ckpt inspect ck/step_00000012 >insp.txt 2>&1 || die "step 12 does not verify: $(tail -3 insp.txt)"
+    fi
+    [ ! -e ck/step_00000008 ] || die "the failed step 8 was committed"
+    [ -z "$(ls -d ck/*.tmp 2>/dev/null)" ] || die "partial directories left: $(ls -d ck/*.tmp)"
+    "$xirang" ckpt inspect ck/step_00000004 >insp.txt 2>&1 || die "step 4 does not verify: $(tail -3 insp.txt)"
+    echo "ok [$case]: $(grep -E '^(xirang|warning): (rank 0: )?checkpoint' err.txt)" ;;
+  read_only)
+    prepare_data
+    tmpfs_at full
+    run=("$xirang" train "$cfg" "${data[@]}" --set model.n_layer=2 --set checkpoint.dir=full/ck --set checkpoint.every=4
+         --set checkpoint.keep=5)
+    "${run[@]}" --set train.steps=8 >out.txt 2>err.txt || die "the first run failed: $(tail -3 err.txt)"
+    [ "$(cat full/ck/latest)" = step_00000008 ] || die "latest is '$(cat full/ck/latest)', expected step_00000008"
+    mount -o remount,ro full 2>mount.err || { echo "skip [$case]: cannot remount the tmpfs read-only: $(cat mount.err)"; exit 77; }
+    touch full/probe 2>/dev/null && die "the read-only remount still takes writes"
+    "${run[@]}" --set train.steps=16 --set checkpoint.resume=auto >out.txt 2>err.txt
+    rc=$?
+    [ "$rc" = 1 ] || die "exit code $rc, expected 1 (>= 128 is a crash): $(tail -3 err.txt)"
+    grep -q "resum.*step_00000008" out.txt err.txt || die "the second run did not resume from step 8: $(head -5 err.txt)"
+    [ "$(grep -c '^xirang: ' err.txt)" = 1 ] || die "expected one error line, got: $(cat err.txt)"
+    tail -n 1 err.txt | grep -qE "^xirang: checkpoint error: checkpoint step 12 not saved \(rank 0: .*[Rr]ead-only file system.*\); latest stays .*full/ck/step_00000008" ||
+      die "unexpected error line: $(tail -n 1 err.txt)"
+    check_previous_kept
+    echo "ok [$case]: $latest kept; $(tail -n 1 err.txt)" ;;
   damaged_shard)
     prepare_data
     rm -rf damaged && cp -r data/debug damaged

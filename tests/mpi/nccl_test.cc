@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_trace.h"
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "core/clock.h"
@@ -487,6 +488,51 @@ TEST(NcclGroupOfOne, EveryOperationIsACopyAndBadArgumentsAreCommErrors) {
                {"solo reduce_scatter", "must hold this rank's chunk"});
   // A bad argument is refused before anything reaches NCCL: the channel still works.
   expect_close(dev.to_host(da, c.all_reduce_async(da, ReduceOp::Max).get()), a, exact());
+}
+
+// The NCCL channel records its operations in the comm trace ring the MPI
+// channels use (comm/comm_trace.h), for `xirang diagnose`: kind, channel,
+// peer and tag, bytes, the channel's sequence numbers, and completion.
+TEST(NcclGroupOfOne, OperationsAreRecordedInTheCommTrace) {
+  int device = 0;
+  std::string skip = single_gpu(&device);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  XR_CUDA_CHECK(cudaSetDevice(device));
+  LocalCommunicator bootstrap("solo");
+  DeviceScope dev(device);
+  CommTrace trace(world_rank(), world_size(), "");
+  CommOptions opts = kOpts;
+  opts.trace = &trace;
+  NcclCommunicator c(bootstrap, device, dev.compute(), opts);
+  ASSERT_EQ(trace.channels().size(), 1u);
+  EXPECT_EQ(trace.channels()[0].group, "solo");
+  EXPECT_EQ(trace.channels()[0].world_ranks, std::vector<int>{world_rank()});
+  const int r = world_rank();
+  Buf a(DType::F32, 9), b(DType::F32, 5);
+  a.fill(1, r);
+  b.fill(2, r);
+  Tensor da = dev.to_device(a), db = dev.to_device(a), dc = dev.to_device(b);
+  c.all_reduce_async(da, ReduceOp::Sum)->wait();
+  c.broadcast_async(dc, 0)->wait();
+  c.sendrecv_async(da, 0, db, 0)->wait();
+  c.all_reduce_async(da, ReduceOp::Max)->wait();
+  const std::vector<CommOpRecord> ops = trace.records();
+  ASSERT_EQ(ops.size(), 5u);
+  const CommOpKind kinds[] = {CommOpKind::AllReduce, CommOpKind::Broadcast, CommOpKind::Send, CommOpKind::Recv,
+                              CommOpKind::AllReduce};
+  const uint64_t seqs[] = {1, 2, 1, 2, 3};  // collectives and point-to-point operations count apart
+  const int64_t bytes[] = {36, 20, 36, 36, 36};
+  for (size_t i = 0; i < ops.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(ops[i].channel, 0);
+    EXPECT_EQ(ops[i].kind, kinds[i]);
+    EXPECT_EQ(ops[i].seq, seqs[i]);
+    EXPECT_EQ(ops[i].bytes, bytes[i]);
+    EXPECT_EQ(ops[i].state, CommOpState::Done);
+    EXPECT_EQ(ops[i].peer, is_collective(kinds[i]) ? -1 : 0);
+    EXPECT_GT(ops[i].posted_s, 0.0);
+    EXPECT_GE(ops[i].completed_s, ops[i].posted_s);
+  }
 }
 
 TEST(NcclGroupOfOne, MissingDeviceIsACommError) {

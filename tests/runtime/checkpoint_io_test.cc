@@ -426,6 +426,51 @@ TEST(CheckpointErrors, GlobalShapeMismatch) {
             std::string::npos);
 }
 
+// Replaces attribute `name` of dataset `dataset` in `file` with int64 values.
+void set_attr_i64s(const std::string& file, const std::string& dataset, const char* name,
+                   const std::vector<int64_t>& values) {
+  Hdf5Scope scope;
+  H5Id f(XR_HDF5_ID(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT)), H5Fclose);
+  H5Id d(XR_HDF5_ID(H5Dopen2(f, dataset.c_str(), H5P_DEFAULT)), H5Dclose);
+  XR_HDF5_CHECK(H5Adelete(d, name));
+  if (values.size() == 1) write_attr_i64(d, name, values[0]);
+  else write_attr_i64s(d, name, values);
+  d.close();
+  f.close();
+}
+
+// Entry attributes that a damaged or hostile file may hold, each refused at
+// open with one line naming the file, the entry and what was expected
+// (inputs of the hdf5_attrs fuzz target, tests/fuzz).
+TEST(CheckpointErrors, HostileEntryAttributesAreRefusedWithOneLine) {
+  const std::vector<float> W = random_values(kW.numel(), 11), V = random_values(32, 12);
+  const int64_t big = int64_t(1) << 40;
+  struct Case {
+    const char* dataset;
+    const char* attr;
+    std::vector<int64_t> values;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      // 2^32 + 2 parts: narrowed to an int it read as 2, a plausible split of another tensor.
+      {"/params/row", "parts", {(int64_t(1) << 32) + 2}, "attribute 'parts' is 4294967298 (expected 1..2147483647)"},
+      {"/params/row", "split_dim", {-(int64_t(1) << 32)}, "attribute 'split_dim' is -4294967296 (expected -1..2147483647)"},
+      // A chunk so large that rounding the element count up to it overflowed.
+      {"/params/row", "checksum_chunk", {INT64_MAX},
+       "checksum chunks disagree with the extent: 6 checksums of chunks of 9223372036854775807 elements for 1536 elements"},
+      // 2^80 elements: the element count overflowed (to 0), before any range check.
+      {"/params/rep", "global_shape", {big, big}, "global shape (1099511627776, 1099511627776) has more elements than a 64-bit count holds"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.attr);
+    const std::string step = save_two_ranks(W, V);
+    set_attr_i64s(step + "/rank_00000.h5", c.dataset, c.attr, c.values);
+    const std::string err = error_of([&] { CheckpointReader::open(step); });
+    EXPECT_NE(err.find("rank_00000.h5 entry " + std::string(c.dataset)), std::string::npos) << err;
+    EXPECT_NE(err.find(c.expected), std::string::npos) << err;
+  }
+}
+
 TEST(CheckpointErrors, MissingElementIsNamed) {
   const std::string root = fresh_dir();
   CheckpointDir dir(root);
