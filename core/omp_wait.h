@@ -2,10 +2,12 @@
 // sets none.
 //
 // GNU OpenMP's idle workers spin for a while before they sleep (the default
-// wait policy). The CPU kernels alternate OpenMP regions with OpenBLAS
-// products, which run on OpenBLAS's own threads, so on a machine with few
-// cores the spinning workers take the cores from the threads doing the work:
-// gpt2_debug trains 2-3x slower, gpt2_124m 1.3x (docs/performance.md). The
+// wait policy). Where OpenBLAS is its pthread build, the CPU kernels
+// alternate OpenMP regions with OpenBLAS products on OpenBLAS's own threads,
+// so on a machine with few cores the spinning workers take the cores from
+// the threads doing the work: gpt2_debug trains 2-3x slower, gpt2_124m 1.3x
+// (docs/performance.md). With OpenBLAS's OpenMP build and oneDNN (one pool)
+// both policies measure the same; PASSIVE stays, kinder to shared cores. The
 // policy is read once, when the OpenMP runtime loads, so a program that
 // wants PASSIVE (sleep at once) must have it in its environment from the
 // start:
