@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <tuple>
+#include <vector>
 
 #ifdef XIRANG_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -76,25 +79,31 @@ constexpr double kFlopsPerBlock = 32e6;
 constexpr int64_t kMinBlockWidth = 128;
 constexpr int64_t kBlockCounts[] = {48, 24, 16, 12, 8, 6, 4, 2, 1};
 
-void onednn_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+// Rows (M >= N) or columns of C cut into blocks by shape alone; run(s, w)
+// computes the block of `w` rows or columns from `s` on the calling thread.
+struct Blocking {
+  int64_t extent, width, blocks;  // rows or columns cut, each block's, how many
+  int64_t last() const { return extent - (blocks - 1) * width; }
+};
+
+Blocking blocking_of(int64_t M, int64_t N, int64_t K) {
   const double flops = 2.0 * double(M) * double(N) * double(K);
-  const bool by_rows = M >= N;
-  const int64_t D = by_rows ? M : N;
+  const int64_t D = M >= N ? M : N;
   int64_t count = 1;
   for (int64_t c : kBlockCounts)
     if (D / c >= kMinBlockWidth && flops / double(c) >= kFlopsPerBlock) {
       count = c;
       break;
     }
-  const int64_t width = (D + count - 1) / count, blocks = (D + width - 1) / width;
-  auto block = [&](int64_t b) {
-    const int64_t s = b * width, w = std::min(D, s + width) - s;
-    if (by_rows)
-      onednn_call(ta, tb, w, N, K, alpha, ta ? A + s : A + s * lda, lda, B, ldb, beta, C + s * ldc, ldc);
-    else
-      onednn_call(ta, tb, M, w, K, alpha, A, lda, tb ? B + s * ldb : B + s, ldb, beta, C + s, ldc);
-  };
+  const int64_t width = (D + count - 1) / count;
+  return {D, width, (D + width - 1) / width};
+}
+
+template <class Run>
+void run_blocks(int64_t M, int64_t N, int64_t K, Run&& run) {
+  const Blocking bl = blocking_of(M, N, K);
+  const int64_t D = bl.extent, width = bl.width, blocks = bl.blocks;
+  auto block = [&](int64_t b) { run(b * width, std::min(D, b * width + width) - b * width); };
   if (omp_in_parallel()) {  // oneDNN runs on this thread alone
     for (int64_t b = 0; b < blocks; ++b) block(b);
     return;
@@ -110,9 +119,169 @@ void onednn_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) block(b);
 }
+
+void onednn_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const bool by_rows = M >= N;
+  run_blocks(M, N, K, [&](int64_t s, int64_t w) {
+    if (by_rows)
+      onednn_call(ta, tb, w, N, K, alpha, ta ? A + s : A + s * lda, lda, B, ldb, beta, C + s * ldc, ldc);
+    else
+      onednn_call(ta, tb, M, w, K, alpha, A, lda, tb ? B + s * ldb : B + s, ldb, beta, C + s, ldc);
+  });
+}
+
+// ---------------------------------------------------------------- bf16 matmul
+
+// oneDNN's matmul primitive with bf16 operands: the CPU's BF16 dot products
+// where it has them. A primitive is made per block shape (with strides,
+// output type, alpha, beta, bias), planned for one thread, and kept.
+struct MatmulKey {
+  bool ta, tb, c_bf16, bias;
+  int64_t M, N, K, lda, ldb, ldc;
+  float alpha, beta;
+  int thread = 0;  // each thread runs primitives of its own (their scratch is not shared)
+  auto tie() const { return std::tie(ta, tb, c_bf16, bias, M, N, K, lda, ldb, ldc, alpha, beta, thread); }
+  bool operator<(const MatmulKey& o) const { return tie() < o.tie(); }
+};
+
+struct Descs {
+  dnnl_memory_desc_t a, b, c, bias;
+};
+
+Descs descs_of(const MatmulKey& k) {
+  Descs d{};
+  dnnl_dims_t ad = {k.M, k.K}, as = {k.ta ? 1 : k.lda, k.ta ? k.lda : 1};
+  dnnl_dims_t bd = {k.K, k.N}, bs = {k.tb ? 1 : k.ldb, k.tb ? k.ldb : 1};
+  dnnl_dims_t cd = {k.M, k.N}, cs = {k.ldc, 1};
+  dnnl_dims_t biasd = {1, k.N}, biass = {k.N, 1};
+  dnnl_memory_desc_init_by_strides(&d.a, 2, ad, dnnl_bf16, as);
+  dnnl_memory_desc_init_by_strides(&d.b, 2, bd, dnnl_bf16, bs);
+  dnnl_memory_desc_init_by_strides(&d.c, 2, cd, k.c_bf16 ? dnnl_bf16 : dnnl_f32, cs);
+  dnnl_memory_desc_init_by_strides(&d.bias, 2, biasd, dnnl_bf16, biass);
+  return d;
+}
+
+dnnl_engine_t cpu_engine() {
+  static dnnl_engine_t engine = [] {
+    dnnl_engine_t e = nullptr;
+    if (dnnl_engine_create(&e, dnnl_cpu, 0) != dnnl_success) e = nullptr;
+    return e;
+  }();
+  return engine;
+}
+
+// The primitive for `k`, or null where oneDNN has no bf16 matmul with the
+// CPU's own bf16 instructions (a reference or emulated kernel would be
+// slower than widening to fp32).
+dnnl_primitive_t matmul_primitive(MatmulKey k) {
+  k.thread = omp_get_thread_num();
+  static std::mutex mu;
+  static std::map<MatmulKey, dnnl_primitive_t> made;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = made.find(k);
+  if (it != made.end()) return it->second;
+  dnnl_primitive_t prim = nullptr;
+  if (dnnl_engine_t engine = cpu_engine()) {
+    const Descs d = descs_of(k);
+    dnnl_matmul_desc_t op;
+    dnnl_primitive_attr_t attr = nullptr;
+    dnnl_post_ops_t post = nullptr;
+    dnnl_primitive_desc_t pd = nullptr;
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);  // planned for the one thread that runs each block
+    bool ok = dnnl_matmul_desc_init(&op, &d.a, &d.b, k.bias ? &d.bias : nullptr, &d.c) == dnnl_success &&
+              dnnl_primitive_attr_create(&attr) == dnnl_success;
+    if (ok && k.alpha != 1.0f) ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k.alpha) == dnnl_success;
+    if (ok && k.beta != 0.0f)
+      ok = dnnl_post_ops_create(&post) == dnnl_success && dnnl_post_ops_append_sum(post, k.beta) == dnnl_success &&
+           dnnl_primitive_attr_set_post_ops(attr, post) == dnnl_success;
+    if (ok) ok = dnnl_primitive_desc_create(&pd, &op, attr, engine, nullptr) == dnnl_success;
+    if (ok) {
+      const char* impl = nullptr;
+      dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+      ok = impl && std::strstr(impl, "avx512_core_bf16") != nullptr;
+    }
+    if (ok && dnnl_primitive_create(&prim, pd) != dnnl_success) prim = nullptr;
+    omp_set_num_threads(threads);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (post) dnnl_post_ops_destroy(post);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+  }
+  made.emplace(k, prim);
+  return prim;
+}
+
+void run_matmul(const MatmulKey& k, const void* A, const void* B, void* C, const void* bias) {
+  dnnl_primitive_t prim = matmul_primitive(k);
+  if (!prim)  // made for another thread already, so not expected
+    fail(ErrorKind::Library, "bf16 matmul: oneDNN made no primitive for a (", k.M, ", ", k.N, ", ", k.K,
+         ") block on this thread");
+  thread_local dnnl_stream_t stream = nullptr;
+  if (!stream && dnnl_stream_create(&stream, cpu_engine(), dnnl_stream_default_flags) != dnnl_success)
+    fail(ErrorKind::Library, "bf16 matmul: oneDNN cannot create a CPU stream");
+  const Descs d = descs_of(k);
+  dnnl_memory_t mem[4] = {};
+  bool ok = dnnl_memory_create(&mem[0], &d.a, cpu_engine(), const_cast<void*>(A)) == dnnl_success &&
+            dnnl_memory_create(&mem[1], &d.b, cpu_engine(), const_cast<void*>(B)) == dnnl_success &&
+            dnnl_memory_create(&mem[2], &d.c, cpu_engine(), C) == dnnl_success &&
+            (!k.bias || dnnl_memory_create(&mem[3], &d.bias, cpu_engine(), const_cast<void*>(bias)) == dnnl_success);
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]},
+                             {DNNL_ARG_BIAS, mem[3]}};
+  dnnl_status_t st = dnnl_runtime_error;
+  if (ok) {
+    st = dnnl_primitive_execute(prim, stream, k.bias ? 4 : 3, args);
+    dnnl_stream_wait(stream);
+  }
+  for (auto m : mem)
+    if (m) dnnl_memory_destroy(m);
+  if (st != dnnl_success)
+    fail(ErrorKind::Library, "bf16 matmul: oneDNN refused a (", k.M, ", ", k.N, ", ", k.K, ") product with status ",
+         int(st));
+}
 #endif
 
 }  // namespace
+
+bool bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+               const void* B, int64_t ldb, float beta, void* C, bool c_bf16, int64_t ldc, const void* bias) {
+#ifdef XIRANG_HAVE_ONEDNN
+  if (gemm_path().kind != GemmPath::OneDnn || M <= 0 || N <= 0 || K <= 0 || (bias && beta != 0.0f)) return false;
+  const bool by_rows = M >= N;
+  const size_t csize = c_bf16 ? 2 : 4;
+  // oneDNN's BF16 kernel (brgemm) wants C dense: a block of columns is
+  // computed into scratch of its own width and copied into place.
+  auto key = [&](int64_t w) {
+    return MatmulKey{ta, tb, c_bf16, bias != nullptr, by_rows ? w : M, by_rows ? N : w, K, lda, ldb,
+                     by_rows ? ldc : w, alpha, beta};
+  };
+  // Every block shape (at most two: the full width and the last block's)
+  // must have a primitive; otherwise the caller converts.
+  const Blocking bl = blocking_of(M, N, K);
+  if (!matmul_primitive(key(bl.width)) || !matmul_primitive(key(bl.last()))) return false;
+  const auto* a = static_cast<const uint16_t*>(A);
+  const auto* b = static_cast<const uint16_t*>(B);
+  const auto* bi = static_cast<const uint16_t*>(bias);
+  auto* c = static_cast<char*>(C);
+  run_blocks(M, N, K, [&](int64_t s, int64_t w) {
+    const MatmulKey k = key(w);
+    if (by_rows) {
+      run_matmul(k, ta ? a + s : a + s * lda, b, c + size_t(s * ldc) * csize, bi);
+      return;
+    }
+    thread_local std::vector<char> scratch;
+    scratch.resize(size_t(M * w) * csize);
+    const size_t row = size_t(w) * csize;
+    if (beta != 0.0f)
+      for (int64_t i = 0; i < M; ++i) std::memcpy(scratch.data() + i * row, c + size_t(i * ldc + s) * csize, row);
+    run_matmul(k, a, tb ? b + s * ldb : b + s, scratch.data(), bi ? bi + s : nullptr);
+    for (int64_t i = 0; i < M; ++i) std::memcpy(c + size_t(i * ldc + s) * csize, scratch.data() + i * row, row);
+  });
+  return true;
+#else
+  return false;
+#endif
+}
 
 bool have_onednn() {
 #ifdef XIRANG_HAVE_ONEDNN

@@ -57,6 +57,16 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
 void sgemm_on(GemmPath::Kind path, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// C (M, N), float or bf16 (c_bf16), = alpha op(A) op(B) [+ bias (N)] + beta C
+// for bf16 A, B and bias, summed in float and rounded once, on oneDNN's
+// bf16 matmul with the CPU's BF16 dot products, in blocks fixed by shape
+// (thread-count independent). False, with nothing done, where this process's
+// path is not onednn, the CPU has no AVX512_BF16 kernel in oneDNN, or bias
+// comes with a nonzero beta: the caller then widens tiles to fp32
+// (gemm_16bit.h).
+bool bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+               const void* B, int64_t ldb, float beta, void* C, bool c_bf16, int64_t ldc, const void* bias);
+
 // Whether this build has the onednn path.
 bool have_onednn();
 

@@ -1,6 +1,8 @@
 // CPU matrix products. F32 calls cpu::sgemm (OpenBLAS or oneDNN, chosen at
-// run time: kernels/cpu/gemm.h) and F64 OpenBLAS's dgemm on the tensors; BF16 and F16 convert tiles of the operands to float
-// scratch, call sgemm and round each result once when storing it.
+// run time: kernels/cpu/gemm.h) and F64 OpenBLAS's dgemm on the tensors.
+// BF16 runs on oneDNN's bf16 matmul where the CPU has BF16 dot products;
+// otherwise BF16 and F16 convert tiles of the operands to float scratch,
+// call sgemm and round each result once when storing it.
 #include "kernels/matmul.h"
 
 #include <cblas.h>
@@ -16,8 +18,6 @@ namespace xirang {
 
 using cpu::compute_t;
 using cpu::dispatch_storage;
-using cpu::GemmTiles;
-using cpu::gemm_16bit;
 using cpu::is_16bit_v;
 
 namespace {
@@ -59,8 +59,8 @@ void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor&
   dispatch_storage(out.dtype(), "matmul", [&](auto tag) {
     using S = decltype(tag);
     if constexpr (is_16bit_v<S>)
-      gemm_16bit<S, S>(trans_a, trans_b, M, N, K, float(alpha), a.data<S>(), a.size(1), b.data<S>(), b.size(1),
-                       float(beta), out.data<S>(), N, nullptr, GemmTiles::for_shape(M, N, K));
+      cpu::gemm_16bit_best<S, S>(trans_a, trans_b, M, N, K, float(alpha), a.data<S>(), a.size(1), b.data<S>(),
+                                 b.size(1), float(beta), out.data<S>(), N, nullptr);
     else
       gemm<S>(trans_a, trans_b, M, N, K, S(alpha), a.data<S>(), a.size(1), b.data<S>(), b.size(1), S(beta),
               out.data<S>(), N);
@@ -86,8 +86,8 @@ void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const T
   dispatch_storage(y.dtype(), "linear_forward", [&](auto tag) {
     using T = decltype(tag);
     if constexpr (is_16bit_v<T>) {
-      gemm_16bit<T, T>(false, true, N, out, in, 1.0f, x.data<T>(), in, w.data<T>(), in, 0.0f, y.data<T>(), out,
-                       bias.defined() ? bias.data<T>() : nullptr, GemmTiles::for_shape(N, out, in));
+      cpu::gemm_16bit_best<T, T>(false, true, N, out, in, 1.0f, x.data<T>(), in, w.data<T>(), in, 0.0f, y.data<T>(),
+                                 out, bias.defined() ? bias.data<T>() : nullptr);
     } else {
       T* py = y.data<T>();
       T beta = 0;
@@ -149,14 +149,13 @@ void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbia
     const T* pdy = dy.data<T>();
     if constexpr (is_16bit_v<T>) {
       if (dx.defined())
-        gemm_16bit<T, T>(false, false, N, in, out, 1.0f, pdy, out, w.data<T>(), in,
-                         dx_mode == GradMode::Accumulate ? 1.0f : 0.0f, dx.data<T>(), in, nullptr,
-                         GemmTiles::for_shape(N, in, out));
+        cpu::gemm_16bit_best<T, T>(false, false, N, in, out, 1.0f, pdy, out, w.data<T>(), in,
+                                   dx_mode == GradMode::Accumulate ? 1.0f : 0.0f, dx.data<T>(), in, nullptr);
       // An F32 dw is summed into in place (beta 1): no 16-bit rounding at all.
       cpu::dispatch_grad<T>(dw.dtype(), [&](auto gtag) {
         using G = decltype(gtag);
-        gemm_16bit<T, G>(true, false, out, in, N, 1.0f, pdy, out, x.data<T>(), in, 1.0f, dw.data<G>(), in, nullptr,
-                         GemmTiles::for_shape(out, in, N));
+        cpu::gemm_16bit_best<T, G>(true, false, out, in, N, 1.0f, pdy, out, x.data<T>(), in, 1.0f, dw.data<G>(), in,
+                                   nullptr);
       });
     } else {
       if (dx.defined())
