@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -178,6 +179,31 @@ std::string rank_file_name(int rank) {
   return buf;
 }
 
+namespace {
+
+// An integer field of meta.json within [lo, hi]; a float, a string or a value
+// out of range is refused with the field's name (a conversion of an
+// out-of-range number would be undefined).
+int64_t meta_integer(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi) {
+  const nlohmann::json& v = j.at(key);
+  bool ok = v.is_number_integer();
+  int64_t x = 0;
+  if (ok && v.is_number_unsigned()) {
+    ok = v.get<uint64_t>() <= uint64_t(hi);
+    if (ok) x = int64_t(v.get<uint64_t>());
+  } else if (ok) {
+    x = v.get<int64_t>();
+  }
+  if (!ok || x < lo || x > hi) {
+    std::string shown = v.dump();
+    if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
+    fail(ErrorKind::Checkpoint, "'", key, "' is ", shown, " (expected an integer in ", lo, "..", hi, ")");
+  }
+  return x;
+}
+
+}  // namespace
+
 CheckpointMeta read_checkpoint_meta(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / "meta.json").string();
   std::ifstream f(path);
@@ -187,17 +213,22 @@ CheckpointMeta read_checkpoint_meta(const std::string& step_dir) {
     if (j.at("format").get<std::string>() != "xirang-checkpoint")
       fail(ErrorKind::Checkpoint, "format is not xirang-checkpoint");
     CheckpointMeta m;
-    m.format_version = j.at("format_version").get<int>();
-    if (m.format_version < 1 || m.format_version > kCheckpointFormatVersion)
-      fail(ErrorKind::Checkpoint, "format_version ", m.format_version, " is not supported (this build reads 1..",
+    const nlohmann::json& version = j.at("format_version");
+    if (version.is_number_integer() && version.get<int64_t>() > kCheckpointFormatVersion)
+      fail(ErrorKind::Checkpoint, "format_version ", version.get<int64_t>(), " is not supported (this build reads 1..",
            kCheckpointFormatVersion, ")");
-    m.step = j.at("step").get<int64_t>();
+    m.format_version = int(meta_integer(j, "format_version", 1, kCheckpointFormatVersion));
+    m.step = meta_integer(j, "step", 0, std::numeric_limits<int64_t>::max());
     const auto& l = j.at("layout");
-    m.layout.dp = l.at("dp").get<int>();
-    m.layout.tp = l.at("tp").get<int>();
-    m.layout.pp = l.at("pp").get<int>();
-    m.layout.zero = l.at("zero").get<int>();
-    m.layout.virtual_stages = l.at("virtual_stages").get<int>();
+    constexpr int64_t kMaxRanks = int64_t(1) << 24;
+    m.layout.dp = int(meta_integer(l, "dp", 1, kMaxRanks));
+    m.layout.tp = int(meta_integer(l, "tp", 1, kMaxRanks));
+    m.layout.pp = int(meta_integer(l, "pp", 1, kMaxRanks));
+    if (int64_t(m.layout.dp) * m.layout.tp * m.layout.pp > kMaxRanks)
+      fail(ErrorKind::Checkpoint, "layout dp ", m.layout.dp, " x tp ", m.layout.tp, " x pp ", m.layout.pp,
+           " is more than ", kMaxRanks, " ranks");
+    m.layout.zero = int(meta_integer(l, "zero", 0, 1));
+    m.layout.virtual_stages = int(meta_integer(l, "virtual_stages", 1, kMaxRanks));
     m.layout.sequence_parallel = l.at("sequence_parallel").get<bool>();
     m.config_yaml = j.at("config").get<std::string>();
     m.rank_files = j.at("rank_files").get<std::vector<std::string>>();

@@ -5,6 +5,7 @@
 #include "runtime/checkpoint/checkpoint_io.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -407,6 +408,35 @@ TEST(CheckpointCorruption, TruncatedOrMissingFilesAreClearErrors) {
   fs::remove(step + "/meta.json");
   err = error_of([&] { CheckpointReader::open(step); });
   EXPECT_NE(err.find("not a complete checkpoint"), std::string::npos) << err;
+}
+
+// Numbers in meta.json that no layout has: a float, a value past int, a
+// string, a negative step. Each is one line naming the field; none reaches a
+// conversion (undefined for out-of-range floats).
+TEST(CheckpointErrors, MetaNumbersOutOfRangeAreRefused) {
+  const std::vector<float> W = random_values(kW.numel(), 7), V = random_values(32, 8);
+  const std::string step = save_two_ranks(W, V);
+  const std::string meta = step + "/meta.json";
+  nlohmann::json good;
+  std::ifstream(meta) >> good;
+  auto with = [&](const std::string& where, const std::string& key, const nlohmann::json& value) {
+    nlohmann::json j = good;
+    (where.empty() ? j : j[where])[key] = value;
+    std::ofstream(meta) << j.dump();
+    return error_of([&] { CheckpointReader::open(step); });
+  };
+  std::string err = with("layout", "virtual_stages", 4.4e105);
+  EXPECT_NE(err.find("'virtual_stages' is 4.4e+105 (expected an integer in 1..16777216)"), std::string::npos) << err;
+  err = with("layout", "dp", int64_t(1) << 40);
+  EXPECT_NE(err.find("'dp' is 1099511627776 (expected an integer in 1..16777216)"), std::string::npos) << err;
+  err = with("layout", "tp", "2");
+  EXPECT_NE(err.find("'tp' is \"2\""), std::string::npos) << err;
+  err = with("", "step", -3);
+  EXPECT_NE(err.find("'step' is -3"), std::string::npos) << err;
+  err = with("", "format_version", 99);
+  EXPECT_NE(err.find("format_version 99 is not supported"), std::string::npos) << err;
+  std::ofstream(meta) << good.dump();
+  EXPECT_NO_THROW(CheckpointReader::open(step)) << "the untouched meta.json reads";
 }
 
 TEST(CheckpointErrors, GlobalShapeMismatch) {
