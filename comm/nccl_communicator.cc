@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "comm/nccl_check.h"
+#include "comm/nccl_state.h"
 #include "core/clock.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -21,35 +22,10 @@
 
 namespace xirang {
 
+using nccl_detail::is_failure;
+
 namespace {
 
-// Host polling schedule of wait() and of set-up: yield for a moment (the
-// event is usually just about to complete), then sleep with a growing
-// backoff, up to 1 ms once nothing has happened for 20 ms. A host wait is
-// rare on the hot path, so its latency matters less than leaving the cores
-// to the other threads.
-constexpr double kSpinSeconds = 50e-6;
-constexpr double kLongWaitSeconds = 20e-3;
-constexpr std::chrono::microseconds kMinBackoff{20};
-constexpr std::chrono::microseconds kMaxBackoff{200};
-constexpr std::chrono::microseconds kLongWaitBackoff{1000};
-
-class Backoff {
- public:
-  void pause() {
-    double waited = now_seconds() - start_;
-    if (waited < kSpinSeconds) {
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(2 * sleep_, waited < kLongWaitSeconds ? kMaxBackoff : kLongWaitBackoff);
-  }
-
- private:
-  double start_ = now_seconds();
-  std::chrono::microseconds sleep_ = kMinBackoff;
-};
 
 // How a dtype travels: NCCL's element type and elements per tensor element.
 // NCCL has no 16-bit integer, so u16 moves as bytes (data movement only).
@@ -93,88 +69,9 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 
 char* element(const Tensor& t, int64_t i) { return static_cast<char*>(t.raw()) + size_t(i) * dtype_size(t.dtype()); }
 
-bool is_failure(ncclResult_t rc) { return rc != ncclSuccess && rc != ncclInProgress; }
 
 }  // namespace
 
-// What the channel and its Work handles share. Every NCCL call on `comm`
-// happens under `mu`, so the handle is used by one thread at a time and the
-// abort happens once.
-struct NcclState {
-  std::mutex mu;
-  ncclComm_t comm = nullptr;  // null after destruction or abort
-  std::string name;
-  int rank = 0, size = 1, device = 0;
-  CommOptions opts;
-  bool broken = false;  // an operation failed or timed out; the communicator was aborted
-  std::string broken_reason;
-  // This channel in opts.trace, and its counts of collectives and of point-to-point operations.
-  int trace_channel = -1;
-  uint64_t collectives = 0, p2p = 0;
-
-  std::string where() const {
-    return str_cat("(this is rank ", rank, " of ", size, " in group ", name, ", NCCL on CUDA device ", device, ")");
-  }
-  std::string nccl_message(ncclResult_t rc) const {
-    const char* last = ncclGetLastError(comm);
-    return str_cat(ncclGetErrorString(rc), last && *last ? str_cat(" (", last, ")") : std::string());
-  }
-
-  // The rest runs under mu.
-
-  // Ends the NCCL communicator: its kernels stop, its peers' operations with
-  // this rank fail or time out. The channel refuses all later work.
-  void abort_locked(const std::string& reason) {
-    if (!broken) {
-      broken = true;
-      broken_reason = reason;
-    }
-    if (comm) {
-      ncclCommAbort(comm);
-      comm = nullptr;
-    }
-  }
-
-  // The communicator is non-blocking, so a call may return ncclInProgress
-  // before its work is queued on the stream (set-up, and the connection
-  // set-up NCCL does lazily at a first launch, both wait for peers). Polls
-  // until NCCL is done with it: a dead peer then ends in a timeout and a
-  // clean error instead of a host thread stuck inside NCCL forever. Throws
-  // ErrorKind::Comm (after aborting) on failure or timeout.
-  void settle_locked(ncclResult_t rc, const std::string& what) {
-    double start = now_seconds();
-    Backoff backoff;
-    while (rc == ncclInProgress && comm) {
-      if (now_seconds() - start > opts.timeout_s) {
-        std::string msg = str_cat(what, " was not accepted by NCCL within ", opts.timeout_s,
-                                  " s: a peer rank may have died or stopped answering ", where());
-        abort_locked(msg);
-        fail(ErrorKind::Comm, msg, "; the NCCL communicator was aborted");
-      }
-      backoff.pause();
-      ncclResult_t state = ncclSuccess;
-      ncclResult_t q = ncclCommGetAsyncError(comm, &state);
-      rc = q != ncclSuccess ? q : state;
-    }
-    if (rc == ncclSuccess) return;
-    std::string msg = str_cat(what, " failed: NCCL: ", nccl_message(rc), " ", where());
-    abort_locked(msg);
-    fail(ErrorKind::Comm, msg, "; the NCCL communicator was aborted");
-  }
-
-  // An asynchronous error NCCL has seen on the channel (a network failure, a
-  // peer that went away), or "" when there is none. Aborts on one.
-  std::string async_error_locked() {
-    if (!comm) return "";
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(comm, &state);
-    if (q != ncclSuccess) state = q;
-    if (!is_failure(state)) return "";
-    std::string msg = str_cat("NCCL reported an error on channel ", name, ": ", nccl_message(state), " ", where());
-    abort_locked(msg);
-    return msg;
-  }
-};
 
 namespace {
 
@@ -191,108 +88,6 @@ void group_call(NcclState& s, const std::string& what, const std::function<ncclR
 
 }  // namespace
 
-// ---- NcclWork
-
-NcclWork::NcclWork(std::shared_ptr<NcclState> state, std::string what, double submitted_s, CudaEvent start,
-                   CudaEvent done, std::vector<uint64_t> trace_ids)
-    : state_(std::move(state)),
-      what_(std::move(what)),
-      submitted_s_(submitted_s),
-      start_(std::move(start)),
-      done_(std::move(done)),
-      trace_ids_(std::move(trace_ids)) {}
-
-bool NcclWork::poll() {
-  if (finished_) return true;
-  cudaError_t q = cudaEventQuery(done_.get());
-  if (q == cudaErrorNotReady) cudaGetLastError();  // see CudaEvent::query
-  std::string failure;
-  bool timed_out = false;
-  {
-    NcclState& s = *state_;
-    std::lock_guard<std::mutex> lk(s.mu);
-    if (q == cudaSuccess) {
-      // After an abort NCCL's kernels stop early, so an operation that
-      // "completed" on a broken channel may hold partial data.
-      if (s.broken)
-        failure = str_cat(what_, " cannot be trusted: channel ", s.name, " broke before it was seen to complete: ",
-                          s.broken_reason);
-    } else if (q != cudaErrorNotReady) {
-      failure = str_cat(what_, " failed: CUDA: ", cudaGetErrorString(q), " ", s.where());
-      s.abort_locked(failure);
-    } else {
-      std::string async = s.async_error_locked();
-      if (!async.empty()) {
-        failure = str_cat(what_, " failed: ", async);
-      } else if (s.broken) {
-        failure = str_cat(what_, " abandoned: channel ", s.name, " is broken: ", s.broken_reason);
-      } else if (now_seconds() - submitted_s_ > s.opts.timeout_s) {
-        failure = str_cat(what_, " did not complete within ", s.opts.timeout_s,
-                          " s: a peer rank may have died or stopped answering ", s.where(),
-                          "; the NCCL communicator was aborted");
-        s.abort_locked(failure);
-        timed_out = true;
-      } else {
-        return false;
-      }
-    }
-  }
-  finished_ = true;
-  if (CommTrace* trace = state_->opts.trace) {
-    for (uint64_t id : trace_ids_) trace->completed(id, failure.empty(), now_seconds());
-    // Like the MPI channels: the ring goes to disk once per process, for `xirang diagnose`.
-    if (timed_out) {
-      const std::string path = trace->dump(failure);
-      if (!path.empty())
-        failure += str_cat("; recent operations in ", path, " (`xirang diagnose ", trace->dump_dir(),
-                           "` compares the ranks' files)");
-    }
-  }
-  if (!failure.empty()) error_ = std::make_exception_ptr(Error(ErrorKind::Comm, failure));
-  return true;
-}
-
-void NcclWork::wait() {
-  Backoff backoff;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (poll()) {
-        if (error_) std::rethrow_exception(error_);
-        return;
-      }
-    }
-    backoff.pause();
-  }
-}
-
-bool NcclWork::test() {
-  std::lock_guard<std::mutex> lk(mu_);
-  return poll();
-}
-
-double NcclWork::duration_ms() const {
-  // Asked only once both have completed: on an incomplete event
-  // cudaEventElapsedTime fails. A failed operation reports its error in
-  // wait(), not here.
-  if (cudaEventQuery(start_.get()) != cudaSuccess || cudaEventQuery(done_.get()) != cudaSuccess) {
-    cudaGetLastError();  // see CudaEvent::query
-    return 0;
-  }
-  float ms = 0;
-  if (cudaEventElapsedTime(&ms, start_.get(), done_.get()) != cudaSuccess) return 0;
-  return ms;
-}
-
-void NcclWork::wait_on(cudaStream_t stream) const { stream_wait(stream, done_); }
-
-void join_on_stream(Work& work, cudaStream_t stream) {
-  if (auto* nccl = dynamic_cast<NcclWork*>(&work)) {
-    nccl->wait_on(stream);
-    return;
-  }
-  work.wait();
-}
 
 // ---- NcclCommunicator: set-up and shutdown
 
