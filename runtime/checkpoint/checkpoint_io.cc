@@ -187,6 +187,11 @@ std::string shard_spec_problem(const ShardSpec& s) {
   if (s.replicated()) return "";
   if (s.dim >= g.rank()) return str_cat("split dimension ", s.dim, " of a rank-", g.rank(), " tensor");
   if (s.blocks < 1) return str_cat("blocks ", s.blocks, " < 1");
+  // At most one block per row (a map of the blocks is built): an empty
+  // dimension divides by any count.
+  if (s.blocks > std::max<int64_t>(g[s.dim], 1024))
+    return str_cat("blocks ", s.blocks, " for dimension ", s.dim, " of global shape ", g.str(),
+                   " (expected at most one block per row)");
   if (s.index < 0 || s.index >= s.parts) return str_cat("shard index ", s.index, " outside [0, ", s.parts, ")");
   if (s.block_sizes.empty()) {
     if (g[s.dim] % (int64_t(s.parts) * s.blocks) != 0)
