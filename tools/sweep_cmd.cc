@@ -75,26 +75,48 @@ std::string clock_text(double s) {
   return b;
 }
 
-// Every repeat of one point, launched in turn; a repeat that does not end ok ends the point.
-Json run_point(const Spec& spec, const Point& p, const std::string& xirang, const std::string& out) {
-  const Prepared pre = prepare(spec, p);
+// Repeat k (1-based) of a point that passed validation.
+RunOutcome run_repeat(const Spec& spec, const Point& p, const Prepared& pre, int k, const std::string& xirang,
+                      const std::string& out) {
+  const std::string dir = out + "/points/" + p.id + (spec.repeats > 1 ? "/r" + std::to_string(k) : "");
+  fs::create_directories(dir);
+  fs::remove(dir + "/metrics.jsonl");  // the trainer appends to it
+  // The config the run will read, with the sweep's own two keys: `xirang report` finds it there.
+  std::vector<std::string> keys = p.overrides;
+  keys.push_back("train.steps=" + std::to_string(spec.steps));
+  keys.push_back("metrics.jsonl=" + dir + "/metrics.jsonl");
+  std::ofstream(dir + "/config.yaml") << load_config(spec.base, keys).yaml;
+  const std::string cmd = launch_command(spec, p, pre.ranks, xirang, dir);
+  std::ofstream(dir + "/command.sh") << cmd << '\n';
+  const LaunchResult r = run_command(cmd, dir + "/train.log", spec.timeout_s, spec.env, spec.priority);
+  return read_run(r, dir + "/train.log", dir + "/metrics.jsonl", spec.warmup);
+}
+
+// A point this sweep runs: its validated config and the repeats so far. It
+// is finished when it was refused, when a repeat did not end ok (that ends
+// the point), or when every repeat ran.
+struct Pending {
+  const Point* point;
+  Prepared pre;
   std::vector<RunOutcome> runs;
-  for (int k = 1; pre.refused.empty() && k <= spec.repeats; ++k) {
-    const std::string dir = out + "/points/" + p.id + (spec.repeats > 1 ? "/r" + std::to_string(k) : "");
-    fs::create_directories(dir);
-    fs::remove(dir + "/metrics.jsonl");  // the trainer appends to it
-    // The config the run will read, with the sweep's own two keys: `xirang report` finds it there.
-    std::vector<std::string> keys = p.overrides;
-    keys.push_back("train.steps=" + std::to_string(spec.steps));
-    keys.push_back("metrics.jsonl=" + dir + "/metrics.jsonl");
-    std::ofstream(dir + "/config.yaml") << load_config(spec.base, keys).yaml;
-    const std::string cmd = launch_command(spec, p, pre.ranks, xirang, dir);
-    std::ofstream(dir + "/command.sh") << cmd << '\n';
-    const LaunchResult r = run_command(cmd, dir + "/train.log", spec.timeout_s, spec.env, spec.priority);
-    runs.push_back(read_run(r, dir + "/train.log", dir + "/metrics.jsonl", spec.warmup));
-    if (runs.back().status != "ok") break;
+  bool finished(int repeats) const {
+    return !pre.refused.empty() || (!runs.empty() && runs.back().status != "ok") || int(runs.size()) == repeats;
   }
-  return make_row(p, pre, runs);
+  int runs_left(int repeats) const { return finished(repeats) ? 0 : repeats - int(runs.size()); }
+};
+
+// The order of the runs: (index into `pending`, repeat), each point's
+// repeats in a row, or in rounds (every point's first, then every point's
+// second, ...) under repeat_order: rounds.
+std::vector<std::pair<size_t, int>> run_order(const Spec& spec, size_t n) {
+  std::vector<std::pair<size_t, int>> order;
+  if (spec.rounds)
+    for (int k = 1; k <= spec.repeats; ++k)
+      for (size_t i = 0; i < n; ++i) order.push_back({i, k});
+  else
+    for (size_t i = 0; i < n; ++i)
+      for (int k = 1; k <= spec.repeats; ++k) order.push_back({i, k});
+  return order;
 }
 
 // The point's host.cpu_wait_share when it is over kContendedShare, else -1.
@@ -173,22 +195,48 @@ int run_sweep(const SweepArgs& args) {
     if (const std::string why = priority_problem(*spec.priority); !why.empty()) std::printf("note: %s\n", why.c_str());
   const std::string xirang = self_path();
   const size_t total = spec.points.size();
-  size_t done = 0, ran = 0;
-  const auto start = std::chrono::steady_clock::now();
+  std::vector<Pending> pending;
+  std::map<std::string, size_t> position;  // a point's 1-based place in the spec, for the progress lines
   for (const Point& p : spec.points) {
-    ++done;
-    if (auto it = rows.find(p.id); it != rows.end()) {
-      std::printf("[%zu/%zu] %s: recorded earlier (%s)\n", done, total, p.id.c_str(), it->second["status"].get<std::string>().c_str());
-      continue;
+    position[p.id] = position.size() + 1;
+    if (auto it = rows.find(p.id); it != rows.end())
+      std::printf("[%zu/%zu] %s: recorded earlier (%s)\n", position[p.id], total, p.id.c_str(),
+                  it->second["status"].get<std::string>().c_str());
+    else
+      pending.push_back({&p, prepare(spec, p), {}});
+  }
+  int runs_done = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto eta = [&] {
+    int left = 0;
+    for (const Pending& q : pending) left += q.runs_left(spec.repeats);
+    return runs_done > 0 ? elapsed() / runs_done * left : 0.0;
+  };
+  std::vector<bool> recorded(pending.size(), false);
+  for (const auto& [i, k] : run_order(spec, pending.size())) {
+    Pending& q = pending[i];
+    if (recorded[i]) continue;
+    if (!q.finished(spec.repeats)) {
+      q.runs.push_back(run_repeat(spec, *q.point, q.pre, k, xirang, out));
+      ++runs_done;
+      if (spec.rounds && !q.finished(spec.repeats)) {  // in rounds, say each run; the row comes with the last
+        const RunOutcome& r = q.runs.back();
+        std::printf("[%zu/%zu] %s: repeat %d of %d done (median %.2f ms/step) | elapsed %s, ETA %s\n",
+                    position[q.point->id], total, q.point->id.c_str(), k, spec.repeats, run_median_ms(r),
+                    clock_text(elapsed()).c_str(), clock_text(eta()).c_str());
+        std::fflush(stdout);
+      }
     }
-    const Json row = run_point(spec, p, xirang, out);
-    ++ran;
+    if (!q.finished(spec.repeats)) continue;
+    const Json row = make_row(*q.point, q.pre, q.runs);
+    recorded[i] = true;
     append_result(results, row);
-    rows[p.id] = row;
+    rows[q.point->id] = row;
     write_csv(ordered(spec, rows), out + "/results.csv");
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("[%zu/%zu] %s (ranks %d): %s | elapsed %s, ETA %s\n", done, total, p.id.c_str(), row["ranks"].get<int>(),
-                row_text(row).c_str(), clock_text(elapsed).c_str(), clock_text(elapsed / ran * double(total - done)).c_str());
+    std::printf("[%zu/%zu] %s (ranks %d): %s | elapsed %s, ETA %s\n", position[q.point->id], total,
+                q.point->id.c_str(), row["ranks"].get<int>(), row_text(row).c_str(), clock_text(elapsed()).c_str(),
+                clock_text(eta()).c_str());
     std::fflush(stdout);
   }
   write_csv(ordered(spec, rows), out + "/results.csv");

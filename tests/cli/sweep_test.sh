@@ -13,6 +13,8 @@
 #   dry_run    the points and their launch commands, nothing run or written
 #   timeout    a hanging point is recorded as timeout and its processes are gone; so are they when
 #              the sweep itself is stopped with SIGTERM
+#   rounds     repeat_order: rounds runs every point's first repeat, then every point's second;
+#              each row pools both repeats
 #   bad_input  malformed specs and arguments: one error line, non-zero exit
 set -uo pipefail
 xirang=$1 src=$2 work=$3 case=$4
@@ -212,8 +214,37 @@ EOF
     ! pgrep -f 'hang/points/ranks2-seed4242/metrics.jsonl' >/dev/null ||
       die "processes of the stopped sweep's point remain: $(pgrep -af hang/points)"
     echo "ok [$case]: timeout recorded, no process left; a stopped sweep takes its running point along" ;;
+  rounds)
+    prepare_data
+    mkdir -p rounds && cd rounds && ln -sfn ../data data || die "no rounds folder"
+    cat >rounds.yaml <<EOF
+base: $src/configs/gpt2_debug.yaml
+set: {data.train: data/debug/train, model.n_layer: 2}
+points: [{ranks: 1}, {ranks: 2, parallel.tp: 3}, {ranks: 1, train.seed: 7}]
+steps: 3
+warmup: 1
+repeats: 2
+repeat_order: rounds
+launcher: "echo {id} {dir} >>launches.txt; mpirun -np {ranks} --oversubscribe {xirang} {args}"
+env: {OMP_NUM_THREADS: "1"}
+EOF
+    rm -rf out launches.txt
+    "$xirang" sweep rounds.yaml --out out >out.txt 2>err.txt || die "sweep failed: $(cat err.txt)"
+    want="ranks1 out/points/ranks1/r1
+ranks1-seed7 out/points/ranks1-seed7/r1
+ranks1 out/points/ranks1/r2
+ranks1-seed7 out/points/ranks1-seed7/r2"
+    [ "$(cat launches.txt)" = "$want" ] || die "launch order: $(cat launches.txt)"
+    grep -qE '^\[1/3\] ranks1: repeat 1 of 2 done \(median [0-9.]+ ms/step\) \| elapsed [0-9:]+, ETA [0-9:]+$' out.txt ||
+      die "no progress line for the first round: $(cat out.txt)"
+    got=$(jsonl_eval out/results.jsonl "rows.map(r => [r.id, r.status, r.repeats, r.steps_measured || 0].join(':')).join(' ')" \
+      "' '.join('%s:%s:%s:%s' % (r['id'], r['status'], r['repeats'], r['steps_measured'] or 0) for r in rows)")
+    [ "$got" = "ranks2-tp3:refused:0:0 ranks1:ok:2:4 ranks1-seed7:ok:2:4" ] || die "rows (id:status:repeats:steps): $got"
+    echo "ok [$case]: 4 runs in two rounds, the refused point recorded first, 2 repeats pooled per row" ;;
   bad_input)
     write_spec
+    printf 'base: %s\nrepeat_order: sideways\n' "$src/configs/gpt2_debug.yaml" >bad10.yaml
+    expect_error 1 "repeat_order='sideways' must be points \(each point's repeats in a row\) or rounds" -- sweep bad10.yaml
     printf 'base: %s\nbogus: 1\n' "$src/configs/gpt2_debug.yaml" >bad1.yaml
     expect_error 1 "sweep spec bad1.yaml: unknown key 'bogus' \(line 2\)" -- sweep bad1.yaml
     printf 'base: %s\naxes: {parallel.tp: 2}\n' "$src/configs/gpt2_debug.yaml" >bad2.yaml

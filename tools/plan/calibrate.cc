@@ -225,7 +225,7 @@ CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster
   for (const SweepPoint* p : fit_set)
     r.fitted.push_back({p->id, p->step_s, predict_point(*p, r.cluster), p->cpu_wait_share});
   for (const SweepPoint* p : held) r.held_out.push_back({p->id, p->step_s, predict_point(*p, r.cluster), p->cpu_wait_share});
-  for (const SweepPoint& p : points) r.contended_points += p.cpu_wait_share > kContendedPointShare;
+  for (const SweepPoint& p : points) r.contended_points += p.cpu_wait_share > sweep::kContendedShare;
   r.fit_median_error = median_abs(r.fitted);
   r.held_out_median_error = median_abs(r.held_out);
   for (const PointError& e : r.held_out) r.held_out_max_error = std::max(r.held_out_max_error, std::fabs(e.error()));
@@ -241,7 +241,7 @@ std::string calibration_report(const CalibrationResult& r) {
       std::snprintf(buf, sizeof buf, "  %-48s measured %9.2f ms  predicted %9.2f ms  %+6.1f%%", e.id.c_str(),
                     e.measured_s * 1e3, e.predicted_s * 1e3, 100 * e.error());
       s += buf;
-      if (e.cpu_wait_share > kContendedPointShare)
+      if (e.cpu_wait_share > sweep::kContendedShare)
         s += str_cat("  (waited for a core ", int(100 * e.cpu_wait_share + 0.5), "% of the step)");
       s += "\n";
     }
@@ -252,7 +252,7 @@ std::string calibration_report(const CalibrationResult& r) {
                 100 * r.fit_median_error, 100 * r.held_out_median_error, 100 * r.held_out_max_error);
   s += buf;
   if (r.contended_points > 0)
-    s += str_cat("warning: ", r.contended_points, " point(s) waited for a core over ", int(100 * kContendedPointShare),
+    s += str_cat("warning: ", r.contended_points, " point(s) waited for a core over ", int(100 * sweep::kContendedShare),
                  "% of their step time: that waiting depends on the layout (ranks that block in collectives give "
                  "their core to others), so the fit describes the machine's other load as much as the machine; "
                  "measure on free cores (a quiet machine, or the sweep spec's priority as root)\n");

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tools/plan/cost_model.h"
+#include "tools/sweep/sweep.h"
 
 namespace xirang::tools::plan {
 
@@ -50,12 +51,11 @@ struct CalibrationResult {
   int fit_points = 0;
   std::vector<PointError> fitted, held_out;
   double fit_median_error = 0, held_out_median_error = 0, held_out_max_error = 0;  // |relative|
-  int contended_points = 0;  // points whose cpu_wait_share exceeds kContendedPointShare
+  int contended_points = 0;  // points whose cpu_wait_share exceeds sweep::kContendedShare
 };
 
-// A point that waited for a core over this share of its steps measured the
-// waiting as well as the work (the sweep's kContendedShare).
-constexpr double kContendedPointShare = 0.1;
+// A point that waited for a core over sweep::kContendedShare of its steps
+// measured the waiting as well as the work.
 
 CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster& start, Holdout holdout);
 std::string calibration_report(const CalibrationResult& r);

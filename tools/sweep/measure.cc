@@ -187,6 +187,12 @@ Json host_of(const std::vector<RunOutcome>& runs, int ranks) {
 
 }  // namespace
 
+double run_median_ms(const RunOutcome& r) {
+  std::vector<double> v;
+  for (const Json& s : r.steps) v.push_back(field(s, "step_ms"));
+  return percentile(v, 0.5);
+}
+
 Json make_row(const Point& p, const Prepared& pre, const std::vector<RunOutcome>& runs) {
   Json row = {{"point", p.index}, {"id", p.id}, {"settings", Json::object()}};
   for (const Setting& s : p.settings)

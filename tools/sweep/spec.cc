@@ -18,7 +18,8 @@ namespace {
 // Keys the sweep itself owns: a point may not set them.
 const std::set<std::string> kOwnedKeys = {"train.steps", "metrics.jsonl"};
 const std::set<std::string> kSpecKeys = {"base",     "set",      "axes",          "points", "steps",   "warmup",
-                                         "repeats", "timeout_s", "launcher", "launcher_args", "env",   "priority"};
+                                         "repeats", "repeat_order", "timeout_s", "launcher", "launcher_args", "env",
+                                         "priority"};
 
 struct SpecReader {
   std::string where;  // the spec file, for messages
@@ -158,6 +159,13 @@ void read_run_keys(const SpecReader& r, const YAML::Node& root, Spec& spec) {
   if (root["steps"]) spec.steps = r.integer(root["steps"], "steps", 1);
   if (root["warmup"]) spec.warmup = r.integer(root["warmup"], "warmup", 0);
   if (root["repeats"]) spec.repeats = r.integer(root["repeats"], "repeats", 1);
+  if (root["repeat_order"]) {
+    const std::string o = r.scalar(root["repeat_order"], "repeat_order");
+    if (o != "points" && o != "rounds")
+      r.bad(str_cat("repeat_order='", o, "' must be points (each point's repeats in a row) or rounds (every point once, ",
+                    "then again)", r.line_of(root["repeat_order"])));
+    spec.rounds = o == "rounds";
+  }
   if (root["timeout_s"]) spec.timeout_s = r.number(root["timeout_s"], "timeout_s");
   if (root["priority"]) {
     const int v = r.integer(root["priority"], "priority", -20);
@@ -214,8 +222,8 @@ Spec load_spec(const std::string& path) {
   for (const auto& kv : root)
     if (!kSpecKeys.count(kv.first.as<std::string>()))
       r.bad(str_cat("unknown key '", kv.first.as<std::string>(), "'", r.line_of(kv.first),
-                    " (known: base, set, axes, points, steps, warmup, repeats, timeout_s, launcher, launcher_args, env, "
-                    "priority)"));
+                    " (known: base, set, axes, points, steps, warmup, repeats, repeat_order, timeout_s, launcher, "
+                    "launcher_args, env, priority)"));
   Spec spec;
   spec.path = path;
   if (!root["base"]) r.bad("no base config (base: PATH, relative to the spec file)");

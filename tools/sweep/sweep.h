@@ -58,6 +58,11 @@ struct Spec {
   int steps = 10;                   // train.steps of every run
   int warmup = 1;                   // first steps left out of the statistics
   int repeats = 1;                  // runs per point, their measured steps pooled
+  // repeat_order: rounds runs every point once, then every point again (a
+  // slow minute of a shared machine then touches one run of several points,
+  // which the pooled median outvotes, instead of every run of one point);
+  // points (the default) runs each point's repeats in a row.
+  bool rounds = false;
   double timeout_s = 600;           // per run; the process group is killed after it
   Launcher launcher;
   std::map<std::string, std::string> env;  // set in the launched command's environment
@@ -114,6 +119,8 @@ struct RunOutcome {
   double wall_s = 0, cpu_s = -1;       // from the LaunchResult
 };
 RunOutcome read_run(const LaunchResult& r, const std::string& log_path, const std::string& metrics_path, int warmup);
+// The median step_ms of one run's measured steps (0 when it has none).
+double run_median_ms(const RunOutcome& r);
 
 // The results.jsonl row of a point: settings, layout, status and, when every
 // repeat was ok, the statistics over their pooled measured steps, and
