@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -135,32 +135,17 @@ void onednn_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 
 // oneDNN's matmul primitive with bf16 operands: the CPU's BF16 dot products
 // where it has them. A primitive is made per block shape (with strides,
-// output type, alpha, beta, bias), planned for one thread, and kept.
+// output type, alpha, beta, bias), planned for one thread, and kept by the
+// thread that made it: a primitive's scratch is its own, so two threads
+// never run the same one (a thread's OpenMP number is not enough to tell
+// threads apart: it repeats across teams and outside them).
 struct MatmulKey {
   bool ta, tb, c_bf16, bias;
   int64_t M, N, K, lda, ldb, ldc;
   float alpha, beta;
-  int thread = 0;  // each thread runs primitives of its own (their scratch is not shared)
-  auto tie() const { return std::tie(ta, tb, c_bf16, bias, M, N, K, lda, ldb, ldc, alpha, beta, thread); }
+  auto tie() const { return std::tie(ta, tb, c_bf16, bias, M, N, K, lda, ldb, ldc, alpha, beta); }
   bool operator<(const MatmulKey& o) const { return tie() < o.tie(); }
 };
-
-struct Descs {
-  dnnl_memory_desc_t a, b, c, bias;
-};
-
-Descs descs_of(const MatmulKey& k) {
-  Descs d{};
-  dnnl_dims_t ad = {k.M, k.K}, as = {k.ta ? 1 : k.lda, k.ta ? k.lda : 1};
-  dnnl_dims_t bd = {k.K, k.N}, bs = {k.tb ? 1 : k.ldb, k.tb ? k.ldb : 1};
-  dnnl_dims_t cd = {k.M, k.N}, cs = {k.ldc, 1};
-  dnnl_dims_t biasd = {1, k.N}, biass = {k.N, 1};
-  dnnl_memory_desc_init_by_strides(&d.a, 2, ad, dnnl_bf16, as);
-  dnnl_memory_desc_init_by_strides(&d.b, 2, bd, dnnl_bf16, bs);
-  dnnl_memory_desc_init_by_strides(&d.c, 2, cd, k.c_bf16 ? dnnl_bf16 : dnnl_f32, cs);
-  dnnl_memory_desc_init_by_strides(&d.bias, 2, biasd, dnnl_bf16, biass);
-  return d;
-}
 
 dnnl_engine_t cpu_engine() {
   static dnnl_engine_t engine = [] {
@@ -171,70 +156,94 @@ dnnl_engine_t cpu_engine() {
   return engine;
 }
 
-// The primitive for `k`, or null where oneDNN has no bf16 matmul with the
-// CPU's own bf16 instructions (a reference or emulated kernel would be
-// slower than widening to fp32).
-dnnl_primitive_t matmul_primitive(MatmulKey k) {
-  k.thread = omp_get_thread_num();
-  static std::mutex mu;
-  static std::map<MatmulKey, dnnl_primitive_t> made;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = made.find(k);
-  if (it != made.end()) return it->second;
+// One thread's primitive for a block shape, with its memory objects made
+// once (each call only points them at its operands). `prim` is null where
+// oneDNN has no bf16 matmul with the CPU's own bf16 instructions (a
+// reference or emulated kernel would be slower than widening to fp32).
+struct Matmul {
   dnnl_primitive_t prim = nullptr;
-  if (dnnl_engine_t engine = cpu_engine()) {
-    const Descs d = descs_of(k);
-    dnnl_matmul_desc_t op;
-    dnnl_primitive_attr_t attr = nullptr;
-    dnnl_post_ops_t post = nullptr;
-    dnnl_primitive_desc_t pd = nullptr;
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);  // planned for the one thread that runs each block
-    bool ok = dnnl_matmul_desc_init(&op, &d.a, &d.b, k.bias ? &d.bias : nullptr, &d.c) == dnnl_success &&
-              dnnl_primitive_attr_create(&attr) == dnnl_success;
-    if (ok && k.alpha != 1.0f) ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k.alpha) == dnnl_success;
-    if (ok && k.beta != 0.0f)
-      ok = dnnl_post_ops_create(&post) == dnnl_success && dnnl_post_ops_append_sum(post, k.beta) == dnnl_success &&
-           dnnl_primitive_attr_set_post_ops(attr, post) == dnnl_success;
-    if (ok) ok = dnnl_primitive_desc_create(&pd, &op, attr, engine, nullptr) == dnnl_success;
-    if (ok) {
-      const char* impl = nullptr;
-      dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-      ok = impl && std::strstr(impl, "avx512_core_bf16") != nullptr;
-    }
-    if (ok && dnnl_primitive_create(&prim, pd) != dnnl_success) prim = nullptr;
-    omp_set_num_threads(threads);
-    if (pd) dnnl_primitive_desc_destroy(pd);
-    if (post) dnnl_post_ops_destroy(post);
-    if (attr) dnnl_primitive_attr_destroy(attr);
+  dnnl_memory_t mem[4] = {};  // A, B, C, bias
+  explicit Matmul(const MatmulKey& k);
+  ~Matmul() {
+    for (dnnl_memory_t m : mem)
+      if (m) dnnl_memory_destroy(m);
+    if (prim) dnnl_primitive_destroy(prim);
   }
-  made.emplace(k, prim);
-  return prim;
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+};
+
+Matmul::Matmul(const MatmulKey& k) {
+  dnnl_engine_t engine = cpu_engine();
+  if (!engine) return;
+  dnnl_memory_desc_t a, b, c, bias;
+  dnnl_dims_t ad = {k.M, k.K}, as = {k.ta ? 1 : k.lda, k.ta ? k.lda : 1};
+  dnnl_dims_t bd = {k.K, k.N}, bs = {k.tb ? 1 : k.ldb, k.tb ? k.ldb : 1};
+  dnnl_dims_t cd = {k.M, k.N}, cs = {k.ldc, 1};
+  dnnl_dims_t biasd = {1, k.N}, biass = {k.N, 1};
+  bool ok = dnnl_memory_desc_init_by_strides(&a, 2, ad, dnnl_bf16, as) == dnnl_success &&
+            dnnl_memory_desc_init_by_strides(&b, 2, bd, dnnl_bf16, bs) == dnnl_success &&
+            dnnl_memory_desc_init_by_strides(&c, 2, cd, k.c_bf16 ? dnnl_bf16 : dnnl_f32, cs) == dnnl_success &&
+            dnnl_memory_desc_init_by_strides(&bias, 2, biasd, dnnl_bf16, biass) == dnnl_success;
+  dnnl_matmul_desc_t op;
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t post = nullptr;
+  dnnl_primitive_desc_t pd = nullptr;
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // planned for the one thread that runs each block
+  ok = ok && dnnl_matmul_desc_init(&op, &a, &b, k.bias ? &bias : nullptr, &c) == dnnl_success &&
+       dnnl_primitive_attr_create(&attr) == dnnl_success;
+  if (ok && k.alpha != 1.0f) ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k.alpha) == dnnl_success;
+  if (ok && k.beta != 0.0f)
+    ok = dnnl_post_ops_create(&post) == dnnl_success && dnnl_post_ops_append_sum(post, k.beta) == dnnl_success &&
+         dnnl_primitive_attr_set_post_ops(attr, post) == dnnl_success;
+  if (ok) ok = dnnl_primitive_desc_create(&pd, &op, attr, engine, nullptr) == dnnl_success;
+  if (ok) {
+    const char* impl = nullptr;
+    dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    ok = impl && std::strstr(impl, "avx512_core_bf16") != nullptr;
+  }
+  // Memory objects with no data yet (DNNL_MEMORY_NONE): run() sets the handles.
+  ok = ok && dnnl_memory_create(&mem[0], &a, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+       dnnl_memory_create(&mem[1], &b, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+       dnnl_memory_create(&mem[2], &c, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+       (!k.bias || dnnl_memory_create(&mem[3], &bias, engine, DNNL_MEMORY_NONE) == dnnl_success);
+  if (ok && dnnl_primitive_create(&prim, pd) != dnnl_success) prim = nullptr;
+  omp_set_num_threads(threads);
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (post) dnnl_post_ops_destroy(post);
+  if (attr) dnnl_primitive_attr_destroy(attr);
 }
 
+// This thread's Matmul for `k`, made on first use.
+Matmul& matmul_for(const MatmulKey& k) {
+  thread_local std::map<MatmulKey, std::unique_ptr<Matmul>> made;
+  std::unique_ptr<Matmul>& m = made[k];
+  if (!m) m = std::make_unique<Matmul>(k);
+  return *m;
+}
+
+bool have_matmul(const MatmulKey& k) { return matmul_for(k).prim != nullptr; }
+
 void run_matmul(const MatmulKey& k, const void* A, const void* B, void* C, const void* bias) {
-  dnnl_primitive_t prim = matmul_primitive(k);
-  if (!prim)  // made for another thread already, so not expected
+  Matmul& m = matmul_for(k);
+  if (!m.prim)  // made on the calling thread already, so not expected
     fail(ErrorKind::Library, "bf16 matmul: oneDNN made no primitive for a (", k.M, ", ", k.N, ", ", k.K,
          ") block on this thread");
   thread_local dnnl_stream_t stream = nullptr;
   if (!stream && dnnl_stream_create(&stream, cpu_engine(), dnnl_stream_default_flags) != dnnl_success)
     fail(ErrorKind::Library, "bf16 matmul: oneDNN cannot create a CPU stream");
-  const Descs d = descs_of(k);
-  dnnl_memory_t mem[4] = {};
-  bool ok = dnnl_memory_create(&mem[0], &d.a, cpu_engine(), const_cast<void*>(A)) == dnnl_success &&
-            dnnl_memory_create(&mem[1], &d.b, cpu_engine(), const_cast<void*>(B)) == dnnl_success &&
-            dnnl_memory_create(&mem[2], &d.c, cpu_engine(), C) == dnnl_success &&
-            (!k.bias || dnnl_memory_create(&mem[3], &d.bias, cpu_engine(), const_cast<void*>(bias)) == dnnl_success);
-  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]},
-                             {DNNL_ARG_BIAS, mem[3]}};
+  bool ok = dnnl_memory_set_data_handle(m.mem[0], const_cast<void*>(A)) == dnnl_success &&
+            dnnl_memory_set_data_handle(m.mem[1], const_cast<void*>(B)) == dnnl_success &&
+            dnnl_memory_set_data_handle(m.mem[2], C) == dnnl_success &&
+            (!k.bias || dnnl_memory_set_data_handle(m.mem[3], const_cast<void*>(bias)) == dnnl_success);
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.mem[0]}, {DNNL_ARG_WEIGHTS, m.mem[1]}, {DNNL_ARG_DST, m.mem[2]},
+                             {DNNL_ARG_BIAS, m.mem[3]}};
   dnnl_status_t st = dnnl_runtime_error;
   if (ok) {
-    st = dnnl_primitive_execute(prim, stream, k.bias ? 4 : 3, args);
+    st = dnnl_primitive_execute(m.prim, stream, k.bias ? 4 : 3, args);
     dnnl_stream_wait(stream);
   }
-  for (auto m : mem)
-    if (m) dnnl_memory_destroy(m);
   if (st != dnnl_success)
     fail(ErrorKind::Library, "bf16 matmul: oneDNN refused a (", k.M, ", ", k.N, ", ", k.K, ") product with status ",
          int(st));
@@ -258,7 +267,7 @@ bool bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   // Every block shape (at most two: the full width and the last block's)
   // must have a primitive; otherwise the caller converts.
   const Blocking bl = blocking_of(M, N, K);
-  if (!matmul_primitive(key(bl.width)) || !matmul_primitive(key(bl.last()))) return false;
+  if (!have_matmul(key(bl.width)) || !have_matmul(key(bl.last()))) return false;
   const auto* a = static_cast<const uint16_t*>(A);
   const auto* b = static_cast<const uint16_t*>(B);
   const auto* bi = static_cast<const uint16_t*>(bias);
