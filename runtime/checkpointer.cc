@@ -132,7 +132,9 @@ void Checkpointer::write(const SaveJob& job) {
       if (job.kill && i == job.entries.size() / 2) faults_.kill_in_save(job.steps_done);  // the file half written
       if (job.io_error && i == job.entries.size() / 2) faults_.fail_save_write(job.steps_done, w.path() + ".tmp");
     }
-    if (job.io_error) faults_.fail_save_write(job.steps_done, w.path() + ".tmp");  // a rank with no entries
+    // A rank with no entries (nothing of the state lives there) fails or dies before its file is complete.
+    if (job.kill) faults_.kill_in_save(job.steps_done);
+    if (job.io_error) faults_.fail_save_write(job.steps_done, w.path() + ".tmp");
     // The data order is a pure function of (seed, step): the step is the loader's whole state.
     w.set_int("train.step", job.steps_done);
     w.set_int("optimizer.updates", job.updates);

@@ -101,6 +101,22 @@ case $case in
     grep -q "resumed from .*step_00000002 at step 2" err.txt || die "did not resume from step 2: $(cat err.txt)"
     [ "$(cat ck2/latest)" = step_00000006 ] || die "latest after the resumed run is '$(cat ck2/latest)'"
     echo "ok [$case]" ;;
+  kill_in_save_empty_rank)
+    # Under dp=2, rank 1 writes no tensors (the parameters and the optimizer state are rank 0's):
+    # killed in its save, it still dies before its file is complete.
+    command -v mpirun >/dev/null || die "mpirun is not installed"
+    prepare_data
+    rm -rf ck5
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -np 2 --oversubscribe \
+      "$xirang" train "$cfg" --set data.train=data/debug/train --set train.steps=6 --set checkpoint.dir=ck5 \
+      --set checkpoint.every=2 --set parallel.dp=2 --set faults.kind=kill_in_save --set faults.rank=1 \
+      --set faults.step=4 >out.txt 2>err.txt
+    rc=$?
+    [ $rc = 137 ] || die "expected the run to be killed (137), got $rc: $(tail -2 err.txt)"
+    grep -q "rank 1: injecting fault 'kill_in_save' at step 4" err.txt || die "rank 1 did not die in its save: $(cat err.txt)"
+    [ "$(cat ck5/latest)" = step_00000002 ] || die "latest is '$(cat ck5/latest)', expected step_00000002"
+    "$xirang" ckpt inspect ck5 >insp.txt 2>&1 || die "the previous checkpoint does not verify: $(tail -3 insp.txt)"
+    echo "ok [$case]" ;;
   corrupt_checkpoint)
     prepare_data
     rm -rf ck3
