@@ -47,13 +47,16 @@ StopSignals::~StopSignals() {
 
 int StopSignals::pending() const { return g_pending.load(std::memory_order_relaxed); }
 
-StopRequest agree_on_stop(const StopSource* source, Communicator& world, int world_rank) {
+// One double carries both: the signal in the high part, the rank below it
+// (exact in a double for any real world size); -1 when no signal came.
+constexpr double kRanks = 1 << 24;
+
+double stop_vote(const StopSource* source, int world_rank) {
   const int sig = source ? source->pending() : 0;
-  // One double carries both: the signal in the high part, the rank below it
-  // (exact in a double for any real world size).
-  constexpr double kRanks = 1 << 24;
-  double v = sig > 0 ? sig * kRanks + world_rank : -1.0;
-  world.all_reduce(Tensor(&v, {1}, DType::F64), ReduceOp::Max);
+  return sig > 0 ? sig * kRanks + world_rank : -1.0;
+}
+
+StopRequest stop_of(double v) {
   if (v < 0) return {};
   StopRequest r;
   r.signal = int(v / kRanks);

@@ -4,10 +4,10 @@
 // Slurm's `--signal=USR1@SECONDS` sends SIGUSR1 ahead of the time limit.
 // StopSignals catches both: the handler only records the signal (and
 // restores the default action of both, so a second signal ends the process
-// at once). The trainer asks at each step boundary; the ranks agree with a
-// one-element max all-reduce over the world, so they stop after the same
-// step, save a checkpoint of it synchronously, print one line and exit with
-// kPreemptedExitCode.
+// at once). The trainer asks once a step; the ranks agree through a max
+// all-reduce over the world (the step's non-finite vote carries it), so they
+// stop after the same step, save a checkpoint of it synchronously, print one
+// line and exit with kPreemptedExitCode.
 //
 //   StopSignals signals;                       // installs the handlers; the destructor restores the old ones
 //   TrainerOptions o;
@@ -51,10 +51,13 @@ struct StopRequest {
   explicit operator bool() const { return signal != 0; }
 };
 
-// The one-element max all-reduce over `world` of every rank's pending signal
-// (all ranks call it at the same step boundary). `source` may be null: this
-// rank then contributes nothing but still takes part.
-StopRequest agree_on_stop(const StopSource* source, Communicator& world, int world_rank);
+// The stop vote: every rank's entry (stop_vote) goes into a max all-reduce
+// over the world at the same step boundary, and stop_of reads the result.
+// The trainer carries it in the step's non-finite vote, so the check costs
+// no communication of its own. `source` may be null: the rank then
+// contributes nothing but still takes part.
+double stop_vote(const StopSource* source, int world_rank);
+StopRequest stop_of(double reduced_vote);
 
 // "SIGTERM", "SIGUSR1", else "signal N".
 std::string signal_name(int signal);

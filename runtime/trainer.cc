@@ -98,12 +98,11 @@ TrainResult Trainer::run() {
     log.write(m);
     if (opts_.print) progress.update(m, elapsed.seconds());
     trace_->after_step(m.step, timeline_);
-    // A preemption signal on any rank: every rank stops after this same step.
-    if (m.step < last)
-      if (const StopRequest stop = agree_on_stop(opts_.stop, grid_->world(), grid_->world_rank())) {
-        result.preempted = save_for_stop(stop, m);
-        break;
-      }
+    // A preemption signal on any rank (agreed in skip_step's vote): every rank stops after this same step.
+    if (m.step < last && stop_request_) {
+      result.preempted = save_for_stop(stop_request_, m);
+      break;
+    }
   }
   ckpt_->finish();
   trace_->finish(timeline_);  // after the checkpoint writer: its span is in the window
@@ -243,14 +242,15 @@ void Trainer::take_device_times(StepMetrics& m) {
 }
 
 // Every precision: one vote over the world, so that every rank skips the
-// same steps. Under a dynamic loss scale a non-finite gradient is an
+// same steps; the vote also carries the preemption check (stop_request_). Under a dynamic loss scale a non-finite gradient is an
 // overflow that the scale backs off from: expected, it does not count toward
 // train.max_nonfinite_steps until the scale is at precision.min_scale (or
 // fixed), where backing off cannot help. A non-finite loss always counts.
 bool Trainer::skip_step(int step, double grad_norm, double local_loss) {
   const bool loss_bad = !std::isfinite(local_loss), norm_bad = !std::isfinite(grad_norm);
-  double votes[2] = {loss_bad ? 1.0 : 0.0, norm_bad ? 1.0 : 0.0};
-  grid_->world().all_reduce(Tensor(votes, {2}, DType::F64), ReduceOp::Sum);
+  double votes[3] = {loss_bad ? 1.0 : 0.0, norm_bad ? 1.0 : 0.0, stop_vote(opts_.stop, grid_->world_rank())};
+  grid_->world().all_reduce(Tensor(votes, {3}, DType::F64), ReduceOp::Max);
+  stop_request_ = stop_of(votes[2]);
   const bool any_loss = votes[0] > 0, skip = votes[0] > 0 || votes[1] > 0;
   const bool counted = any_loss || (skip && !loss_scale_.can_back_off());
   if (loss_scale_.enabled()) loss_scale_.update(skip);

@@ -137,6 +137,7 @@ class Trainer {
   // Whether the step makes no update: its loss or gradient norm is not
   // finite on some rank (a vote over the world; under loss scaling it updates
   // the scale). Stops the run after train.max_nonfinite_steps in a row.
+  // The same vote agrees on a preemption signal (stop_request_).
   bool skip_step(int step, double grad_norm, double local_loss);
   // Where a skipped step's non-finite value appeared, the same text on every
   // rank: the loss (and the lowest rank that saw it), or the first parameter
@@ -175,6 +176,7 @@ class Trainer {
   std::unique_ptr<FaultInjector> faults_;
   int nonfinite_run_ = 0;         // counted non-finite skips in a row
   std::string nonfinite_first_;   // the first one's step and cause
+  StopRequest stop_request_;      // the preemption signal agreed in this step's vote (none: no rank got one)
   std::optional<LossSpikeGuard> spike_guard_;  // train.skip_loss_spikes_zscore > 0
   std::vector<std::unique_ptr<StepObserver>> observers_;  // called at the end of every step
   // Spans (metrics.trace) and per-op times (metrics.op_profile); ctx_.timeline

@@ -27,7 +27,7 @@ prepare_data() {
 # The shared checkpoint: the schedule of 6 steps, stopped after 4 (ck/step_00000004).
 prepare() {
   prepare_data
-  [ -f ck/step_00000004/meta.json ] && return
+  [ -f ck/step_00000004/meta.json ] && [ ck/step_00000004/meta.json -nt "$xirang" ] && return
   rm -rf ck
   "$xirang" train "$cfg" "${data[@]}" --set train.steps=6 --set train.stop_after=4 --set checkpoint.dir=ck \
     --set checkpoint.every=2 >/dev/null 2>train.err || die "training failed: $(tail -3 train.err)"

@@ -27,7 +27,7 @@ prepare() {
   [ -f data/debug/train/index.json ] ||
     "$xirang" data prepare --tokenizer bytes --out data/debug --force "$src/tests/assets/text/english.txt" \
       >/dev/null || die "data prepare failed"
-  [ -f "$dir/step_00000004/meta.json" ] && return
+  [ -f "$dir/step_00000004/meta.json" ] && [ "$dir/step_00000004/meta.json" -nt "$xirang" ] && return
   rm -rf "$dir"
   "$xirang" train "$cfg" "${data[@]}" --set train.steps=4 --set checkpoint.dir="$dir" --set checkpoint.every=2 \
     --set metrics.peak_tflops=1 \

@@ -16,11 +16,12 @@ cfg=$src/configs/gpt2_debug.yaml
 # Two short runs the cases share: a normal one, and one whose loader reads
 # each sample 30 ms late with nothing prefetched, so it waits for data.
 prepare_runs() {
-  [ -f normal/metrics.jsonl ] && [ -f slow/metrics.jsonl ] && return
+  [ -f normal/metrics.jsonl ] && [ -f slow/metrics.jsonl ] && [ normal/metrics.jsonl -nt "$xirang" ] && return
   [ -f data/debug/train/index.json ] ||
     "$xirang" data prepare --tokenizer bytes --out data/debug --force "$src/tests/assets/text/english.txt" >/dev/null ||
     die "data prepare failed"
   local common=(--set data.train=data/debug/train)
+  rm -rf normal slow  # the trainer appends to metrics.jsonl
   "$xirang" train "$cfg" "${common[@]}" --set train.steps=6 --set metrics.jsonl=normal/metrics.jsonl \
     >/dev/null 2>err.txt || die "normal run failed: $(cat err.txt)"
   "$xirang" train "$cfg" "${common[@]}" --set train.steps=4 --set data.read_delay_ms=30 --set data.prefetch=false \

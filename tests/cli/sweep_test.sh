@@ -54,7 +54,7 @@ prepare_data() {
 }
 
 prepare_sweep() {
-  [ -f out/results.csv ] && [ -f out/summary.txt ] && return
+  [ -f out/results.csv ] && [ -f out/summary.txt ] && [ out/results.csv -nt "$xirang" ] && return
   prepare_data
   write_spec
   rm -rf out launches.txt

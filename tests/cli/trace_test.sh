@@ -20,7 +20,7 @@ check_js=$src/tests/cli/trace_check.js
 
 # The traced run the cases share: run/metrics.jsonl, run/trace/rank_*.json.
 prepare_run() {
-  [ -f run/trace/rank_00007.json ] && [ -f run/metrics.jsonl ] && return
+  [ -f run/trace/rank_00007.json ] && [ -f run/metrics.jsonl ] && [ run/metrics.jsonl -nt "$xirang" ] && return
   command -v mpirun >/dev/null || { echo "SKIP [$case]: mpirun is missing"; exit 77; }
   rm -rf run
   [ -f data/debug/val/index.json ] ||
