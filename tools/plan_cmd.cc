@@ -99,6 +99,8 @@ int run_calibration(const PlanArgs& a) {
     j["held_out_median_error"] = r.held_out_median_error;
     j["held_out_max_error"] = r.held_out_max_error;
     j["contended_points"] = r.contended_points;
+    j["backward_factor"] = r.cluster.backward_factor;
+    j["backward_points"] = r.backward_points;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::fputs(calibration_report(r).c_str(), stdout);

@@ -496,6 +496,7 @@ ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
 const char* config_name(Precision v) { return spelling(&v); }
 const char* config_name(Backend v) { return spelling(&v); }
 const char* config_name(FaultKind v) { return spelling(&v); }
+const char* config_name(RecomputeMode v) { return spelling(&v); }
 
 const char* schedule_name(ScheduleKind k) {
   switch (k) {

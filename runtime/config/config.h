@@ -42,6 +42,7 @@ enum class RecomputeMode { None, Selective, Full };
 const char* config_name(Precision v);
 const char* config_name(Backend v);
 const char* config_name(FaultKind v);
+const char* config_name(RecomputeMode v);
 
 struct ModelConfig {
   std::string arch = "gpt2";

@@ -111,9 +111,9 @@ TEST(PlanTime, TermsAddUpAndRecomputeCosts) {
 
 // Points measured on this machine (`xirang sweep
 // configs/sweeps/calibrate_this_machine.yaml`: 18 two-rank gpt2_debug
-// trainings, dp, tp and pp alternating over six shapes, 2 repeats of 6
-// measured steps, at priority -15); the even ones are fitted, the odd
-// ones predicted.
+// trainings, dp, tp and pp alternating over six shapes, 5 repeats in
+// rounds of 10 measured steps, at priority -15); the even ones are fitted,
+// the odd ones predicted.
 std::vector<SweepPoint> this_machine_points() {
   return read_sweep(kSrc + "/tests/assets/sweeps/this_machine.jsonl");
 }
@@ -168,6 +168,37 @@ TEST(PlanCalibration, PredictsHeldOutPointsOfAllLayouts) {
   std::printf("%s", calibration_report(r).c_str());
   for (const PointError& e : r.held_out) EXPECT_LT(std::fabs(e.error()), 0.15) << e.id;
   EXPECT_LT(r.held_out_median_error, 0.10);
+}
+
+// The backward's time per forward comes from the fitted rows' breakdowns
+// (their median), not from the fit; the held-out rows do not count.
+TEST(PlanCalibration, BackwardFactorIsTheFittedRowsMedianRatio) {
+  const auto points = this_machine_points();
+  std::vector<double> ratios;
+  for (size_t i = 0; i < points.size(); i += 2) {
+    ASSERT_GT(points[i].backward_ratio, 0) << points[i].id;
+    ratios.push_back(points[i].backward_ratio);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const CalibrationResult r = calibrate(points, this_machine(), Holdout::Odd);
+  EXPECT_EQ(r.backward_points, 9);
+  EXPECT_DOUBLE_EQ(r.cluster.backward_factor, ratios[4]);
+  EXPECT_GT(r.cluster.backward_factor, 1.0);  // this CPU: about 1.5, not a GPU's 2
+  EXPECT_LT(r.cluster.backward_factor, 2.0);
+  EXPECT_NE(calibration_report(r).find("backward_factor"), std::string::npos);
+}
+
+// A row's compute (forward_ms + backward_ms) is fitted as well as its step
+// time: a fit of the step times alone trades a wrong compute rate against
+// the communication terms. With it, every fitted row's compute is close.
+TEST(PlanCalibration, FitsTheComputeOfEveryRow) {
+  const auto points = this_machine_points();
+  const CalibrationResult r = calibrate(points, this_machine(), Holdout::Odd);
+  for (size_t i = 0; i < points.size(); ++i) {
+    const StepTime t = predict_point_times(points[i], r.cluster);
+    ASSERT_GT(points[i].compute_s, 0);
+    EXPECT_LT(std::fabs((t.forward_s + t.backward_s) / points[i].compute_s - 1), 0.15) << points[i].id;
+  }
 }
 
 // Points that waited for a core are named in the report, with a warning.

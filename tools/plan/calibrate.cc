@@ -34,6 +34,10 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   cfg.train.global_batch = int(field(l, "global_batch", where));
   const std::string prec = j.value("precision", std::string("fp32"));
   cfg.precision.dtype = prec == "bf16" ? Precision::BF16 : prec == "fp16" ? Precision::FP16 : Precision::FP32;
+  const std::string rc = l.value("recompute", std::string("none"));  // rows of older sweeps have no field
+  if (rc != "none" && rc != "selective" && rc != "full")
+    fail(ErrorKind::Data, where, ": layout.recompute is '", rc, "', expected none, selective or full");
+  cfg.train.recompute = rc == "full" ? RecomputeMode::Full : rc == "selective" ? RecomputeMode::Selective : RecomputeMode::None;
   SweepPoint p;
   p.layout.dp = int(field(l, "dp", where));
   p.layout.tp = int(field(l, "tp", where));
@@ -42,12 +46,23 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   p.layout.micro_batch = int(field(l, "micro_batch", where));
   p.layout.zero = int(l.value("zero", 0));
   p.layout.sequence_parallel = l.value("sequence_parallel", false);
+  p.layout.recompute = cfg.train.recompute == RecomputeMode::Full;
   p.id = j.value("id", where);
   p.index = int(j.value("point", 0));
   p.step_s = field(j, "step_ms_median", where) / 1e3;
   if (j.contains("host") && j["host"].is_object() && j["host"].contains("cpu_wait_share") &&
       j["host"]["cpu_wait_share"].is_number())
     p.cpu_wait_share = j["host"]["cpu_wait_share"].get<double>();
+  if (cfg.train.recompute == RecomputeMode::None && j.contains("breakdown_ms") && j["breakdown_ms"].is_object()) {
+    const json& b = j["breakdown_ms"];
+    const double f = b.value("forward_ms", 0.0), bw = b.value("backward_ms", 0.0);
+    if (f > 0 && bw > 0) p.backward_ratio = bw / f;
+  }
+  if (j.contains("breakdown_ms") && j["breakdown_ms"].is_object()) {
+    const json& b = j["breakdown_ms"];
+    const double f = b.value("forward_ms", 0.0), bw = b.value("backward_ms", 0.0);
+    if (f > 0 && bw > 0) p.compute_s = (f + bw) / 1e3;
+  }
   p.workload = workload_of(cfg);
   return p;
 }
@@ -76,7 +91,15 @@ std::vector<double> residuals(const std::vector<const SweepPoint*>& pts, const C
                               const std::vector<double>& logs, const std::vector<double>& logs0) {
   const Cluster c = with(start, logs);
   std::vector<double> r;
-  for (const SweepPoint* p : pts) r.push_back(std::log(predict_point(*p, c) / p->step_s));
+  // Each point's step time, and its compute alone where the row has it:
+  // fitting the sum only lets a compute rate that is off trade against the
+  // communication and bubble terms, which then fail on layouts that lack them.
+  constexpr double kCompute = 1.0;  // weight of log(predicted / measured compute), as a step time's
+  for (const SweepPoint* p : pts) {
+    const StepTime t = predict_point_times(*p, c);
+    r.push_back(std::log(t.step_s / p->step_s));
+    if (p->compute_s > 0) r.push_back(kCompute * std::log((t.forward_s + t.backward_s + t.recompute_s) / p->compute_s));
+  }
   constexpr double kPull = 0.05;  // weight of log(constant / start value)
   for (size_t i = 0; i < logs.size(); ++i) r.push_back(kPull * (logs[i] - logs0[i]));
   return r;
@@ -184,13 +207,15 @@ Holdout parse_holdout(const std::string& s) {
   fail(ErrorKind::Usage, "plan: --holdout must be odd, even or none, got '", s, "'");
 }
 
-double predict_point(const SweepPoint& p, const Cluster& c) {
+double predict_point(const SweepPoint& p, const Cluster& c) { return predict_point_times(p, c).step_s; }
+
+StepTime predict_point_times(const SweepPoint& p, const Cluster& c) {
   Cluster any = c;
   any.devices_per_node = std::max(c.devices_per_node, p.layout.tp);  // a point measured is a point that ran
   any.nodes = 0;
   const Prediction pr = predict_time(p.workload, p.layout, any, Features{});
   if (!pr.problem.empty()) fail(ErrorKind::Data, "sweep point ", p.id, ": ", pr.problem);
-  return pr.time.step_s;
+  return pr.time;
 }
 
 CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster& start, Holdout holdout) {
@@ -205,6 +230,16 @@ CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster
   if (s.op_overhead_us <= 0) s.op_overhead_us = 10;
   if (s.intra_node.latency_us <= 0) s.intra_node.latency_us = 1;
   if (s.rank_skew <= 0) s.rank_skew = 0.02;
+  // The backward's time per forward is measured directly (each row's
+  // breakdown), not fitted: step times alone hardly tell it from the rate.
+  std::vector<double> ratios;
+  for (const SweepPoint* p : fit_set)
+    if (p->backward_ratio > 0) ratios.push_back(p->backward_ratio);
+  if (!ratios.empty()) {
+    std::sort(ratios.begin(), ratios.end());
+    const size_t n = ratios.size();
+    s.backward_factor = n % 2 ? ratios[n / 2] : (ratios[n / 2 - 1] + ratios[n / 2]) / 2;
+  }
   std::vector<double> x0;
   for (auto& k : fitted_constants()) x0.push_back(std::log(k(s)));
   // Several starting latencies: on a machine whose collectives wait for
@@ -222,6 +257,7 @@ CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster
   CalibrationResult r;
   r.cluster = with(s, x);
   r.fit_points = int(fit_set.size());
+  r.backward_points = int(ratios.size());
   for (const SweepPoint* p : fit_set)
     r.fitted.push_back({p->id, p->step_s, predict_point(*p, r.cluster), p->cpu_wait_share});
   for (const SweepPoint* p : held) r.held_out.push_back({p->id, p->step_s, predict_point(*p, r.cluster), p->cpu_wait_share});
@@ -246,6 +282,11 @@ std::string calibration_report(const CalibrationResult& r) {
       s += "\n";
     }
   };
+  if (r.backward_points > 0) {
+    std::snprintf(buf, sizeof buf, "backward_factor %.3f: the median backward_ms / forward_ms of %d fitted point(s)\n",
+                  r.cluster.backward_factor, r.backward_points);
+    s += buf;
+  }
   rows("fitted points:\n", r.fitted);
   if (!r.held_out.empty()) rows("held-out points:\n", r.held_out);
   std::snprintf(buf, sizeof buf, "median |error|: fitted %.1f%%, held out %.1f%% (max %.1f%%)\n",

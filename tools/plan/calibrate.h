@@ -28,6 +28,12 @@ struct SweepPoint {
   Workload workload;
   PlanLayout layout;
   double step_s = 0;  // measured median
+  // backward_ms / forward_ms of the row's medians (breakdown_ms); -1 where
+  // the row lacks them or its backward holds a recomputed forward.
+  double backward_ratio = -1;
+  // forward_ms + backward_ms of the row in seconds (the compute, recomputation
+  // included, without the collectives); -1 where the row lacks them.
+  double compute_s = -1;
   // host.cpu_wait_share of the row: the share of its steps rank 0 spent
   // waiting for a core; -1 where the row does not say.
   double cpu_wait_share = -1;
@@ -51,6 +57,7 @@ struct CalibrationResult {
   int fit_points = 0;
   std::vector<PointError> fitted, held_out;
   double fit_median_error = 0, held_out_median_error = 0, held_out_max_error = 0;  // |relative|
+  int backward_points = 0;  // fitted points whose backward_ratio set the cluster's backward_factor (0: kept)
   int contended_points = 0;  // points whose cpu_wait_share exceeds sweep::kContendedShare
 };
 
@@ -61,5 +68,7 @@ CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster
 std::string calibration_report(const CalibrationResult& r);
 // Predicted step time of a point on a cluster.
 double predict_point(const SweepPoint& p, const Cluster& c);
+// The model's whole breakdown for the point.
+StepTime predict_point_times(const SweepPoint& p, const Cluster& c);
 
 }  // namespace xirang::tools::plan

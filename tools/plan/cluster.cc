@@ -46,6 +46,7 @@ const std::vector<Key>& number_keys() {
       {"efficiency.op_overhead_us", true, [](Cluster& c) -> double& { return c.op_overhead_us; }},
       {"efficiency.comm_buffer_mb", false, [](Cluster& c) -> double& { return c.comm_buffer_mb; }},
       {"efficiency.rank_skew", false, [](Cluster& c) -> double& { return c.rank_skew; }},
+      {"efficiency.backward_factor", false, [](Cluster& c) -> double& { return c.backward_factor; }},
   };
   return keys;
 }
@@ -111,7 +112,7 @@ Cluster load_cluster(const std::string& path) {
   }
   if (c.devices_per_node < 1 || c.peak_tflops <= 0 || c.memory_gb <= 0 || c.memory_bandwidth_gbps <= 0 ||
       c.intra_node.bandwidth_gbps <= 0 || c.inter_node.bandwidth_gbps <= 0 || c.matmul_efficiency <= 0 ||
-      c.memory_efficiency <= 0)
+      c.memory_efficiency <= 0 || c.backward_factor <= 0)
     fail(ErrorKind::Config, path, ": devices_per_node, peak_tflops, memory_gb, the bandwidths and the efficiencies must be positive");
   return c;
 }

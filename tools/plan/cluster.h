@@ -37,12 +37,19 @@ struct Cluster {
   double matmul_efficiency = 0.7;
   double matmul_half_width = 0;  // 0: no size dependence
   double memory_efficiency = 0.8;  // element-wise kernels and the optimizer, of memory_bandwidth_gbps
-  double op_overhead_us = 0;       // per layer, microbatch and forward pass (launches, small ops); backward 2x
+  double op_overhead_us = 0;       // per layer, microbatch and forward pass (launches, small ops); backward: backward_factor x
   double comm_buffer_mb = 0;       // per communication group with more than one rank (library buffers)
   // How far, as a fraction of its compute time, the slowest data-parallel
   // rank finishes behind the others (noise, shared cores): the others wait
   // for it in the gradient reduction. 0 on dedicated machines; fitted here.
   double rank_skew = 0;
+  // A backward pass's compute time per forward pass of the same work. 2
+  // where the backward's two products per forward product run at the
+  // forward's rate (GPUs); a CPU measures less (1.4 on this machine: its
+  // forward carries element-wise work at a lower rate than the products).
+  // `--calibrate` sets it to the median backward_ms / forward_ms of the
+  // sweep's points.
+  double backward_factor = 2;
 
   // Seconds for `flops` of matrix products of inner width `width`.
   double matmul_seconds(double flops, double width, bool fp32) const;

@@ -79,8 +79,8 @@ StageCost stage_cost(const Workload& w, const PlanLayout& l, const Cluster& c, c
     const PassCost e = ends_forward(w, l, c, g == 0, g == chunks - 1);
     s.fwd.compute += layers * lf.compute + e.compute;
     s.fwd.tp_comm += layers * lf.tp_comm + e.tp_comm;
-    // Backward: twice the forward's work, the mirrored collectives.
-    s.bwd.compute += 2 * (layers * lf.compute + e.compute);
+    // Backward: twice the forward's work (backward_factor of its time), the mirrored collectives.
+    s.bwd.compute += c.backward_factor * (layers * lf.compute + e.compute);
     s.bwd.tp_comm += layers * lf.tp_comm + e.tp_comm;
     if (l.recompute) {
       s.rc.compute += layers * lf.compute;

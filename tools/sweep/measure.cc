@@ -127,7 +127,8 @@ Json layout_of(const Config& c) {
           {"zero", c.parallel.zero},
           {"sequence_parallel", c.parallel.sequence_parallel},
           {"micro_batch", c.train.micro_batch},
-          {"global_batch", c.train.global_batch}};
+          {"global_batch", c.train.global_batch},
+          {"recompute", config_name(c.train.recompute)}};
 }
 
 Json model_of(const Config& c) {
