@@ -201,6 +201,39 @@ TEST(PlanCalibration, FitsTheComputeOfEveryRow) {
   }
 }
 
+// A row's train.recompute: full is the model's recomputation (and its
+// backward, holding a forward, gives no backward ratio); a value that is
+// none of the three is a Data error naming it.
+TEST(PlanCalibration, ReadsTheRecomputeOfARow) {
+  const std::string dir = ::testing::TempDir();
+  std::ifstream in(kSrc + "/tests/assets/sweeps/this_machine.jsonl");
+  std::string row;
+  std::getline(in, row);
+  const std::string none = "\"recompute\":\"none\"";
+  const size_t at = row.find(none);
+  ASSERT_NE(at, std::string::npos) << row;
+  auto with = [&](const std::string& value) {
+    std::string r = row;
+    r.replace(at, none.size(), "\"recompute\":\"" + value + "\"");
+    std::ofstream(dir + "/rc.jsonl") << r << "\n" << r << "\n";  // the reader wants two rows or more
+    return read_sweep(dir + "/rc.jsonl");
+  };
+  EXPECT_FALSE(with("none").at(0).layout.recompute);
+  EXPECT_GT(with("none").at(0).backward_ratio, 0);
+  const SweepPoint full = with("full").at(0);
+  EXPECT_TRUE(full.layout.recompute);
+  EXPECT_LT(full.backward_ratio, 0);
+  EXPECT_GT(full.compute_s, 0);
+  EXPECT_LT(with("selective").at(0).backward_ratio, 0);
+  try {
+    with("sometimes");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Data);
+    EXPECT_NE(std::string(e.what()).find("layout.recompute is 'sometimes'"), std::string::npos) << e.what();
+  }
+}
+
 // Points that waited for a core are named in the report, with a warning.
 TEST(PlanCalibration, ReportNamesContendedPoints) {
   auto points = this_machine_points();
