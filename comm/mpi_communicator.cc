@@ -24,15 +24,45 @@ namespace xirang {
 
 namespace {
 
+// What the channel's worker and its callers share (it outlives either): the
+// lock and condition of the worker's queue, and the callers blocked in
+// wait(). A caller that waits wakes the worker, which then polls at once
+// and keeps polling often until the wait ends: the caller's core is idle
+// meanwhile, and a message only moves while MPI is called (a receive that
+// arrives while the worker sleeps is seen only when it wakes).
+struct WorkerSignal {
+  std::mutex mu;  // guards the Impl's queue, stopping, broken_reason, and `woken`
+  std::condition_variable cv;
+  bool woken = false;            // a caller began to wait since the worker last looked
+  std::atomic<int> waiters{0};   // callers blocked in wait() now
+};
+
 // ---- Work handles
 
 class MpiWork final : public Work {
  public:
   void wait() override {
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return done_.load(); });
+    if (done_.load()) {
+      if (error_) std::rethrow_exception(error_);
+      return;
+    }
+    const std::shared_ptr<WorkerSignal> s = signal_;
+    if (s) {
+      s->waiters.fetch_add(1);
+      {
+        std::lock_guard<std::mutex> lk(s->mu);
+        s->woken = true;
+      }
+      s->cv.notify_one();
+    }
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return done_.load(); });
+    }
+    if (s) s->waiters.fetch_sub(1);
     if (error_) std::rethrow_exception(error_);
   }
+  void set_signal(std::shared_ptr<WorkerSignal> s) { signal_ = std::move(s); }
   // True once the operation has finished, successfully or not; wait() then
   // returns at once (or rethrows the failure).
   bool test() override { return done_.load(); }
@@ -55,6 +85,7 @@ class MpiWork final : public Work {
   std::atomic<bool> done_{false};
   std::exception_ptr error_;
   double start_s_ = 0, end_s_ = 0;
+  std::shared_ptr<WorkerSignal> signal_;  // set before the work is handed out
 };
 
 std::exception_ptr comm_error(const std::string& message) {
@@ -98,13 +129,19 @@ void abandon(std::vector<std::unique_ptr<Op>> ops) {
 // and 4 ranks: without the spin a 4-byte all-reduce took 2-3 ms instead of
 // 20 us, and a 1000 us cap made 1-4 MB all-reduces 30-60% slower than a
 // 200 us one, since sleeps stall a transfer between MPI calls. Once nothing
-// has happened for 20 ms (a receive waiting on a slow peer) the cap rises
-// to 1 ms, so a long wait costs about 1% of a core instead of 6%.
+// has happened for 20 ms (a receive posted early, its sender still
+// computing) the cap rises to 1 ms, so a long wait costs about 1% of a core
+// instead of 6%, unless a caller is blocked on the channel: then the
+// worker polls at once and every 50 us at most (kWaitedBackoff), since the
+// caller's core has nothing else to do.
 constexpr double kSpinSeconds = 50e-6;
 constexpr std::chrono::microseconds kMinBackoff{20};
 constexpr std::chrono::microseconds kMaxBackoff{200};
 constexpr double kLongWaitSeconds = 20e-3;
 constexpr std::chrono::microseconds kLongWaitBackoff{1000};
+// While a caller waits on one of the channel's operations the sleep between
+// polls stays at most this (and never reaches the long-wait cap).
+constexpr std::chrono::microseconds kWaitedBackoff{50};
 
 }  // namespace
 
@@ -118,8 +155,9 @@ struct MpiCommunicator::Impl {
   int trace_channel = -1;        // this channel in opts.trace
   uint64_t collectives = 0, p2p = 0;  // operations submitted so far (guarded by mu): their sequence numbers
 
-  std::mutex mu;  // guards queue, stopping, broken_reason
-  std::condition_variable cv;
+  std::shared_ptr<WorkerSignal> signal = std::make_shared<WorkerSignal>();
+  std::mutex& mu = signal->mu;  // guards queue, stopping, broken_reason
+  std::condition_variable& cv = signal->cv;
   std::deque<std::unique_ptr<Op>> queue;
   bool stopping = false;
   std::atomic<bool> broken{false};
@@ -148,6 +186,7 @@ struct MpiCommunicator::Impl {
 
 WorkPtr MpiCommunicator::Impl::submit(std::unique_ptr<Op> op) {
   op->submitted_s = now_seconds();
+  op->work->set_signal(signal);
   WorkPtr w = op->work;
   {
     std::lock_guard<std::mutex> lk(mu);
@@ -200,8 +239,15 @@ void MpiCommunicator::Impl::run() {
         lk.lock();
         continue;
       }
-      cv.wait_for(lk, backoff, [&] { return !queue.empty(); });
-      auto cap = now_seconds() - last_progress < kLongWaitSeconds ? kMaxBackoff : kLongWaitBackoff;
+      cv.wait_for(lk, backoff, [&] { return !queue.empty() || signal->woken; });
+      if (signal->woken) {  // a caller began to wait: poll now, then often
+        signal->woken = false;
+        backoff = kMinBackoff;
+        continue;
+      }
+      auto cap = signal->waiters.load() > 0                         ? kWaitedBackoff
+                 : now_seconds() - last_progress < kLongWaitSeconds ? kMaxBackoff
+                                                                    : kLongWaitBackoff;
       backoff = std::min(2 * backoff, cap);
     }
   }
