@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# tools/run_sanitizers.sh: the core, kernel, model, runtime and parallel
-# tests built with AddressSanitizer (leaks included) and
-# UndefinedBehaviorSanitizer, in build-asan/ (the default build is
-# untouched; no CUDA, the sanitizers do not see device code).
+# tools/run_sanitizers.sh: the core, kernel, communication (one rank and
+# under mpirun), model, runtime and parallel tests built with
+# AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer, in
+# build-asan/ (the default build is untouched; no CUDA, the sanitizers do
+# not see device code).
 #
-#   tools/run_sanitizers.sh [ctest arguments...]     # default: -L "core|kernels|comm|models|runtime|parallel"
+#   tools/run_sanitizers.sh [ctest arguments...]     # default: -L "core|kernels|comm|mpi|models|runtime|parallel"
 #
 # A sanitizer report fails the test that made it (UBSan halts on its first
 # report; ASan on any bad access; LeakSanitizer at exit). Leaks inside the
@@ -20,7 +21,7 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXIRANG
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 cmake --build "$build" -j "${XIRANG_JOBS:-$(nproc)}" --target core_tests kernels_tests comm_tests models_tests runtime_tests \
-  tp_layer_tests parallel_train_check parallel_step_time_check xirang
+  tp_layer_tests parallel_train_check parallel_step_time_check mpi_comm_tests xirang
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # fast_unwind_on_malloc=0: Open MPI and its plugins are built without frame
 # pointers, so the fast unwinder stops one frame into them and their
@@ -30,5 +31,5 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:fast_unwind_on_malloc=0:mallo
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tools/sanitizers/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 cd "$build"
-[ $# -gt 0 ] || set -- -L "core|kernels|comm|models|runtime|parallel"
+[ $# -gt 0 ] || set -- -L "core|kernels|comm|mpi|models|runtime|parallel"
 ctest --output-on-failure -j "${XIRANG_TEST_JOBS:-2}" "$@"
