@@ -27,7 +27,7 @@ namespace {
 // What the channel's worker and its callers share (it outlives either): the
 // lock and condition of the worker's queue, and the callers blocked in
 // wait(). A caller that waits wakes the worker, which then polls at once
-// and keeps polling often until the wait ends: the caller's core is idle
+// and keeps polling often for a while (run()): the caller's core is idle
 // meanwhile, and a message only moves while MPI is called (a receive that
 // arrives while the worker sleeps is seen only when it wakes).
 struct WorkerSignal {
@@ -133,7 +133,8 @@ void abandon(std::vector<std::unique_ptr<Op>> ops) {
 // computing) the cap rises to 1 ms, so a long wait costs about 1% of a core
 // instead of 6%, unless a caller is blocked on the channel: then the
 // worker polls at once and every 50 us at most (kWaitedBackoff), since the
-// caller's core has nothing else to do.
+// caller's core has nothing else to do (for the first 20 ms of a wait:
+// with more ranks than cores it may be the core of the rank it waits for).
 constexpr double kSpinSeconds = 50e-6;
 constexpr std::chrono::microseconds kMinBackoff{20};
 constexpr std::chrono::microseconds kMaxBackoff{200};
@@ -208,6 +209,7 @@ WorkPtr MpiCommunicator::Impl::submit(std::unique_ptr<Op> op) {
 void MpiCommunicator::Impl::run() {
   auto backoff = kMinBackoff;
   double last_progress = now_seconds();
+  double waited_from = -1e30;  // when a caller last began to wait
   std::unique_lock<std::mutex> lk(mu);
   for (;;) {
     if (queue.empty() && active.empty()) {
@@ -243,11 +245,16 @@ void MpiCommunicator::Impl::run() {
       if (signal->woken) {  // a caller began to wait: poll now, then often
         signal->woken = false;
         backoff = kMinBackoff;
+        waited_from = now_seconds();
         continue;
       }
-      auto cap = signal->waiters.load() > 0                         ? kWaitedBackoff
-                 : now_seconds() - last_progress < kLongWaitSeconds ? kMaxBackoff
-                                                                    : kLongWaitBackoff;
+      // Often while a caller has waited less than kLongWaitSeconds (more
+      // ranks than cores: longer, the polls would take the core from the
+      // rank it waits for), then the usual caps.
+      const double now = now_seconds();
+      auto cap = signal->waiters.load() > 0 && now - waited_from < kLongWaitSeconds ? kWaitedBackoff
+                 : now - last_progress < kLongWaitSeconds                           ? kMaxBackoff
+                                                                                    : kLongWaitBackoff;
       backoff = std::min(2 * backoff, cap);
     }
   }

@@ -11,8 +11,10 @@
 # report; ASan on any bad access; LeakSanitizer at exit). Leaks inside the
 # libraries Xirang calls (Open MPI and its helpers, OpenMP, oneDNN) are
 # theirs and are suppressed by tools/sanitizers/lsan.supp; a leak of ours
-# is not. Not part of CI: on a 2-core machine the build alone takes longer
-# than the whole default suite (docs/reliability.md, "Sanitizers").
+# is not, unless it is a handle those libraries allocate (an MPI request, a
+# oneDNN primitive), which the suppressions hide as well. Not part of
+# CI: on a 2-core machine the build alone takes longer than the whole
+# default suite (docs/reliability.md, "Sanitizers").
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${XIRANG_ASAN_BUILD_DIR:-$root/build-asan}

@@ -136,9 +136,9 @@ void onednn_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha
 // oneDNN's matmul primitive with bf16 operands: the CPU's BF16 dot products
 // where it has them. A primitive is made per block shape (with strides,
 // output type, alpha, beta, bias), planned for one thread, and kept by the
-// thread that made it: a primitive's scratch is its own, so two threads
-// never run the same one (a thread's OpenMP number is not enough to tell
-// threads apart: it repeats across teams and outside them).
+// thread that made it, so that no two threads run the same primitive object
+// at once (sharing one gave wrong results; a thread's OpenMP number does not
+// tell threads apart: it repeats across teams and outside them).
 struct MatmulKey {
   bool ta, tb, c_bf16, bias;
   int64_t M, N, K, lda, ldb, ldc;
@@ -227,7 +227,7 @@ bool have_matmul(const MatmulKey& k) { return matmul_for(k).prim != nullptr; }
 
 void run_matmul(const MatmulKey& k, const void* A, const void* B, void* C, const void* bias) {
   Matmul& m = matmul_for(k);
-  if (!m.prim)  // made on the calling thread already, so not expected
+  if (!m.prim)  // bf16_gemm checked the block shapes on its own thread; another thread making none is not expected
     fail(ErrorKind::Library, "bf16 matmul: oneDNN made no primitive for a (", k.M, ", ", k.N, ", ", k.K,
          ") block on this thread");
   thread_local dnnl_stream_t stream = nullptr;

@@ -104,7 +104,7 @@ case $case in
   kill_in_save_empty_rank)
     # Under dp=2, rank 1 writes no tensors (the parameters and the optimizer state are rank 0's):
     # killed in its save, it still dies before its file is complete.
-    command -v mpirun >/dev/null || die "mpirun is not installed"
+    command -v mpirun >/dev/null || { echo "SKIP [$case]: mpirun is not installed"; exit 77; }
     prepare_data
     rm -rf ck5
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -np 2 --oversubscribe \

@@ -46,9 +46,18 @@ TEST(StopVote, RanksOfALargeWorldComeBackExactly) {
   }
 }
 
+extern "C" void sentinel_handler(int) {}
+
+// The handler the process had (a sentinel here, not the default that the
+// first signal sets) comes back for both signals, and a second StopSignals
+// can be made after the first is gone.
 TEST(StopSignals, TheFirstSignalIsRecordedAndTheHandlersAreRestored) {
-  struct sigaction before {};
-  sigaction(SIGUSR1, nullptr, &before);
+  struct sigaction sentinel {};
+  sentinel.sa_handler = sentinel_handler;
+  sigemptyset(&sentinel.sa_mask);
+  struct sigaction old_term {}, old_usr1 {};
+  sigaction(SIGTERM, &sentinel, &old_term);
+  sigaction(SIGUSR1, &sentinel, &old_usr1);
   {
     StopSignals s;
     EXPECT_EQ(s.pending(), 0);
@@ -56,9 +65,17 @@ TEST(StopSignals, TheFirstSignalIsRecordedAndTheHandlersAreRestored) {
     EXPECT_EQ(s.pending(), SIGUSR1);
     EXPECT_EQ(signal_name(s.pending()), "SIGUSR1");
   }
-  struct sigaction after {};
-  sigaction(SIGUSR1, nullptr, &after);
-  EXPECT_EQ(after.sa_handler, before.sa_handler);
+  for (int sig : {SIGTERM, SIGUSR1}) {
+    struct sigaction now {};
+    sigaction(sig, nullptr, &now);
+    EXPECT_EQ(now.sa_handler, &sentinel_handler) << signal_name(sig);
+  }
+  {
+    StopSignals again;
+    EXPECT_EQ(again.pending(), 0);
+  }
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGUSR1, &old_usr1, nullptr);
 }
 
 }  // namespace

@@ -58,7 +58,8 @@ SweepPoint parse_point(const json& j, const std::string& where) {
     const double f = b.value("forward_ms", 0.0), bw = b.value("backward_ms", 0.0);
     if (f > 0 && bw > 0) p.backward_ratio = bw / f;
   }
-  if (j.contains("breakdown_ms") && j["breakdown_ms"].is_object()) {
+  // Selective recomputation has no term in the model, so its rows' compute is not compared.
+  if (cfg.train.recompute != RecomputeMode::Selective && j.contains("breakdown_ms") && j["breakdown_ms"].is_object()) {
     const json& b = j["breakdown_ms"];
     const double f = b.value("forward_ms", 0.0), bw = b.value("backward_ms", 0.0);
     if (f > 0 && bw > 0) p.compute_s = (f + bw) / 1e3;
@@ -91,14 +92,15 @@ std::vector<double> residuals(const std::vector<const SweepPoint*>& pts, const C
                               const std::vector<double>& logs, const std::vector<double>& logs0) {
   const Cluster c = with(start, logs);
   std::vector<double> r;
-  // Each point's step time, and its compute alone where the row has it:
+  // Each point's step time, and its compute alone where the row has it
+  // (rank 0's, so pipeline stage 0's):
   // fitting the sum only lets a compute rate that is off trade against the
   // communication and bubble terms, which then fail on layouts that lack them.
   constexpr double kCompute = 1.0;  // weight of log(predicted / measured compute), as a step time's
   for (const SweepPoint* p : pts) {
     const StepTime t = predict_point_times(*p, c);
     r.push_back(std::log(t.step_s / p->step_s));
-    if (p->compute_s > 0) r.push_back(kCompute * std::log((t.forward_s + t.backward_s + t.recompute_s) / p->compute_s));
+    if (p->compute_s > 0) r.push_back(kCompute * std::log(t.first_stage_compute_s / p->compute_s));
   }
   constexpr double kPull = 0.05;  // weight of log(constant / start value)
   for (size_t i = 0; i < logs.size(); ++i) r.push_back(kPull * (logs[i] - logs0[i]));

@@ -31,8 +31,9 @@ struct SweepPoint {
   // backward_ms / forward_ms of the row's medians (breakdown_ms); -1 where
   // the row lacks them or its backward holds a recomputed forward.
   double backward_ratio = -1;
-  // forward_ms + backward_ms of the row in seconds (the compute, recomputation
-  // included, without the collectives); -1 where the row lacks them.
+  // forward_ms + backward_ms of the row in seconds (rank 0's compute, a full
+  // recomputation included, without the collectives); -1 where the row lacks
+  // them or recomputes selectively (a cost the model does not have).
   double compute_s = -1;
   // host.cpu_wait_share of the row: the share of its steps rank 0 spent
   // waiting for a core; -1 where the row does not say.
@@ -58,11 +59,10 @@ struct CalibrationResult {
   std::vector<PointError> fitted, held_out;
   double fit_median_error = 0, held_out_median_error = 0, held_out_max_error = 0;  // |relative|
   int backward_points = 0;  // fitted points whose backward_ratio set the cluster's backward_factor (0: kept)
-  int contended_points = 0;  // points whose cpu_wait_share exceeds sweep::kContendedShare
+  // Points whose cpu_wait_share exceeds sweep::kContendedShare: they measured
+  // the waiting for a core as well as the work.
+  int contended_points = 0;
 };
-
-// A point that waited for a core over sweep::kContendedShare of its steps
-// measured the waiting as well as the work.
 
 CalibrationResult calibrate(const std::vector<SweepPoint>& points, const Cluster& start, Holdout holdout);
 std::string calibration_report(const CalibrationResult& r);

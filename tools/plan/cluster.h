@@ -45,8 +45,9 @@ struct Cluster {
   double rank_skew = 0;
   // A backward pass's compute time per forward pass of the same work. 2
   // where the backward's two products per forward product run at the
-  // forward's rate (GPUs); a CPU measures less (1.4 on this machine: its
-  // forward carries element-wise work at a lower rate than the products).
+  // forward's rate (GPUs); a CPU measures less (about 1.47 on this
+  // machine: its forward carries element-wise work at a lower rate than the
+  // products).
   // `--calibrate` sets it to the median backward_ms / forward_ms of the
   // sweep's points.
   double backward_factor = 2;

@@ -56,6 +56,7 @@ Workload workload_of(const Config& cfg);
 // Seconds per step, by term (docs/performance_model.md).
 struct StepTime {
   double forward_s = 0, backward_s = 0, recompute_s = 0;  // compute on the busiest stage, all microbatches
+  double first_stage_compute_s = 0;  // forward + backward + recompute of pipeline stage 0 (what rank 0 measures)
   double tp_comm_s = 0;           // exposed tensor-parallel collectives (inside forward/backward above? no: separate)
   double pp_bubble_s = 0;         // idle pipeline time (simulator, transfers free)
   double pp_comm_exposed_s = 0;   // what the transfers add to the simulated pipeline

@@ -64,6 +64,7 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
   t.forward_s = m * s.fwd.compute;
   t.backward_s = m * s.bwd.compute;
   t.recompute_s = m * s.rc.compute;
+  t.first_stage_compute_s = m * (stages.front().fwd.compute + stages.front().bwd.compute + stages.front().rc.compute);
   t.tp_comm_s = m * (s.fwd.tp_comm + s.bwd.tp_comm + s.rc.tp_comm);
   const double busy = *std::max_element(free.busy.begin(), free.busy.end());
   t.pp_bubble_s = free.makespan - busy;
