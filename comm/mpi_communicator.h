@@ -44,7 +44,7 @@ class MpiCommunicator final : public Communicator {
   WorkPtr recv_async(Tensor t, int peer, int tag) override;
   void barrier() override;
 
-  struct Impl;  // worker thread, queue, outstanding requests (mpi_communicator.cc)
+  struct Impl;  // worker thread, queue, outstanding requests (comm/mpi_channel.h)
 
  protected:
   WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) override;
