@@ -213,10 +213,9 @@ int run_sweep(const SweepArgs& args) {
     for (const Pending& q : pending) left += q.runs_left(spec.repeats);
     return runs_done > 0 ? elapsed() / runs_done * left : 0.0;
   };
-  std::vector<bool> recorded(pending.size(), false);
   for (const auto& [i, k] : run_order(spec, pending.size())) {
     Pending& q = pending[i];
-    if (recorded[i]) continue;
+    if (rows.count(q.point->id)) continue;  // its row is written
     if (!q.finished(spec.repeats)) {
       q.runs.push_back(run_repeat(spec, *q.point, q.pre, k, xirang, out));
       ++runs_done;
@@ -230,7 +229,6 @@ int run_sweep(const SweepArgs& args) {
     }
     if (!q.finished(spec.repeats)) continue;
     const Json row = make_row(*q.point, q.pre, q.runs);
-    recorded[i] = true;
     append_result(results, row);
     rows[q.point->id] = row;
     write_csv(ordered(spec, rows), out + "/results.csv");

@@ -53,16 +53,13 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   if (j.contains("host") && j["host"].is_object() && j["host"].contains("cpu_wait_share") &&
       j["host"]["cpu_wait_share"].is_number())
     p.cpu_wait_share = j["host"]["cpu_wait_share"].get<double>();
-  if (cfg.train.recompute == RecomputeMode::None && j.contains("breakdown_ms") && j["breakdown_ms"].is_object()) {
+  if (j.contains("breakdown_ms") && j["breakdown_ms"].is_object()) {
     const json& b = j["breakdown_ms"];
     const double f = b.value("forward_ms", 0.0), bw = b.value("backward_ms", 0.0);
-    if (f > 0 && bw > 0) p.backward_ratio = bw / f;
-  }
-  // Selective recomputation has no term in the model, so its rows' compute is not compared.
-  if (cfg.train.recompute != RecomputeMode::Selective && j.contains("breakdown_ms") && j["breakdown_ms"].is_object()) {
-    const json& b = j["breakdown_ms"];
-    const double f = b.value("forward_ms", 0.0), bw = b.value("backward_ms", 0.0);
-    if (f > 0 && bw > 0) p.compute_s = (f + bw) / 1e3;
+    // A recomputing backward holds a forward; selective recomputation has no
+    // term in the model, so its rows' compute is not compared either.
+    if (f > 0 && bw > 0 && cfg.train.recompute == RecomputeMode::None) p.backward_ratio = bw / f;
+    if (f > 0 && bw > 0 && cfg.train.recompute != RecomputeMode::Selective) p.compute_s = (f + bw) / 1e3;
   }
   p.workload = workload_of(cfg);
   return p;
