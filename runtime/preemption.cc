@@ -1,7 +1,11 @@
 #include "runtime/preemption.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
+#include <thread>
 
 #include "core/error.h"
 
@@ -26,7 +30,30 @@ extern "C" void on_stop_signal(int sig) {
   sigaction(SIGUSR1, &dfl, nullptr);
 }
 
+sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
+  return set;
+}
+
 }  // namespace
+
+void route_stop_signals() {
+  static std::atomic<bool> routed{false};
+  if (routed.exchange(true)) return;
+  const sigset_t set = stop_signal_set();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // The catcher unblocks them for itself alone; a signal that comes before
+  // it does waits, pending, for it.
+  std::thread catcher([set] {
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    for (;;) pause();  // each signal runs its handler (or default action) here
+  });
+  pthread_setname_np(catcher.native_handle(), "xirang-signals");
+  catcher.detach();
+}
 
 StopSignals::StopSignals() {
   if (g_installed.exchange(true)) fail(ErrorKind::Internal, "StopSignals: the handlers are already installed");

@@ -34,6 +34,19 @@ class StopSource {
   virtual int pending() const = 0;
 };
 
+// Sends SIGTERM and SIGUSR1 to a thread of their own for the rest of the
+// process: blocks both in the calling thread, and so in every thread started
+// from it afterwards (MPI's, OpenMP's, the channels' workers), and starts one
+// thread that does nothing but take them. Call it first, before any other
+// thread exists (the train command does); calling it again does nothing.
+// Why: a handler runs on the stack of the thread the kernel picks, and while
+// oneDNN 2.x's JIT sgemm kernels run they point the stack pointer into a heap
+// buffer (fixed in oneDNN 3.11), so a signal taken by a computing thread
+// writes its frame over the heap. Compute and communication threads also
+// never see a system call cut short by a stop signal. Until a StopSignals is
+// made, and after it is gone, both signals end the process as by default.
+void route_stop_signals();
+
 // Installs handlers for SIGTERM and SIGUSR1. One StopSignals at a time per process.
 class StopSignals final : public StopSource {
  public:

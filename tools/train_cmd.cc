@@ -204,6 +204,8 @@ int train_command(int argc, char** argv) {
                   "a second signal exits at once.\n", xirang::kPreemptedExitCode);
       return 0;
     }
+  // Before MPI, OpenMP or the loader start a thread (runtime/preemption.h).
+  route_stop_signals();
   TrainArgs args = parse_args(argc, argv);
   const Launch launch = Launch::detect();
   bool multi_rank = false;

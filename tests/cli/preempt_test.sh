@@ -134,7 +134,7 @@ case $case in
     r1=$(rank_pid $pid 1) || die "rank 1's process not found among mpirun's children"
     kill -TERM "$r1"
     wait $pid; rc=$?
-    [ $rc = 75 ] || die "mpirun's exit status $rc, expected 75: $(tail -5 err.txt)"
+    [ $rc = 75 ] || die "mpirun's exit status $rc, expected 75: $(tail -n 20 err.txt)"
     check_stopped ck3 m3.jsonl SIGTERM 1
     check_resume ck3 "$step"
     echo "ok [$case]: stopped after step $step, status 75, resumed steps $((step + 1))-$steps bitwise equal" ;;
@@ -148,7 +148,7 @@ case $case in
     wait_for_steps m4.jsonl 2 $pid
     kill -USR1 $pid
     wait $pid; rc=$?
-    [ $rc = 75 ] || die "mpirun's exit status $rc, expected 75: $(tail -5 err.txt)"
+    [ $rc = 75 ] || die "mpirun's exit status $rc, expected 75: $(tail -n 20 err.txt)"
     check_stopped ck4 m4.jsonl SIGUSR1 1
     check_resume ck4 "$step"
     echo "ok [$case]: stopped after step $step, status 75, resumed bitwise" ;;

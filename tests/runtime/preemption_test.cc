@@ -1,12 +1,25 @@
 // The stop vote (runtime/preemption.h): what a max all-reduce of the ranks'
-// entries tells every rank, and the signal handlers' first-signal record.
+// entries tells every rank, the signal handlers' first-signal record, and
+// the routing of the stop signals to a thread that never computes.
 #include "runtime/preemption.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
 #include <vector>
+
+#include "kernels/cpu/gemm.h"
 
 namespace xirang {
 namespace {
@@ -76,6 +89,104 @@ TEST(StopSignals, TheFirstSignalIsRecordedAndTheHandlersAreRestored) {
   }
   sigaction(SIGTERM, &old_term, nullptr);
   sigaction(SIGUSR1, &old_usr1, nullptr);
+}
+
+// ---- Routing (route_stop_signals). Each case runs in a process of its own
+// (a threadsafe death test re-runs the binary for it), since routing blocks
+// the signals in the process's main thread for good.
+
+std::atomic<int> g_taken{0}, g_taken_elsewhere{0};
+
+// Counts the signals it takes, and those taken by any thread but the catcher.
+extern "C" void counting_handler(int) {
+  g_taken.fetch_add(1);
+  char name[32] = {};
+  prctl(PR_GET_NAME, name);
+  if (std::strcmp(name, "xirang-signals") != 0) g_taken_elsewhere.fetch_add(1);
+}
+
+// A second thread sends SIGUSR1 to the process every 20 us while the main
+// thread and an OpenMP worker run oneDNN products (whose JIT kernels point
+// the stack pointer into the heap). Exits 0 when every product equals the
+// one made before the storm, signals came, and none ran outside the catcher.
+[[noreturn]] void signal_storm(bool route) {
+  if (route) route_stop_signals();
+  omp_set_num_threads(2);
+  struct sigaction sa {};
+  sa.sa_handler = counting_handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &sa, nullptr);
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const std::vector<Shape> shapes = {{64, 256, 64}, {64, 64, 256}, {256, 768, 768}, {512, 64, 64}};
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<std::vector<float>> a, b, want;
+  for (const Shape& sh : shapes) {
+    a.emplace_back(size_t(sh.m * sh.k));
+    b.emplace_back(size_t(sh.k * sh.n));
+    for (float& x : a.back()) x = dist(rng);
+    for (float& x : b.back()) x = dist(rng);
+    want.emplace_back(size_t(sh.m * sh.n));
+    cpu::sgemm_on(cpu::GemmPath::OneDnn, false, false, sh.m, sh.n, sh.k, 1.f, a.back().data(), sh.k,
+                  b.back().data(), sh.n, 0.f, want.back().data(), sh.n);
+  }
+  std::atomic<bool> stop{false};
+  std::thread sender([&] {
+    while (!stop.load()) {
+      kill(getpid(), SIGUSR1);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+  int wrong = 0;
+  std::vector<float> c;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  while (std::chrono::steady_clock::now() < until)
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Shape& sh = shapes[i];
+      c.assign(size_t(sh.m * sh.n), 0.f);
+      cpu::sgemm_on(cpu::GemmPath::OneDnn, false, false, sh.m, sh.n, sh.k, 1.f, a[i].data(), sh.k, b[i].data(),
+                    sh.n, 0.f, c.data(), sh.n);
+      wrong += c != want[i];
+    }
+  stop = true;
+  sender.join();
+  std::fprintf(stderr, "signals taken %d, outside the catcher %d; products differing %d\n", g_taken.load(),
+               g_taken_elsewhere.load(), wrong);
+  std::_Exit(g_taken.load() >= 100 && g_taken_elsewhere.load() == 0 && wrong == 0 ? 0 : 3);
+}
+
+TEST(StopSignalRouting, AStormOfSignalsNeverLandsOnAComputingThread) {
+  if (!cpu::have_onednn()) GTEST_SKIP() << "this build has no oneDNN path";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(signal_storm(true), testing::ExitedWithCode(0), "outside the catcher 0; products differing 0");
+}
+
+// Routed and armed: the first SIGUSR1 is recorded (taken by the catcher),
+// the second ends the process; with no StopSignals, SIGTERM ends it at once.
+[[noreturn]] void first_recorded_second_ends(bool arm) {
+  route_stop_signals();
+  if (!arm) {
+    kill(getpid(), SIGTERM);
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::_Exit(0);
+  }
+  StopSignals s;
+  kill(getpid(), SIGUSR1);
+  for (int i = 0; i < 2000 && s.pending() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::fprintf(stderr, "pending %d\n", s.pending());
+  if (s.pending() != SIGUSR1) std::_Exit(3);
+  kill(getpid(), SIGUSR1);
+  std::this_thread::sleep_for(std::chrono::seconds(10));
+  std::_Exit(0);
+}
+
+TEST(StopSignalRouting, FirstSignalIsRecordedSecondEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(first_recorded_second_ends(true), testing::KilledBySignal(SIGUSR1), "pending 10");
+  EXPECT_EXIT(first_recorded_second_ends(false), testing::KilledBySignal(SIGTERM), "");
 }
 
 }  // namespace
