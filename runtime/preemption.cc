@@ -5,6 +5,11 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -30,6 +35,8 @@ extern "C" void on_stop_signal(int sig) {
   sigaction(SIGUSR1, &dfl, nullptr);
 }
 
+constexpr char kCatcherName[] = "xirang-signals";
+
 sigset_t stop_signal_set() {
   sigset_t set;
   sigemptyset(&set);
@@ -47,12 +54,41 @@ void route_stop_signals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   // The catcher unblocks them for itself alone; a signal that comes before
   // it does waits, pending, for it.
-  std::thread catcher([set] {
+  std::promise<void> ready;
+  std::future<void> up = ready.get_future();
+  std::thread catcher([set, ready = std::move(ready)]() mutable {
+    pthread_setname_np(pthread_self(), kCatcherName);
     pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    ready.set_value();
     for (;;) pause();  // each signal runs its handler (or default action) here
   });
-  pthread_setname_np(catcher.native_handle(), "xirang-signals");
   catcher.detach();
+  up.wait();
+  // A library that starts threads before main (the pthreads build of
+  // OpenBLAS does) leaves them open to both signals; they then take them.
+  const int others = threads_taking_stop_signals() - 1;
+  if (others > 0)
+    std::fprintf(stderr,
+                 "xirang: warning: %d thread%s started before the stop signals were routed still take SIGTERM "
+                 "and SIGUSR1 (the pthreads build of OpenBLAS starts its threads before main; the OpenMP build "
+                 "does not)\n",
+                 others, others == 1 ? "" : "s");
+}
+
+int threads_taking_stop_signals() {
+  const unsigned long long bits = (1ull << (SIGTERM - 1)) | (1ull << (SIGUSR1 - 1));
+  int open = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(task.path() / "status");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("SigBlk:", 0) == 0) {
+        if ((std::stoull(line.substr(7), nullptr, 16) & bits) != bits) ++open;
+        break;
+      }
+  }
+  return open;
 }
 
 StopSignals::StopSignals() {

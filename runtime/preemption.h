@@ -9,6 +9,8 @@
 // stop after the same step, save a checkpoint of it synchronously, print one
 // line and exit with kPreemptedExitCode.
 //
+//   route_stop_signals();                      // first, before anything starts a thread
+//   ...
 //   StopSignals signals;                       // installs the handlers; the destructor restores the old ones
 //   TrainerOptions o;
 //   o.stop = &signals;                         // Trainer::run() returns early, result.preempted set
@@ -37,15 +39,22 @@ class StopSource {
 // Sends SIGTERM and SIGUSR1 to a thread of their own for the rest of the
 // process: blocks both in the calling thread, and so in every thread started
 // from it afterwards (MPI's, OpenMP's, the channels' workers), and starts one
-// thread that does nothing but take them. Call it first, before any other
-// thread exists (the train command does); calling it again does nothing.
-// Why: a handler runs on the stack of the thread the kernel picks, and while
-// oneDNN 2.x's JIT sgemm kernels run they point the stack pointer into a heap
-// buffer (fixed in oneDNN 3.11), so a signal taken by a computing thread
-// writes its frame over the heap. Compute and communication threads also
-// never see a system call cut short by a stop signal. Until a StopSignals is
-// made, and after it is gone, both signals end the process as by default.
+// thread, "xirang-signals", that does nothing but take them. Call it first,
+// before anything starts a thread (the train command does); calling it again
+// does nothing. A thread that already exists keeps taking them: it warns
+// when it finds one (the pthreads build of OpenBLAS starts its threads
+// before main). Why: a handler runs on the stack of the thread the kernel
+// picks, and while oneDNN 2.x's JIT sgemm kernels run they point the stack
+// pointer into a heap buffer (oneDNN issue 4845, mended after 3.11.1), so a
+// signal taken by a computing thread writes its frame over the heap. Compute
+// and communication threads also never see a system call cut short by a stop
+// signal. Until a StopSignals is made, and after it is gone, both signals end
+// the process as by default.
 void route_stop_signals();
+
+// How many of this process's threads take SIGTERM or SIGUSR1 (do not block
+// both); after route_stop_signals, 1 (the catcher) unless a thread predates it.
+int threads_taking_stop_signals();
 
 // Installs handlers for SIGTERM and SIGUSR1. One StopSignals at a time per process.
 class StopSignals final : public StopSource {

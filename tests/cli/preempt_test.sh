@@ -48,6 +48,19 @@ rank_pid() {
   return 1
 }
 
+# check_routed PID: in that rank only the thread "xirang-signals" takes SIGTERM
+# and SIGUSR1 (runtime/preemption.h route_stop_signals): every other thread
+# blocks both (bits 9 and 14 of SigBlk, 0x4200).
+check_routed() {
+  local t blk open=""
+  for t in /proc/"$1"/task/*; do
+    blk=$(sed -n 's/^SigBlk:[[:space:]]*//p' "$t/status" 2>/dev/null) || continue
+    [ -n "$blk" ] || continue
+    (( (16#$blk & 16#4200) == 16#4200 )) || open="$open $(cat "$t/comm" 2>/dev/null)"
+  done
+  [ "$open" = " xirang-signals" ] || die "pid $1: the threads that take the stop signals are:${open:- none}"
+}
+
 # The uninterrupted dp2 run the resumed ones are compared with (made once).
 straight_dp2() {
   # Shared by the cases of one ctest run; made again when the binary is newer (a rebuilt kernel may round differently).
@@ -146,6 +159,7 @@ case $case in
       --set metrics.jsonl=m4.jsonl >out.txt 2>err.txt &
     pid=$!
     wait_for_steps m4.jsonl 2 $pid
+    for r in 0 1; do check_routed "$(rank_pid $pid $r)"; done
     kill -USR1 $pid
     wait $pid; rc=$?
     [ $rc = 75 ] || die "mpirun's exit status $rc, expected 75: $(tail -n 20 err.txt)"

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -106,17 +108,20 @@ extern "C" void counting_handler(int) {
 }
 
 // A second thread sends SIGUSR1 to the process every 20 us while the main
-// thread and an OpenMP worker run oneDNN products (whose JIT kernels point
-// the stack pointer into the heap). Exits 0 when every product equals the
-// one made before the storm, signals came, and none ran outside the catcher.
+// thread and an OpenMP worker run matrix products (on oneDNN where the build
+// has it: its JIT kernels point the stack pointer into the heap). Exits 0
+// when every product equals the one made before the storm, signals came, and
+// none ran outside the catcher.
 [[noreturn]] void signal_storm(bool route) {
   if (route) route_stop_signals();
+  const int open = threads_taking_stop_signals();
   omp_set_num_threads(2);
   struct sigaction sa {};
   sa.sa_handler = counting_handler;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &sa, nullptr);
+  const auto path = cpu::have_onednn() ? cpu::GemmPath::OneDnn : cpu::GemmPath::OpenBlas;
   struct Shape {
     int64_t m, n, k;
   };
@@ -130,8 +135,8 @@ extern "C" void counting_handler(int) {
     for (float& x : a.back()) x = dist(rng);
     for (float& x : b.back()) x = dist(rng);
     want.emplace_back(size_t(sh.m * sh.n));
-    cpu::sgemm_on(cpu::GemmPath::OneDnn, false, false, sh.m, sh.n, sh.k, 1.f, a.back().data(), sh.k,
-                  b.back().data(), sh.n, 0.f, want.back().data(), sh.n);
+    cpu::sgemm_on(path, false, false, sh.m, sh.n, sh.k, 1.f, a.back().data(), sh.k, b.back().data(), sh.n, 0.f,
+                  want.back().data(), sh.n);
   }
   std::atomic<bool> stop{false};
   std::thread sender([&] {
@@ -147,21 +152,30 @@ extern "C" void counting_handler(int) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       const Shape& sh = shapes[i];
       c.assign(size_t(sh.m * sh.n), 0.f);
-      cpu::sgemm_on(cpu::GemmPath::OneDnn, false, false, sh.m, sh.n, sh.k, 1.f, a[i].data(), sh.k, b[i].data(),
-                    sh.n, 0.f, c.data(), sh.n);
+      cpu::sgemm_on(path, false, false, sh.m, sh.n, sh.k, 1.f, a[i].data(), sh.k, b[i].data(), sh.n, 0.f, c.data(),
+                    sh.n);
       wrong += c != want[i];
     }
   stop = true;
   sender.join();
-  std::fprintf(stderr, "signals taken %d, outside the catcher %d; products differing %d\n", g_taken.load(),
-               g_taken_elsewhere.load(), wrong);
-  std::_Exit(g_taken.load() >= 100 && g_taken_elsewhere.load() == 0 && wrong == 0 ? 0 : 3);
+  std::fprintf(stderr, "threads taking the signals %d; signals taken %d, outside the catcher %d; products differing %d\n",
+               open, g_taken.load(), g_taken_elsewhere.load(), wrong);
+  std::_Exit(open == 1 && g_taken.load() >= 100 && g_taken_elsewhere.load() == 0 && wrong == 0 ? 0 : 3);
 }
 
 TEST(StopSignalRouting, AStormOfSignalsNeverLandsOnAComputingThread) {
-  if (!cpu::have_onednn()) GTEST_SKIP() << "this build has no oneDNN path";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(signal_storm(true), testing::ExitedWithCode(0), "outside the catcher 0; products differing 0");
+  EXPECT_EXIT(signal_storm(true), testing::ExitedWithCode(0),
+              "threads taking the signals 1; .* outside the catcher 0; products differing 0");
+}
+
+// The failure the routing prevents, kept to reproduce it (run with
+// --gtest_also_run_disabled_tests): with oneDNN's JIT sgemm on the main
+// thread, the storm corrupts the heap ("corrupted size vs. prev_size", SIGABRT)
+// within a fraction of a second (or a later access faults: SIGSEGV).
+TEST(StopSignalRouting, DISABLED_WithoutRoutingTheStormCorruptsTheHeap) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(signal_storm(false), [](int status) { return WIFSIGNALED(status); }, "");
 }
 
 // Routed and armed: the first SIGUSR1 is recorded (taken by the catcher),
@@ -185,8 +199,27 @@ TEST(StopSignalRouting, AStormOfSignalsNeverLandsOnAComputingThread) {
 
 TEST(StopSignalRouting, FirstSignalIsRecordedSecondEndsTheProcess) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(first_recorded_second_ends(true), testing::KilledBySignal(SIGUSR1), "pending 10");
+  EXPECT_EXIT(first_recorded_second_ends(true), testing::KilledBySignal(SIGUSR1),
+              "pending " + std::to_string(SIGUSR1));
   EXPECT_EXIT(first_recorded_second_ends(false), testing::KilledBySignal(SIGTERM), "");
+}
+
+// A signal that comes while both are blocked and no catcher runs yet waits
+// for the catcher, which then takes it (here with the default action).
+[[noreturn]] void signal_before_the_catcher() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  kill(getpid(), SIGTERM);
+  route_stop_signals();
+  std::this_thread::sleep_for(std::chrono::seconds(10));
+  std::_Exit(0);
+}
+
+TEST(StopSignalRouting, ASignalBeforeTheCatcherIsNotLost) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(signal_before_the_catcher(), testing::KilledBySignal(SIGTERM), "");
 }
 
 }  // namespace
