@@ -45,6 +45,13 @@ struct CommOptions {
   // ProcessGrid::create_mpi: the directory of the CommTrace it creates when
   // `trace` is null (DIR/comm_trace.rank<N>.json; empty: record, never dump).
   std::string trace_dir{};
+  // MPI channels: while a caller is blocked in wait(), the channel's worker
+  // polls MPI without sleeping (for the first 20 ms of the wait). Right when
+  // every rank of the node has a core of its own (the waiting rank's core
+  // is idle); wrong when ranks outnumber cores, since the polls would take
+  // the core of the rank being waited for. ProcessGrid::create_mpi sets it
+  // from the node's rank and core counts.
+  bool busy_poll = false;
 };
 
 // A pending operation. wait() blocks until it completes and rethrows its

@@ -42,6 +42,10 @@ void abandon(std::vector<std::unique_ptr<Op>> ops) {
 // worker polls at once and every 50 us at most (kWaitedBackoff), since the
 // caller's core has nothing else to do (for the first 20 ms of a wait:
 // with more ranks than cores it may be the core of the rank it waits for).
+// Where every rank has a CPU of its own (CommOptions::busy_poll) it does
+// not sleep at all in those 20 ms, only yields: bench/comm_latency_bench
+// on 2 ranks, 2 cores: a 256 KiB all-reduce 114 us instead of 629, 1 MiB
+// 272 instead of 738, a 256 KiB send and receive 47 instead of 233.
 constexpr double kSpinSeconds = 50e-6;
 constexpr std::chrono::microseconds kMinBackoff{20};
 constexpr std::chrono::microseconds kMaxBackoff{200};
@@ -103,7 +107,11 @@ void MpiCommunicator::Impl::run() {
       // then sleep with a growing backoff so that a long wait does not burn
       // a core that compute (or another rank: ranks often outnumber cores)
       // needs. A new submission wakes the sleep at once.
-      if (now_seconds() - last_progress < kSpinSeconds) {
+      // Under busy_poll a waited-on channel polls without sleeping for the
+      // first kLongWaitSeconds of the wait (CommOptions::busy_poll).
+      const bool waited = signal->waiters.load() > 0;
+      if (now_seconds() - last_progress < kSpinSeconds ||
+          (signal->busy_poll && waited && now_seconds() - waited_from < kLongWaitSeconds)) {
         lk.unlock();
         std::this_thread::yield();
         lk.lock();
@@ -120,7 +128,7 @@ void MpiCommunicator::Impl::run() {
       // ranks than cores: longer, the polls would take the core from the
       // rank it waits for), then the usual caps.
       const double now = now_seconds();
-      auto cap = signal->waiters.load() > 0 && now - waited_from < kLongWaitSeconds ? kWaitedBackoff
+      auto cap = waited && now - waited_from < kLongWaitSeconds ? kWaitedBackoff
                  : now - last_progress < kLongWaitSeconds                           ? kMaxBackoff
                                                                                     : kLongWaitBackoff;
       backoff = std::min(2 * backoff, cap);

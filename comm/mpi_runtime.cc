@@ -1,10 +1,13 @@
 #include "comm/mpi_runtime.h"
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "comm/mpi_check.h"
 #include "core/error.h"
@@ -59,20 +62,38 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   XR_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
 }
 
-NodeLayout MpiRuntime::node_layout() const {
+NodeLayout world_node_layout() {
+  int world_rank = 0;
+  XR_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
   MPI_Comm node = MPI_COMM_NULL;
-  XR_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  XR_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
   NodeLayout at;
   int rc_rank = MPI_Comm_rank(node, &at.local_rank);
   int rc_size = MPI_Comm_size(node, &at.local_size);
+  // The CPUs this node's ranks may use: the union of their affinity masks
+  // (a batch system's cpuset, or each rank's binding by mpirun).
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_SET(0, &mine);
+  constexpr int kWords = int(sizeof(cpu_set_t) / sizeof(uint64_t));
+  uint64_t words[kWords], all[kWords];
+  std::memcpy(words, &mine, sizeof words);
+  int rc_cpus = MPI_Allreduce(words, all, kWords, MPI_UINT64_T, MPI_BOR, node);
   MPI_Comm_free(&node);
   XR_MPI_CHECK(rc_rank);
   XR_MPI_CHECK(rc_size);
+  XR_MPI_CHECK(rc_cpus);
+  cpu_set_t any;
+  std::memcpy(&any, all, sizeof any);
+  at.node_cpus = CPU_COUNT(&any);
   // One rank per node counts it; the extremes of the per-node counts show an uneven placement.
   int leader = at.local_rank == 0 ? 1 : 0;
   XR_MPI_CHECK(MPI_Allreduce(&leader, &at.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
   XR_MPI_CHECK(MPI_Allreduce(&at.local_size, &at.min_per_node, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
   XR_MPI_CHECK(MPI_Allreduce(&at.local_size, &at.max_per_node, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  int fits = at.node_cpus >= at.local_size ? 1 : 0, all_fit = 0;
+  XR_MPI_CHECK(MPI_Allreduce(&fits, &all_fit, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  at.ranks_fit_cpus = all_fit == 1;
   return at;
 }
 

@@ -22,7 +22,12 @@ struct NodeLayout {
   int local_size = 1;    // ranks on this rank's node
   int min_per_node = 1;  // fewest and most ranks on any node: equal when the
   int max_per_node = 1;  //   launcher placed the same number on every node
+  int node_cpus = 1;     // CPUs the ranks of this rank's node may run on (the union of their affinity masks)
+  bool ranks_fit_cpus = true;  // no node has more ranks than such CPUs (CommOptions::busy_poll)
 };
+
+// The layout of MPI_COMM_WORLD's ranks. Collective over the world.
+NodeLayout world_node_layout();
 
 class MpiRuntime {
  public:
@@ -35,7 +40,7 @@ class MpiRuntime {
   int world_rank() const { return rank_; }
   int world_size() const { return size_; }
   // Collective over MPI_COMM_WORLD (every rank must call it).
-  NodeLayout node_layout() const;
+  NodeLayout node_layout() const { return world_node_layout(); }
   // Ends every rank of the job with `code` (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] static void abort_world(int code);
   // True when MPI has been initialised and not finalised in this process.

@@ -147,7 +147,9 @@ std::unique_ptr<ProcessGrid> ProcessGrid::create_mpi(const GridShape& shape, con
   if (world != shape.world())
     fail(ErrorKind::Config, "world size ", world, " does not match parallel.dp x tp x pp = ", shape.dp, " x ",
          shape.tp, " x ", shape.pp, " = ", shape.world());
-  return std::make_unique<MpiGrid>(shape, opts, link);
+  CommOptions o = opts;
+  o.busy_poll = world_node_layout().ranks_fit_cpus;
+  return std::make_unique<MpiGrid>(shape, o, link);
 }
 
 }  // namespace xirang

@@ -108,8 +108,13 @@ void print_placement(const Launch& launch, const MpiRuntime& mpi) {
                                    : str_cat(at.min_per_node, " to ", at.max_per_node, " per node");
   const char* by = launch.mpirun ? "mpirun" : launch.srun_tasks > 0 ? "srun" : "an MPI launcher";
   const std::string job = launch.slurm_job.empty() ? "" : str_cat(" in Slurm job ", launch.slurm_job);
-  std::printf("ranks: %d on %d node%s (%s), started by %s%s\n", mpi.world_size(), at.nodes, at.nodes > 1 ? "s" : "",
-              per_node.c_str(), by, job.c_str());
+  // More ranks than CPUs: the channels' workers sleep between polls while waited on (CommOptions::busy_poll).
+  const std::string crowded =
+      at.ranks_fit_cpus ? ""
+                        : str_cat("; more ranks than CPUs on a node (rank 0's: ", at.local_size, " ranks, ", at.node_cpus,
+                                  " CPU", at.node_cpus == 1 ? "" : "s", "), so communication waits sleep between polls");
+  std::printf("ranks: %d on %d node%s (%s), started by %s%s%s\n", mpi.world_size(), at.nodes, at.nodes > 1 ? "s" : "",
+              per_node.c_str(), by, job.c_str(), crowded.c_str());
   std::fflush(stdout);
 }
 

@@ -117,6 +117,32 @@ case $case in
     [ "$(cat ck5/latest)" = step_00000002 ] || die "latest is '$(cat ck5/latest)', expected step_00000002"
     "$xirang" ckpt inspect ck5 >insp.txt 2>&1 || die "the previous checkpoint does not verify: $(tail -3 insp.txt)"
     echo "ok [$case]" ;;
+  placement)
+    # The placement line: two ranks with a CPU each say no more; confined to
+    # one CPU (taskset) they share it, and the line says that communication
+    # waits sleep between polls (CommOptions::busy_poll is off).
+    command -v mpirun >/dev/null && command -v taskset >/dev/null ||
+      { echo "SKIP [$case]: mpirun or taskset is not installed"; exit 77; }
+    prepare_data
+    # run2 [PREFIX...] -- [MPIRUN OPTIONS...]
+    run2() {
+      local pre=()
+      while [ "$1" != -- ]; do pre+=("$1"); shift; done
+      shift
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "${pre[@]}" mpirun -np 2 --oversubscribe "$@" \
+        "$xirang" train "$cfg" --set data.train=data/debug/train --set train.steps=1 --set parallel.dp=2 \
+        >out.txt 2>err.txt || die "the dp=2 run failed: $(tail -n 3 err.txt)"
+    }
+    if [ "$(nproc)" -ge 2 ]; then
+      run2 --
+      grep -qx 'ranks: 2 on 1 node (2 per node), started by mpirun' out.txt ||
+        die "two ranks on $(nproc) CPUs: $(grep -m 1 '^ranks' out.txt)"
+    fi
+    # mpirun would bind the ranks to cores of its own choosing: unbound, they keep taskset's CPU.
+    run2 taskset -c 0 -- --bind-to none
+    grep -qx "ranks: 2 on 1 node (2 per node), started by mpirun; more ranks than CPUs on a node (rank 0's: 2 ranks, 1 CPU), so communication waits sleep between polls" out.txt ||
+      die "two ranks on one CPU: $(grep -m 1 '^ranks' out.txt)"
+    echo "ok [$case]: $(grep -m 1 '^ranks' out.txt)" ;;
   corrupt_checkpoint)
     prepare_data
     rm -rf ck3
