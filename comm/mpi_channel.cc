@@ -107,6 +107,11 @@ void MpiCommunicator::Impl::run() {
       // then sleep with a growing backoff so that a long wait does not burn
       // a core that compute (or another rank: ranks often outnumber cores)
       // needs. A new submission wakes the sleep at once.
+      if (signal->woken) {  // a caller began to wait: poll at once, then often
+        signal->woken = false;
+        backoff = kMinBackoff;
+        waited_from = now_seconds();
+      }
       // Under busy_poll a waited-on channel polls without sleeping for the
       // first kLongWaitSeconds of the wait (CommOptions::busy_poll).
       const bool waited = signal->waiters.load() > 0;
@@ -118,12 +123,7 @@ void MpiCommunicator::Impl::run() {
         continue;
       }
       cv.wait_for(lk, backoff, [&] { return !queue.empty() || signal->woken; });
-      if (signal->woken) {  // a caller began to wait: poll now, then often
-        signal->woken = false;
-        backoff = kMinBackoff;
-        waited_from = now_seconds();
-        continue;
-      }
+      if (signal->woken) continue;  // poll now; the next round notes the wait
       // Often while a caller has waited less than kLongWaitSeconds (more
       // ranks than cores: longer, the polls would take the core from the
       // rank it waits for), then the usual caps.
