@@ -24,6 +24,7 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
+#include "runtime/comm_groups.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/trainer.h"
@@ -74,7 +75,7 @@ int main(int argc, char** argv) {
                               "comm.latency_us=" + std::to_string(latency_us),
                               "comm.bandwidth_gbps=" + std::to_string(bandwidth), "metrics.jsonl="});
       validate(c, world);
-      auto grid = ProcessGrid::create_mpi(GridShape{c.parallel.dp, 1, 1}, CommOptions{c.comm.timeout_s},
+      auto grid = ProcessGrid::create_mpi(GridShape{c.parallel.dp, 1, 1}, comm_options(c),
                                           LinkModel{c.comm.latency_us, c.comm.bandwidth_gbps});
       TrainerOptions o;
       o.print = false;

@@ -23,6 +23,7 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
+#include "runtime/comm_groups.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/schedule.h"
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
                               "parallel.virtual_stages=" + std::to_string(v), "data.train=" + dir + "/train",
                               "metrics.jsonl="});
       validate(c, p);
-      auto grid = ProcessGrid::create_mpi(GridShape{1, 1, p}, CommOptions{c.comm.timeout_s});
+      auto grid = ProcessGrid::create_mpi(GridShape{1, 1, p}, comm_options(c));
       TrainerOptions o;
       o.print = false;
       o.peak = PeakFlops{1e11, "bench"};

@@ -37,6 +37,17 @@ enum class ReduceOp { Sum, Max };
 
 class CommTrace;  // comm/comm_trace.h
 
+// Off: the worker sleeps between polls, at most 50 us while waited on. On:
+// it polls without sleeping (yields only) for the first 20 ms of a wait:
+// right when the waiting rank's CPUs are its own (idle while it waits),
+// wrong when the node's compute threads outnumber its CPUs, since the polls
+// would take a CPU from the rank being waited for. Auto: ProcessGrid::
+// create_mpi chooses On or Off per node (world_node_layout: the union of
+// the node's ranks' affinity masks, capped by a CPU quota, against the sum
+// of their compute threads).
+enum class BusyPoll { Off, On, Auto };
+const char* busy_poll_name(BusyPoll b);  // "off", "on", "auto"
+
 struct CommOptions {
   double timeout_s = 300;  // an operation outstanding longer than this fails
   // Where the MPI and NCCL channels record their operations and, on a timeout, dump
@@ -45,13 +56,12 @@ struct CommOptions {
   // ProcessGrid::create_mpi: the directory of the CommTrace it creates when
   // `trace` is null (DIR/comm_trace.rank<N>.json; empty: record, never dump).
   std::string trace_dir{};
-  // MPI channels: while a caller is blocked in wait(), the channel's worker
-  // polls MPI without sleeping (for the first 20 ms of the wait). Right when
-  // every rank of the node has a core of its own (the waiting rank's core
-  // is idle); wrong when ranks outnumber cores, since the polls would take
-  // the core of the rank being waited for. ProcessGrid::create_mpi sets it
-  // from the node's rank and core counts.
-  bool busy_poll = false;
+  // How an MPI channel's worker polls while a caller is blocked in wait()
+  // (a message moves only while MPI is called).
+  BusyPoll busy_poll = BusyPoll::Off;
+  // BusyPoll::Auto: the compute threads each rank runs (its OpenMP team),
+  // counted against its node's CPUs.
+  int compute_threads = 1;
 };
 
 // A pending operation. wait() blocks until it completes and rethrows its

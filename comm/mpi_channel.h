@@ -36,7 +36,7 @@ struct WorkerSignal {
   std::condition_variable cv;
   bool woken = false;            // a caller began to wait since the worker last looked
   std::atomic<int> waiters{0};   // callers blocked in wait() now
-  bool busy_poll = false;        // CommOptions::busy_poll, fixed before any work is handed out
+  bool busy_poll = false;        // CommOptions::busy_poll is On; fixed before any work is handed out
 };
 
 // ---- Work handles

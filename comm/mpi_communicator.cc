@@ -33,7 +33,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, CommOptions op
   Impl& m = *impl_;
   m.name = std::move(name);
   m.opts = opts;
-  m.signal->busy_poll = opts.busy_poll;
+  m.signal->busy_poll = opts.busy_poll == BusyPoll::On;  // Auto is ProcessGrid::create_mpi's to resolve: Off here
   if (!MpiRuntime::active())
     fail(ErrorKind::Comm, "communicator ", m.name, ": MPI is not initialised (create an MpiRuntime first)");
   int provided = MPI_THREAD_SINGLE;

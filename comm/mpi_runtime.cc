@@ -3,14 +3,17 @@
 #include <mpi.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "comm/mpi_check.h"
 #include "core/error.h"
+#include "core/host_cpus.h"
 
 namespace xirang {
 
@@ -62,38 +65,49 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   XR_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
 }
 
-NodeLayout world_node_layout() {
+NodeLayout world_node_layout(int compute_threads) {
   int world_rank = 0;
   XR_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
   MPI_Comm node = MPI_COMM_NULL;
   XR_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
   NodeLayout at;
-  int rc_rank = MPI_Comm_rank(node, &at.local_rank);
-  int rc_size = MPI_Comm_size(node, &at.local_size);
-  // The CPUs this node's ranks may use: the union of their affinity masks
-  // (a batch system's cpuset, or each rank's binding by mpirun).
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_SET(0, &mine);
-  constexpr int kWords = int(sizeof(cpu_set_t) / sizeof(uint64_t));
-  uint64_t words[kWords], all[kWords];
-  std::memcpy(words, &mine, sizeof words);
-  int rc_cpus = MPI_Allreduce(words, all, kWords, MPI_UINT64_T, MPI_BOR, node);
+  // The node's CPUs: the union of its ranks' affinity masks (a batch
+  // system's cpuset, mpirun's binding), capped by the smallest CPU quota;
+  // its compute threads: the sum of theirs. Every call below is made by
+  // every rank of the node, errors checked after the node is freed.
+  std::vector<uint64_t> mine = affinity_words();
+  int words = int(mine.size()), max_words = 0, quota = cgroup_cpu_quota(), min_quota = 0;
+  const int threads = std::max(1, compute_threads);
+  int rc[6];
+  rc[0] = MPI_Comm_rank(node, &at.local_rank);
+  rc[1] = MPI_Comm_size(node, &at.local_size);
+  rc[2] = MPI_Allreduce(&words, &max_words, 1, MPI_INT, MPI_MAX, node);
+  mine.resize(size_t(std::max(words, max_words)), 0);
+  std::vector<uint64_t> all(mine.size(), 0);
+  rc[3] = MPI_Allreduce(mine.data(), all.data(), int(mine.size()), MPI_UINT64_T, MPI_BOR, node);
+  if (quota <= 0) quota = INT32_MAX;
+  rc[4] = MPI_Allreduce(&quota, &min_quota, 1, MPI_INT, MPI_MIN, node);
+  rc[5] = MPI_Allreduce(&threads, &at.node_threads, 1, MPI_INT, MPI_SUM, node);
   MPI_Comm_free(&node);
-  XR_MPI_CHECK(rc_rank);
-  XR_MPI_CHECK(rc_size);
-  XR_MPI_CHECK(rc_cpus);
-  cpu_set_t any;
-  std::memcpy(&any, all, sizeof any);
-  at.node_cpus = CPU_COUNT(&any);
+  for (int r : rc) XR_MPI_CHECK(r);
+  at.node_cpus = std::max(1, std::min(count_cpus(all), min_quota));
   // One rank per node counts it; the extremes of the per-node counts show an uneven placement.
   int leader = at.local_rank == 0 ? 1 : 0;
   XR_MPI_CHECK(MPI_Allreduce(&leader, &at.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
   XR_MPI_CHECK(MPI_Allreduce(&at.local_size, &at.min_per_node, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
   XR_MPI_CHECK(MPI_Allreduce(&at.local_size, &at.max_per_node, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  int fits = at.node_cpus >= at.local_size ? 1 : 0, all_fit = 0;
-  XR_MPI_CHECK(MPI_Allreduce(&fits, &all_fit, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-  at.ranks_fit_cpus = all_fit == 1;
+  int crowded_leader = leader && at.crowded() ? 1 : 0;
+  XR_MPI_CHECK(MPI_Allreduce(&crowded_leader, &at.crowded_nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  // The most crowded node (the most threads over its CPUs), for messages: its counts from its lowest rank.
+  struct {
+    int excess, rank;
+  } me{at.node_threads - at.node_cpus, world_rank}, worst{};
+  XR_MPI_CHECK(MPI_Allreduce(&me, &worst, 1, MPI_2INT, MPI_MAXLOC, MPI_COMM_WORLD));
+  int counts[3] = {at.local_size, at.node_threads, at.node_cpus};
+  XR_MPI_CHECK(MPI_Bcast(counts, 3, MPI_INT, worst.rank, MPI_COMM_WORLD));
+  at.worst_ranks = counts[0];
+  at.worst_threads = counts[1];
+  at.worst_cpus = counts[2];
   return at;
 }
 

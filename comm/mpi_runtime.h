@@ -22,12 +22,17 @@ struct NodeLayout {
   int local_size = 1;    // ranks on this rank's node
   int min_per_node = 1;  // fewest and most ranks on any node: equal when the
   int max_per_node = 1;  //   launcher placed the same number on every node
-  int node_cpus = 1;     // CPUs the ranks of this rank's node may run on (the union of their affinity masks)
-  bool ranks_fit_cpus = true;  // no node has more ranks than such CPUs (CommOptions::busy_poll)
+  int node_cpus = 1;     // CPUs this rank's node's ranks may run on: the union of their affinity masks, capped by a CPU quota
+  int node_threads = 1;  // compute threads those ranks run together (world_node_layout's argument, summed)
+  int crowded_nodes = 0;  // nodes whose compute threads outnumber their CPUs
+  // The most crowded node (threads over CPUs the largest; any node when none is): its ranks, threads and CPUs.
+  int worst_ranks = 1, worst_threads = 1, worst_cpus = 1;
+  bool crowded() const { return node_threads > node_cpus; }  // this rank's node
 };
 
-// The layout of MPI_COMM_WORLD's ranks. Collective over the world.
-NodeLayout world_node_layout();
+// The layout of MPI_COMM_WORLD's ranks; `compute_threads`: the threads
+// this rank computes with (its OpenMP team). Collective over the world.
+NodeLayout world_node_layout(int compute_threads = 1);
 
 class MpiRuntime {
  public:
@@ -40,7 +45,7 @@ class MpiRuntime {
   int world_rank() const { return rank_; }
   int world_size() const { return size_; }
   // Collective over MPI_COMM_WORLD (every rank must call it).
-  NodeLayout node_layout() const { return world_node_layout(); }
+  NodeLayout node_layout(int compute_threads = 1) const { return world_node_layout(compute_threads); }
   // Ends every rank of the job with `code` (MPI_Abort on MPI_COMM_WORLD).
   [[noreturn]] static void abort_world(int code);
   // True when MPI has been initialised and not finalised in this process.

@@ -148,7 +148,9 @@ std::unique_ptr<ProcessGrid> ProcessGrid::create_mpi(const GridShape& shape, con
     fail(ErrorKind::Config, "world size ", world, " does not match parallel.dp x tp x pp = ", shape.dp, " x ",
          shape.tp, " x ", shape.pp, " = ", shape.world());
   CommOptions o = opts;
-  o.busy_poll = world_node_layout().ranks_fit_cpus;
+  // Per node: a rank's polls compete only with its own node's threads.
+  if (o.busy_poll == BusyPoll::Auto)
+    o.busy_poll = world_node_layout(o.compute_threads).crowded() ? BusyPoll::Off : BusyPoll::On;
   return std::make_unique<MpiGrid>(shape, o, link);
 }
 

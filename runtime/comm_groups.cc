@@ -1,5 +1,7 @@
 #include "runtime/comm_groups.h"
 
+#include <omp.h>
+
 #include <string>
 
 #include "comm/ordered_link.h"
@@ -14,6 +16,14 @@
 #endif
 
 namespace xirang {
+
+CommOptions comm_options(const Config& cfg, std::string trace_dir) {
+  const std::string& b = cfg.comm.busy_poll;  // validated: auto, on, off
+  return CommOptions{.timeout_s = cfg.comm.timeout_s,
+                     .trace_dir = std::move(trace_dir),
+                     .busy_poll = b == "on" ? BusyPoll::On : b == "off" ? BusyPoll::Off : BusyPoll::Auto,
+                     .compute_threads = omp_get_max_threads()};
+}
 
 namespace {
 

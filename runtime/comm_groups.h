@@ -22,6 +22,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/process_grid.h"
@@ -30,6 +31,10 @@
 #include "runtime/pipeline.h"
 
 namespace xirang {
+
+// The MPI channels' options for a run of `cfg`: comm.timeout_s, comm.busy_poll
+// (this rank's OpenMP team as its compute threads) and `trace_dir`.
+CommOptions comm_options(const Config& cfg, std::string trace_dir = {});
 
 class CommGroups {
  public:

@@ -18,6 +18,7 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/error.h"
+#include "runtime/comm_groups.h"
 #include "runtime/checkpoint/checkpoint_convert.h"
 #include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/config.h"
@@ -74,7 +75,7 @@ int evaluate(const EvalArgs& args, MpiRuntime* mpi) {
   std::unique_ptr<ProcessGrid> grid;
   if (mpi)
     grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
-                                   CommOptions{.timeout_s = cfg.comm.timeout_s}, LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
+                                   comm_options(cfg), LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
   try {
     TrainerOptions opts;
     opts.print = false;

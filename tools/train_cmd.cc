@@ -15,6 +15,8 @@
 // SIGTERM or SIGUSR1 to any rank (or to mpirun, which forwards them) stops
 // the run after the current step with a checkpoint and exit status 75
 // (runtime/preemption.h); a second signal ends the process at once.
+#include <omp.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +29,7 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/error.h"
+#include "runtime/comm_groups.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/faults.h"
@@ -99,20 +102,23 @@ void check_world(const Launch& launch, int world) {
          "(`srun --mpi=list` shows the plugins) or mpirun inside the allocation");
 }
 
-// "ranks: 4 on 2 nodes (2 per node), started by srun in Slurm job 17"
-void print_placement(const Launch& launch, const MpiRuntime& mpi) {
-  const NodeLayout at = mpi.node_layout();  // collective: every rank computes it
+// "ranks: 4 on 2 nodes (2 per node), started by srun in Slurm job 17", and
+// where a node runs more compute threads than it has CPUs, which and what
+// that does to communication waits (comm.busy_poll).
+void print_placement(const Launch& launch, const MpiRuntime& mpi, int compute_threads, const std::string& busy_poll) {
+  const NodeLayout at = mpi.node_layout(compute_threads);  // collective: every rank computes it
   if (mpi.world_rank() != 0) return;
   const std::string per_node = at.min_per_node == at.max_per_node
                                    ? str_cat(at.max_per_node, " per node")
                                    : str_cat(at.min_per_node, " to ", at.max_per_node, " per node");
   const char* by = launch.mpirun ? "mpirun" : launch.srun_tasks > 0 ? "srun" : "an MPI launcher";
   const std::string job = launch.slurm_job.empty() ? "" : str_cat(" in Slurm job ", launch.slurm_job);
-  // More ranks than CPUs: the channels' workers sleep between polls while waited on (CommOptions::busy_poll).
-  const std::string crowded =
-      at.ranks_fit_cpus ? ""
-                        : str_cat("; more ranks than CPUs on a node (rank 0's: ", at.local_size, " ranks, ", at.node_cpus,
-                                  " CPU", at.node_cpus == 1 ? "" : "s", "), so communication waits sleep between polls");
+  std::string crowded;
+  if (at.crowded_nodes > 0)
+    crowded = str_cat("; more compute threads than CPUs on ", at.crowded_nodes, " node", at.crowded_nodes > 1 ? "s" : "",
+                      " (", at.worst_ranks, " rank", at.worst_ranks > 1 ? "s" : "", ", ", at.worst_threads, " thread",
+                      at.worst_threads > 1 ? "s" : "", ", ", at.worst_cpus, " CPU", at.worst_cpus > 1 ? "s" : "", ")",
+                      busy_poll == "auto" ? ", so communication waits there sleep between polls" : "");
   std::printf("ranks: %d on %d node%s (%s), started by %s%s%s\n", mpi.world_size(), at.nodes, at.nodes > 1 ? "s" : "",
               per_node.c_str(), by, job.c_str(), crowded.c_str());
   std::fflush(stdout);
@@ -163,12 +169,12 @@ int train(const TrainArgs& args, MpiRuntime* mpi, const Launch& launch) {
 
   std::unique_ptr<ProcessGrid> grid;
   if (mpi) {
-    print_placement(launch, *mpi);
+    print_placement(launch, *mpi, omp_get_max_threads(), cfg.comm.busy_poll);
     LinkModel link{cfg.comm.latency_us, cfg.comm.bandwidth_gbps};
     // A transfer-failure fault is injected by the link decorator, so it must be present.
     if (cfg.faults.kind == FaultKind::FailTransfer && !link.active()) link.latency_us = 1e-3;
     grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
-                                   CommOptions{.timeout_s = cfg.comm.timeout_s, .trace_dir = comm_trace_dir(cfg)}, link);
+                                   comm_options(cfg, comm_trace_dir(cfg)), link);
   }
   try {
     // SIGTERM or SIGUSR1 from here on stops the run at a step boundary with a checkpoint (runtime/preemption.h).

@@ -91,6 +91,10 @@ struct CommConfig {
   // Pipeline transfers matched by order, as NCCL matches them (OrderedLink
   // over MPI): the CPU check that the executor's order works on NCCL.
   bool ordered_p2p = false;
+  // How MPI channels poll while a rank waits on them: auto (busy where the
+  // node's ranks' compute threads do not outnumber its CPUs), on, off
+  // (comm/communicator.h BusyPoll).
+  std::string busy_poll = "auto";
   // Where a rank whose operation timed out writes comm_trace.rank<N>.json
   // (its recent operations, for `xirang diagnose`); empty: the directory of
   // metrics.jsonl, else checkpoint.dir, else the working directory.

@@ -225,6 +225,8 @@ void check_comm(const Validator& v, const CommConfig& cc) {
   v.positive("comm.timeout_s", cc.timeout_s);
   v.non_negative("comm.latency_us", cc.latency_us);
   v.non_negative("comm.bandwidth_gbps", cc.bandwidth_gbps, " (0 is no limit)");
+  if (cc.busy_poll != "auto" && cc.busy_poll != "on" && cc.busy_poll != "off")
+    v.fail_rule(str_cat("comm.busy_poll=", cc.busy_poll, " must be auto, on or off"));
 }
 
 void check_precision(const Validator& v, const PrecisionConfig& pc) {

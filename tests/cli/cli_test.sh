@@ -118,30 +118,41 @@ case $case in
     "$xirang" ckpt inspect ck5 >insp.txt 2>&1 || die "the previous checkpoint does not verify: $(tail -3 insp.txt)"
     echo "ok [$case]" ;;
   placement)
-    # The placement line: two ranks with a CPU each say no more; confined to
-    # one CPU (taskset) they share it, and the line says that communication
-    # waits sleep between polls (CommOptions::busy_poll is off).
+    # The placement line: two one-thread ranks with a CPU each say no more;
+    # confined to one CPU (taskset) they share it, and the line names the
+    # crowded node and says that communication waits sleep between polls
+    # (comm.busy_poll=auto turns busy polling off there); with
+    # comm.busy_poll=on it names the node only.
     command -v mpirun >/dev/null && command -v taskset >/dev/null ||
       { echo "SKIP [$case]: mpirun or taskset is not installed"; exit 77; }
     prepare_data
-    # run2 [PREFIX...] -- [MPIRUN OPTIONS...]
+    # run2 [PREFIX...] -- [MPIRUN OPTIONS...] -- [TRAIN OPTIONS...]
     run2() {
-      local pre=()
+      local pre=() opts=()
       while [ "$1" != -- ]; do pre+=("$1"); shift; done
       shift
-      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "${pre[@]}" mpirun -np 2 --oversubscribe "$@" \
-        "$xirang" train "$cfg" --set data.train=data/debug/train --set train.steps=1 --set parallel.dp=2 \
+      while [ "$1" != -- ]; do opts+=("$1"); shift; done
+      shift
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "${pre[@]}" mpirun -np 2 --oversubscribe \
+        "${opts[@]}" "$xirang" train "$cfg" --set data.train=data/debug/train --set train.steps=1 --set parallel.dp=2 "$@" \
         >out.txt 2>err.txt || die "the dp=2 run failed: $(tail -n 3 err.txt)"
     }
-    if [ "$(nproc)" -ge 2 ]; then
-      run2 --
+    # nproc counts OMP_NUM_THREADS (set for the tests) as a limit: ask it without.
+    if [ "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" -ge 2 ]; then
+      run2 -- --
       grep -qx 'ranks: 2 on 1 node (2 per node), started by mpirun' out.txt ||
-        die "two ranks on $(nproc) CPUs: $(grep -m 1 '^ranks' out.txt)"
+        die "two ranks on $(env -u OMP_NUM_THREADS nproc) CPUs: $(grep -m 1 '^ranks' out.txt)"
+    else
+      echo "(one CPU: the uncrowded run is left out)"
     fi
-    # mpirun would bind the ranks to cores of its own choosing: unbound, they keep taskset's CPU.
-    run2 taskset -c 0 -- --bind-to none
-    grep -qx "ranks: 2 on 1 node (2 per node), started by mpirun; more ranks than CPUs on a node (rank 0's: 2 ranks, 1 CPU), so communication waits sleep between polls" out.txt ||
+    # mpirun would bind the ranks to CPUs of its own choosing: unbound, they keep taskset's.
+    run2 taskset -c 0 -- --bind-to none --
+    grep -qx "ranks: 2 on 1 node (2 per node), started by mpirun; more compute threads than CPUs on 1 node (2 ranks, 2 threads, 1 CPU), so communication waits there sleep between polls" out.txt ||
       die "two ranks on one CPU: $(grep -m 1 '^ranks' out.txt)"
+    echo "ok [$case]: $(grep -m 1 '^ranks' out.txt)"
+    run2 taskset -c 0 -- --bind-to none -- --set comm.busy_poll=on
+    grep -qx "ranks: 2 on 1 node (2 per node), started by mpirun; more compute threads than CPUs on 1 node (2 ranks, 2 threads, 1 CPU)" out.txt ||
+      die "two ranks on one CPU, comm.busy_poll=on: $(grep -m 1 '^ranks' out.txt)"
     echo "ok [$case]: $(grep -m 1 '^ranks' out.txt)" ;;
   corrupt_checkpoint)
     prepare_data

@@ -142,7 +142,7 @@ case $case in
       die "mpirun: $(tail -n 5 mpirun.out)"
     timeout 120 srun --mpi=pmix -n 2 "$xirang" "${train_args[@]}" --set metrics.jsonl=srun.jsonl >srun.out 2>&1 ||
       die "srun: $(tail -n 5 srun.out)"
-    grep -qE '^ranks: 2 on 1 node \(2 per node\), started by srun in Slurm job [0-9]+$' srun.out ||
+    grep -qE '^ranks: 2 on 1 node \(2 per node\), started by srun in Slurm job [0-9]+(; more compute threads than CPUs .*)?$' srun.out ||
       die "no placement line naming srun: $(grep -m 1 '^ranks' srun.out)"
     grep -q '^trained to step 4 of 4 on 2 ranks' srun.out || die "srun: not 2 ranks: $(tail -n 3 srun.out)"
     same_losses srun.jsonl mpirun.jsonl $steps
@@ -151,7 +151,7 @@ case $case in
         "$src/tools/slurm/train.sbatch" "$cfg" --set data.train=data/train --set "train.steps=$steps" \
         --set "metrics.jsonl=sbatch_$launch.jsonl" >sbatch.txt 2>&1 ||
         die "sbatch with $launch: $(cat sbatch.txt) $(tail -n 5 "sbatch_$launch.out" 2>/dev/null)"
-      grep -qE "^ranks: 2 on 1 node \(2 per node\), started by $launch in Slurm job [0-9]+$" "sbatch_$launch.out" ||
+      grep -qE "^ranks: 2 on 1 node \(2 per node\), started by $launch in Slurm job [0-9]+(; more compute threads than CPUs .*)?$" "sbatch_$launch.out" ||
         die "sbatch with $launch: no placement line: $(grep -m 1 '^ranks' "sbatch_$launch.out")"
       same_losses "sbatch_$launch.jsonl" mpirun.jsonl $steps
     done
@@ -196,7 +196,7 @@ SPEC
     sed -E 's/.*"id":"([^"]*)".*"ranks":([0-9]+),.*/\1 \2/' by_slurm/results.jsonl >rows.txt
     n=0
     while read -r id ranks; do
-      grep -qE "^ranks: $ranks on 1 node \($ranks per node\), started by srun in Slurm job [0-9]+$" \
+      grep -qE "^ranks: $ranks on 1 node \($ranks per node\), started by srun in Slurm job [0-9]+(; more compute threads than CPUs .*)?$" \
         "by_slurm/points/$id/train.log" ||
         die "point $id: not $ranks ranks started by srun: $(grep -m 1 '^ranks' "by_slurm/points/$id/train.log")"
       same_losses "by_slurm/points/$id/metrics.jsonl" "by_mpirun/points/$id/metrics.jsonl" $steps

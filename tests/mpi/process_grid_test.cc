@@ -3,9 +3,12 @@
 // world size, checking each group's members by a sum of world ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
+#include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
+#include "core/host_cpus.h"
 #include "tests/mpi/mpi_test_util.h"
 
 namespace xirang::test {
@@ -141,6 +144,41 @@ TEST(ProcessGridMpi, MismatchedShapeIsAConfigError) {
   // Nothing collective happened on the failed attempts: a good grid follows.
   auto g = ProcessGrid::create_mpi(GridShape{.dp = w, .tp = 1, .pp = 1}, kOpts);
   check_grid(*g, GridShape{.dp = w, .tp = 1, .pp = 1});
+}
+
+// world_node_layout on one node: every rank is on it, the compute threads
+// add up, the CPUs are the union of the ranks' affinity masks (gathered
+// here and OR-ed as a reference) within any CPU quota, and a node is
+// crowded exactly when its threads outnumber those CPUs.
+TEST(NodeLayout, CountsTheNodesRanksThreadsAndCpus) {
+  const int w = world_size(), r = world_rank();
+  std::vector<uint64_t> mine = affinity_words();
+  int words = int(mine.size()), max_words = 0;
+  MPI_Allreduce(&words, &max_words, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  mine.resize(size_t(max_words), 0);
+  std::vector<uint64_t> every(mine.size() * size_t(w));
+  MPI_Allgather(mine.data(), max_words, MPI_UINT64_T, every.data(), max_words, MPI_UINT64_T, MPI_COMM_WORLD);
+  std::vector<uint64_t> any(mine.size(), 0);
+  for (size_t i = 0; i < every.size(); ++i) any[i % mine.size()] |= every[i];
+  int cpus = count_cpus(any);
+  if (const int quota = cgroup_cpu_quota(); quota > 0) cpus = std::min(cpus, quota);
+
+  for (const int threads : {1, 3, 1000}) {
+    SCOPED_TRACE(threads);
+    const NodeLayout at = world_node_layout(threads);
+    EXPECT_EQ(at.nodes, 1);
+    EXPECT_EQ(at.local_size, w);
+    EXPECT_EQ(at.local_rank, r);
+    EXPECT_EQ(at.min_per_node, w);
+    EXPECT_EQ(at.max_per_node, w);
+    EXPECT_EQ(at.node_threads, threads * w);
+    EXPECT_EQ(at.node_cpus, cpus);
+    EXPECT_EQ(at.crowded(), threads * w > cpus);
+    EXPECT_EQ(at.crowded_nodes, at.crowded() ? 1 : 0);
+    EXPECT_EQ(at.worst_ranks, w);
+    EXPECT_EQ(at.worst_threads, threads * w);
+    EXPECT_EQ(at.worst_cpus, cpus);
+  }
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
+#include "runtime/comm_groups.h"
 #include "runtime/config/config.h"
 #include "core/timeline.h"
 #include "runtime/trainer.h"
@@ -163,7 +164,7 @@ int main(int argc, char** argv) {
     Config cfg = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", o);
     validate(cfg, world);
     auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
-                                        CommOptions{.timeout_s = cfg.comm.timeout_s},
+                                        comm_options(cfg),
                                         LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
     TrainerOptions quiet;
     quiet.print = false;

@@ -48,6 +48,7 @@
 #include "comm/mpi_runtime.h"
 #include "comm/process_grid.h"
 #include "core/rng.h"
+#include "runtime/comm_groups.h"
 #include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/config.h"
 #include "runtime/config/model_layout.h"
@@ -205,7 +206,7 @@ int main(int argc, char** argv) {
 
     Config cfg = make_config(args, {}, world);
     auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
-                                        CommOptions{.timeout_s = cfg.comm.timeout_s},
+                                        comm_options(cfg),
                                         LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
     Trainer t(cfg, quiet, grid.get());
     TrainResult r = t.run();

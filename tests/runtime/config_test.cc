@@ -505,6 +505,7 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
        {"checkpoint.on_error=retry must be stop (a failed save ends the run) or continue"}},
       {{"faults.kind=nan_grad", "faults.step=2", "faults.steps=0"}, 1, {"faults.steps=0 must be >= 1"}},
       {{"train.skip_loss_spikes_zscore=-1"}, 1, {"train.skip_loss_spikes_zscore=-1 must be >= 0"}},
+      {{"comm.busy_poll=always"}, 1, {"comm.busy_poll=always must be auto, on or off"}},
   };
   for (const Case& c : cases) expect_invalid(c.overrides, c.world, c.needles);
   // Messages start with the config's source so a multi-file run says which file.
