@@ -91,13 +91,4 @@ WorkPtr LocalCommunicator::recv_async(Tensor, int peer, int) {
   fail(ErrorKind::Comm, name_, ": recv from rank ", peer, " in a group of one");
 }
 
-const char* busy_poll_name(BusyPoll b) {
-  switch (b) {
-    case BusyPoll::Off: return "off";
-    case BusyPoll::On: return "on";
-    case BusyPoll::Auto: return "auto";
-  }
-  return "?";
-}
-
 }  // namespace xirang

@@ -46,7 +46,6 @@ class CommTrace;  // comm/comm_trace.h
 // the node's ranks' affinity masks, capped by a CPU quota, against the sum
 // of their compute threads).
 enum class BusyPoll { Off, On, Auto };
-const char* busy_poll_name(BusyPoll b);  // "off", "on", "auto"
 
 struct CommOptions {
   double timeout_s = 300;  // an operation outstanding longer than this fails
