@@ -1,14 +1,12 @@
 #include "comm/mpi_runtime.h"
 
 #include <mpi.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "comm/mpi_check.h"
