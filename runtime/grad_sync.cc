@@ -268,7 +268,9 @@ double GradSync::grad_norm(const KernelContext& ctx, const AdamW& opt) {
       sum_squares_accumulate(ctx, norm_sum_, seg.grad);
   settle();
   double s = 0;
+  const double drain_start = now_seconds();
   copy_bytes(&s, Device::CPU, norm_sum_.raw(), norm_sum_.device(), sizeof(double), ctx.cuda_stream, true);
+  if (norm_sum_.device() != Device::CPU) device_drain_ms_ += (now_seconds() - drain_start) * 1e3;
   if (tp_split) s = tp_->all_reduce_sum(s);
   if (pp_ && pp_->size() > 1) s = pp_->all_reduce_sum(s);
   if (opts_.zero) s = dp_host_->all_reduce_sum(s);

@@ -93,6 +93,10 @@ class GradSync {
   // The host's time held by dp communication this step: launches and waits
   // (on a device the one host wait for the buckets in grad_norm).
   double host_held_ms() const { return exposed_ms_; }
+  // On a device: the host's wait in grad_norm for the stream to finish the
+  // step's passes (their time is already forward_ms and backward_ms), summed
+  // over the run; 0 on the CPU.
+  double device_drain_ms() const { return device_drain_ms_; }
   int num_buckets() const { return int(buckets_.size()); }
   int64_t shard_elements() const { return shard_elems_; }
 
@@ -128,6 +132,7 @@ class GradSync {
   int64_t shard_elems_ = 0;
   double comm_ms_ = 0, exposed_ms_ = 0;
   double device_exposed_ms_ = 0;  // the compute stream's waits, read from timing events
+  double device_drain_ms_ = 0;    // see device_drain_ms()
   double first_launch_ = 0;  // seconds; 0 before the first launch of the step
   double joined_at_ = 0;     // seconds; when finish()'s host waits returned (null stream)
   void* stream_ = nullptr;   // finish()'s stream: null on the host

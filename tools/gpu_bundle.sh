@@ -3,7 +3,7 @@
 # run-time libraries a CUDA machine's image may lack, into one archive that
 # a device call carries (tools/gpu_check.sh --bundle FILE unpacks and runs it).
 #
-#   tools/gpu_bundle.sh [--build DIR] [--out FILE] [--no-build]
+#   tools/gpu_bundle.sh [--build DIR] [--out FILE] [--no-build] [--level N]
 #
 # Built here, not there: a device lease is minutes long and a cold CUDA build
 # of Xirang takes longer than that on any machine. The archive holds
@@ -21,13 +21,14 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="$root/build-gpu" out="" do_build=1
+build="$root/build-gpu" out="" do_build=1 level=6
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --no-build) do_build=0; shift ;;
-    *) echo "gpu_bundle: unknown argument '$1' (expected --build DIR, --out FILE, --no-build)" >&2; exit 2 ;;
+    --level) level="$2"; shift 2 ;;  # xz's: 6 for a lease (smaller), 0 for tests (faster)
+    *) echo "gpu_bundle: unknown argument '$1' (expected --build DIR, --out FILE, --no-build, --level N)" >&2; exit 2 ;;
   esac
 done
 out="${out:-$build/bundle/xirang-gpu.tar.xz}"
@@ -108,7 +109,10 @@ for t in "${targets[@]}"; do carry_deps "$build/bin/$t"; done
 # in their libraries and warn when those are absent: they stay behind.
 ompi_lib=/usr/lib/x86_64-linux-gnu/openmpi
 if [[ -d $ompi_lib ]]; then
-  for f in /usr/bin/orterun /usr/bin/mpirun /usr/bin/orted; do [[ -e $f ]] && carry "$f"; done
+  # The launchers as files (Debian's mpirun is a link through
+  # /etc/alternatives, an absolute path that would not survive the move).
+  mkdir -p "$top/usr/bin"
+  for f in orterun mpirun orted; do [[ -e /usr/bin/$f ]] && cp -L "/usr/bin/$f" "$top/usr/bin/$f"; done
   carry_deps /usr/bin/orterun
   while IFS= read -r -d '' f; do
     case "$(basename "$f")" in
@@ -137,6 +141,6 @@ fi
 } >"$top/MANIFEST"
 
 mkdir -p "$(dirname "$out")"
-tar -C "$stage" -cf - xirang-gpu | xz -T0 -6 >"$out.tmp"
+tar -C "$stage" -cf - xirang-gpu | xz -T0 -"$level" >"$out.tmp"
 mv "$out.tmp" "$out"
 echo "gpu_bundle: $out, $(du -h "$out" | cut -f1) ($(du -sh "$top" | cut -f1) unpacked)"

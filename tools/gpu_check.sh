@@ -146,7 +146,7 @@ export XR_LD="$bundle_ld${ld_extra:+:$ld_extra}"
 cat >"$stage/xr" <<EOF
 #!/usr/bin/env bash
 export LD_LIBRARY_PATH="$XR_LD" OPAL_PREFIX="$B/usr" PMIX_INSTALL_PREFIX="$B/usr/lib/x86_64-linux-gnu/pmix2"
-export PATH="$B/usr/bin:\$PATH" OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PATH="$B/usr/bin:\$PATH" OMPI_MCA_ess_singleton_isolated=1 OMPI_MCA_plm=isolated OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 exec "\$@"
 EOF
 chmod +x "$stage/xr"
@@ -188,8 +188,13 @@ capped() {
   [[ $1 == xr ]] && { shift; set -- "$stage/xr" "$@"; }
   timeout --kill-after=5 "$cap" "$@" >"$logf" 2>&1
 }
-gpu=cuda
-[[ $dry == 1 ]] && gpu=cpu
+gpu=cuda parity_steps=20 small=()
+if [[ $dry == 1 ]]; then
+  # The CPU stands in for the GPU: the same steps on shapes a CPU runs in seconds.
+  gpu=cpu parity_steps=4
+  small=(--set model.n_layer=1 --set model.seq_len=64 --set model.d_model=64 --set model.n_head=2
+         --set model.vocab_size=256)
+fi
 
 if want kernels 150; then
   s=$(date +%s)
@@ -229,13 +234,15 @@ if want parity 150; then
   else
     for model in gpt2_debug llama_debug; do
       for dtype in fp32 bf16; do
-        train_cap=40 train "${model}_${dtype}_gpu" "$model.yaml" "$gpu" "$dtype" 20 || tail -5 "$out/${model}_${dtype}_gpu.log"
-        train_cap=40 train "${model}_${dtype}_cpu" "$model.yaml" cpu "$dtype" 20 || tail -5 "$out/${model}_${dtype}_cpu.log"
+        train_cap=40 train "${model}_${dtype}_gpu" "$model.yaml" "$gpu" "$dtype" "$parity_steps" ||
+          tail -5 "$out/${model}_${dtype}_gpu.log"
+        train_cap=40 train "${model}_${dtype}_cpu" "$model.yaml" cpu "$dtype" "$parity_steps" ||
+          tail -5 "$out/${model}_${dtype}_cpu.log"
       done
     done
-    python3 - "$out" >"$out/parity.txt" 2>&1 <<'EOF'
+    python3 - "$out" "$parity_steps" >"$out/parity.txt" 2>&1 <<'EOF'
 import json, os, sys
-out = sys.argv[1]
+out, n = sys.argv[1], int(sys.argv[2])
 def losses(name):
     try:
         return [json.loads(l)["loss"] for l in open(os.path.join(out, name + ".jsonl")) if l.strip()]
@@ -245,17 +252,17 @@ bad = 0
 for model in ("gpt2_debug", "llama_debug"):
     for dtype, tol in (("fp32", 1e-4), ("bf16", 2e-2)):
         g, c = losses(f"{model}_{dtype}_gpu"), losses(f"{model}_{dtype}_cpu")
-        if len(g) != 20 or len(c) != 20:
-            print(f"FAIL {model} {dtype}: expected 20 steps from each side, got {len(g)} GPU and {len(c)} CPU")
+        if len(g) != n or len(c) != n:
+            print(f"FAIL {model} {dtype}: expected {n} steps from each side, got {len(g)} GPU and {len(c)} CPU")
             bad = 1
             continue
         rel = [abs(a - b) / abs(b) for a, b in zip(g, c)]
-        worst = max(range(20), key=lambda i: rel[i])
+        worst = max(range(n), key=lambda i: rel[i])
         ok = all(r <= tol for r in rel)
         bad |= not ok
         print(f"{'PASS' if ok else 'FAIL'} {model} {dtype}: max rel diff {rel[worst]:.1e} at step {worst + 1} "
               f"(limit {tol:.0e}); loss {c[0]:.4f} -> {c[-1]:.4f} CPU, {g[0]:.4f} -> {g[-1]:.4f} GPU")
-        for i in range(20):
+        for i in range(n):
             print(f"  step {i + 1:2d}: GPU {g[i]:.6f} CPU {c[i]:.6f} rel {rel[i]:.1e}")
 sys.exit(bad)
 EOF
@@ -270,7 +277,7 @@ if want speed 150; then
   prepare_data
   s=$(date +%s)
   train speed_gpt2_124m gpt2_124m.yaml "$gpu" bf16 12 --set train.warmup_steps=2 \
-    --set train.global_batch=16 --set train.micro_batch=16 $([[ $dry == 1 ]] && echo "--set model.n_layer=2 --set model.seq_len=128")
+    --set train.global_batch=16 --set train.micro_batch=16 "${small[@]}"
   rc=$?
   grep -E '^(cpu gemm|attention|memory|cuda)' "$out/speed_gpt2_124m.log" | head -8
   python3 - "$out/speed_gpt2_124m.jsonl" >"$out/speed.txt" 2>&1 <<'EOF'
@@ -280,7 +287,7 @@ warm = rows[2:] if len(rows) > 4 else rows  # the first steps pay cuBLASLt heuri
 med = lambda k: statistics.median(r.get(k, 0.0) for r in warm)
 parts = ["forward_ms", "backward_ms", "optimizer_ms", "data_wait_ms", "dp_comm_exposed_ms", "tp_comm_ms",
          "pp_bubble_ms", "pp_comm_exposed_ms", "ckpt_stall_ms"]
-print(f"gpt2_124m bf16 B16 T1024: {med('tokens_per_s'):,.0f} tokens/s, step {med('step_ms'):.1f} ms, "
+print(f"gpt2_124m bf16 B16 T{rows[0].get('seq_len', 1024)}: {med('tokens_per_s'):,.0f} tokens/s, step {med('step_ms'):.1f} ms, "
       f"MFU {100 * med('mfu'):.1f}% of {rows[-1]['peak_tflops']:.0f} TFLOP/s ({rows[-1]['peak_source']}); "
       f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f} in {len(rows)} steps")
 print("split (median ms): " + ", ".join(f"{p[:-3]} {med(p):.2f}" for p in parts))
@@ -319,7 +326,7 @@ if want observe 90; then
   prepare_data
   train observe gpt2_124m.yaml "$gpu" bf16 4 --set train.warmup_steps=2 --set train.global_batch=16 \
     --set train.micro_batch=8 --set metrics.op_profile=true --set metrics.trace="$out/trace" \
-    --set metrics.trace_steps=2-3 $([[ $dry == 1 ]] && echo "--set model.n_layer=2 --set model.seq_len=128")
+    --set metrics.trace_steps=2-3 "${small[@]}"
   rc=$?
   xr "$X" trace merge "$out/trace" >>"$out/observe.log" 2>&1 || rc=1
   python3 - "$out/observe.jsonl" "$out/trace/trace.json" "$gpu" >"$out/observe.txt" 2>&1 <<'EOF'
@@ -360,7 +367,10 @@ for tool in memcheck racecheck; do
   capped 75 "$out/sanitizer_$tool.log" xr "$san" --tool "$tool" --error-exitcode 3 "$B/bin/cuda_tests" \
     --gtest_brief=1 --gtest_filter='*Attention*:*CrossEntropy*:*LayerNorm*:*Embedding*:*Adam*'
   rc=$?
-  errs=$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$out/sanitizer_$tool.log" | tail -1 | grep -oE '[0-9]+')
+  # memcheck ends with "ERROR SUMMARY: N errors", racecheck with
+  # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
+  errs=$(grep -oE 'ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazards displayed \([0-9]+ error' \
+    "$out/sanitizer_$tool.log" | tail -1 | grep -oE '[0-9]+ error' | grep -oE '[0-9]+')
   if [[ $rc == 0 && $errs == 0 ]]; then record "$tool" PASS "0 errors"
   elif [[ $rc == 3 && -n $errs && $errs -gt 0 ]]; then
     record "$tool" FAIL "$errs errors (sanitizer_$tool.log)"; grep -m5 -E '^=+ (Invalid|Race|Error)' "$out/sanitizer_$tool.log"

@@ -38,6 +38,12 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+constexpr int kRedSlots = 8;  // kThreads / 32 partials and the result, rounded up to 16 bytes
+static_assert(kThreads / 32 + 1 <= kRedSlots);
+
+// Bytes of dynamic shared memory for L cached positions.
+size_t decode_smem_bytes(int64_t L) { return size_t(kRedSlots + (L + 3) / 4 * 4) * sizeof(float); }
+
 __device__ float block_reduce(float v, float* red, bool is_max) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int o = 16; o > 0; o /= 2) {
@@ -63,8 +69,12 @@ __global__ void __launch_bounds__(kThreads)
     decode_kernel(S* __restrict__ out, const S* __restrict__ k_cache, const S* __restrict__ v_cache,
                   const S* __restrict__ qkv, int64_t n, int64_t H, int64_t group, int64_t D, int64_t W, int64_t C,
                   int64_t KVD, int64_t T_max, int64_t pos, float scale) {
-  extern __shared__ float scores[];
-  __shared__ float red[kThreads / 32 + 1];
+  // One dynamic allocation (decode_smem_bytes): the reduction slots, then
+  // the scores, 16-byte aligned and padded to whole float4s, so the vector
+  // loads the compiler makes of the scores never leave the allocation.
+  extern __shared__ __align__(16) float smem[];
+  float* red = smem;
+  float* scores = smem + kRedSlots;
   const int64_t i = blockIdx.x % n, bh = blockIdx.x / n, h = bh % H, b = bh / H, g = h / group;
   const int64_t L = pos + i + 1;
   const S* q = qkv + (b * n + i) * W + h * D;
@@ -118,7 +128,7 @@ void decode_attention_forward(const KernelContext& ctx, Tensor out, Tensor k_cac
                                                     static_cast<const S*>(qkv.raw()), d.B, d.T, d.W, d.k_off(0),
                                                     d.v_off(0), dd.KVD(), dd.T_max, pos);
     XR_CUDA_LAUNCH_CHECK();
-    const size_t shared = size_t(pos + d.T) * sizeof(float);
+    const size_t shared = decode_smem_bytes(pos + d.T);
     decode_kernel<S><<<unsigned(d.B * d.H * d.T), kThreads, shared, stream(ctx)>>>(
         static_cast<S*>(out.raw()), static_cast<const S*>(k_cache.raw()), static_cast<const S*>(v_cache.raw()),
         static_cast<const S*>(qkv.raw()), d.T, d.H, d.group(), d.D, d.W, d.C, dd.KVD(), dd.T_max, pos, scale);
