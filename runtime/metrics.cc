@@ -10,6 +10,8 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/device_memory.h"
+#include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 
 namespace xirang {
@@ -34,6 +36,43 @@ double measure_sgemm_flops(int n, double seconds) {
     ++reps;
   }
   return best;
+}
+
+double measure_device_gemm_flops(const KernelContext& ctx, DType dtype, int n, int reps) {
+  KernelContext c = ctx;
+  c.timeline = nullptr;  // not an op of any step's profile
+  const int64_t count = int64_t(n) * n;
+  // Random values (zeros multiply measurably faster): a fixed xorshift
+  // stream in [-1, 1), rounded to `dtype` on the host, then uploaded.
+  std::vector<float> host(size_t(count), 0.f);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (float& v : host) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    v = float(double(x >> 40) / double(1ull << 23) - 1.0);
+  }
+  Tensor h32(host.data(), {n, n}, DType::F32);
+  std::vector<char> rounded(size_t(count) * dtype_size(dtype));
+  Tensor h(rounded.data(), {n, n}, dtype);
+  cast(KernelContext{}, h, h32);
+  const size_t bytes = rounded.size();
+  void* mem[3];
+  const char* what[3] = {"gemm rate a", "gemm rate b", "gemm rate c"};
+  for (int i = 0; i < 3; ++i) mem[i] = device_alloc(c.device, bytes, what[i]);
+  copy_bytes(mem[0], c.device, rounded.data(), Device::CPU, bytes, c.cuda_stream, true);
+  copy_bytes(mem[1], c.device, rounded.data() + bytes / 2, Device::CPU, bytes / 2, c.cuda_stream, true);
+  copy_bytes(static_cast<char*>(mem[1]) + bytes / 2, c.device, rounded.data(), Device::CPU, bytes / 2, c.cuda_stream,
+             true);
+  Tensor a(mem[0], {n, n}, dtype, c.device), b(mem[1], {n, n}, dtype, c.device), out(mem[2], {n, n}, dtype, c.device);
+  char probe = 0;
+  auto drain = [&] { copy_bytes(&probe, Device::CPU, mem[2], c.device, 1, c.cuda_stream, true); };
+  for (int i = 0; i < 2; ++i) matmul(c, out, a, b, false, true);  // heuristics, clocks up
+  drain();
+  Stopwatch sw;
+  for (int i = 0; i < reps; ++i) matmul(c, out, a, b, false, true);
+  drain();
+  const double seconds = sw.seconds();
+  for (void* p : mem) device_free(c.device, p);
+  return 2.0 * double(n) * n * n * reps / seconds;
 }
 
 MetricsLog::MetricsLog(const std::string& path, PeakFlops peak, JsonlFields fields)

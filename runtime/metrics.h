@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/context.h"
 #include "core/timeline.h"
 
 namespace xirang {
@@ -72,6 +73,11 @@ struct JsonlFields {
 
 // Measures this process's fp32 matrix rate (sgemm of n x n) for about `seconds`.
 double measure_sgemm_flops(int n = 1024, double seconds = 0.3);
+// Measures ctx's device's dense matrix-product rate in `dtype` (n x n x n
+// products of random values through the matmul op training uses, `reps`
+// of them after two warm-up ones, the mean): the limit a GPU's MFU is read
+// against, since a datasheet's peak is not reached in practice.
+double measure_device_gemm_flops(const KernelContext& ctx, DType dtype, int n = 8192, int reps = 10);
 
 class MetricsLog {
  public:
