@@ -28,6 +28,9 @@
 //   flash_attention_forward(ctx, out, lse, qkv, 8, 2);    // GQA: qkv (B, T, 12 D)
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "kernels/context.h"
 
 namespace xirang {
@@ -53,5 +56,17 @@ void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, c
 // dqkv (qkv's shape) is overwritten; out is the forward's output.
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, int n_head, int n_kv_head = 0);
+
+// Which implementation runs the flash pair for a device, storage dtype and
+// head dim: on CUDA, tensor cores for bf16 and f16 with head dim 32, 64, 96
+// or 128 (P and dS rounded to the storage type before their products,
+// softmax statistics and accumulation in float), else the fp32 CUDA-core
+// kernels; on the CPU, the CPU op. The CUDA entry points dispatch by this
+// rule, and the trainer prints its name, e.g.
+//   flash_attention_path_name(Device::CUDA, DType::BF16, 64)
+//     == "tensor cores (bf16, head dim 64)"
+enum class AttentionPath { Cpu, CudaCores, TensorCores };
+AttentionPath flash_attention_path(Device device, DType dtype, int64_t head_dim);
+std::string flash_attention_path_name(Device device, DType dtype, int64_t head_dim);
 
 }  // namespace xirang

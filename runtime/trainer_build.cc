@@ -10,6 +10,7 @@
 
 #include "core/clock.h"
 #include "core/device_memory.h"
+#include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 #include "runtime/baseline.h"
@@ -343,6 +344,9 @@ void Trainer::print_run() const {
                cfg_.parallel.pp > 1 ? str_cat(" ", schedule_name(schedule_kind_)).c_str() : "", cfg_.train.steps,
                tokens_per_step(), peak_.flops / 1e9, peak_.source.c_str());
   if (device_ == Device::CPU) std::fprintf(stderr, "cpu gemm: %s\n", cpu_gemm_path().c_str());
+  // The kernels layer owns the dispatch rule; the head dim is d_model / n_head for every architecture.
+  std::fprintf(stderr, "attention: %s\n",
+               flash_attention_path_name(device_, model_dtype_, cfg_.model.d_model / cfg_.model.n_head).c_str());
 }
 
 }  // namespace xirang

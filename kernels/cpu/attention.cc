@@ -477,4 +477,21 @@ void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tenso
   });
 }
 
+AttentionPath flash_attention_path(Device device, DType dtype, int64_t head_dim) {
+  if (device == Device::CPU) return AttentionPath::Cpu;
+  const bool half = dtype == DType::BF16 || dtype == DType::F16;
+  const bool dim = head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128;
+  return half && dim ? AttentionPath::TensorCores : AttentionPath::CudaCores;
+}
+
+std::string flash_attention_path_name(Device device, DType dtype, int64_t head_dim) {
+  const std::string what = std::string(" (") + dtype_name(dtype) + ", head dim " + std::to_string(head_dim) + ")";
+  switch (flash_attention_path(device, dtype, head_dim)) {
+    case AttentionPath::TensorCores: return "tensor cores" + what;
+    case AttentionPath::CudaCores: return "fp32 CUDA cores" + what;
+    case AttentionPath::Cpu: break;
+  }
+  return "CPU" + what;
+}
+
 }  // namespace xirang

@@ -1,5 +1,7 @@
 // CUDA causal flash attention: storage S in {f32, bf16, f16}, arithmetic
-// and accumulation in float (CUDA cores; no tensor cores). Grouped-query
+// and accumulation in float (CUDA cores; no tensor cores). The reference
+// and the fallback of the tensor-core kernels (attention_tc.cu), which the
+// public entry points at the end of this file pick for bf16 and f16. Grouped-query
 // attention: H query heads share KV key/value heads (kernels/attention.h);
 // a qkv row is W = (H + 2 KV) D wide, query head h reads key/value head
 // h / (H / KV).
@@ -44,6 +46,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/attention.h"
 #include "kernels/attention_checks.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -480,8 +483,8 @@ void allow_smem(K* kernel, size_t bytes) {
 
 }  // namespace
 
-void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
-                             int n_kv_head) {
+void flash_attention_forward_fp32(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
+                                  int n_kv_head) {
   const char* op = "flash_attention_forward";
   require_cuda(ctx, op);
   const Dims d = check_dims(op, qkv, n_head, n_kv_head);
@@ -509,8 +512,8 @@ void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, c
   });
 }
 
-void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
-                              const Tensor& out, const Tensor& lse, int n_head, int n_kv_head) {
+void flash_attention_backward_fp32(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
+                                   const Tensor& out, const Tensor& lse, int n_head, int n_kv_head) {
   const char* op = "flash_attention_backward";
   require_cuda(ctx, op);
   const Dims d = check_dims(op, qkv, n_head, n_kv_head);
@@ -553,6 +556,26 @@ void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tenso
       XR_CUDA_LAUNCH_CHECK();
     });
   });
+}
+
+// The path rule lives in flash_attention_path (kernels/attention.h), which
+// the trainer also prints; the chosen launcher runs every check itself.
+void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
+                             int n_kv_head) {
+  const Dims d = attention_checks::check_dims("flash_attention_forward", qkv, n_head, n_kv_head);
+  if (flash_attention_path(Device::CUDA, qkv.dtype(), d.D) == AttentionPath::TensorCores)
+    flash_attention_forward_tc(ctx, out, lse, qkv, n_head, n_kv_head);
+  else
+    flash_attention_forward_fp32(ctx, out, lse, qkv, n_head, n_kv_head);
+}
+
+void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
+                              const Tensor& out, const Tensor& lse, int n_head, int n_kv_head) {
+  const Dims d = attention_checks::check_dims("flash_attention_backward", qkv, n_head, n_kv_head);
+  if (flash_attention_path(Device::CUDA, qkv.dtype(), d.D) == AttentionPath::TensorCores)
+    flash_attention_backward_tc(ctx, dqkv, dout, qkv, out, lse, n_head, n_kv_head);
+  else
+    flash_attention_backward_fp32(ctx, dqkv, dout, qkv, out, lse, n_head, n_kv_head);
 }
 
 }  // namespace xirang::cuda

@@ -78,6 +78,19 @@ void flash_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, c
                              int n_kv_head = 0);
 void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, int n_head, int n_kv_head = 0);
+// The two implementations the pair above chooses between by
+// flash_attention_path: fp32 CUDA-core kernels for every storage dtype and
+// head dim <= 128 (attention.cu, the reference), and tensor-core kernels for
+// bf16 and f16 with head dim 32, 64, 96 or 128 (attention_tc.cu; P and dS
+// rounded to the storage type before their products). Same contract.
+void flash_attention_forward_fp32(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
+                                  int n_kv_head = 0);
+void flash_attention_backward_fp32(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
+                                   const Tensor& out, const Tensor& lse, int n_head, int n_kv_head = 0);
+void flash_attention_forward_tc(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, int n_head,
+                                int n_kv_head = 0);
+void flash_attention_backward_tc(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
+                                 const Tensor& out, const Tensor& lse, int n_head, int n_kv_head = 0);
 
 // kernels/rmsnorm.h (the residual add fused into the forward)
 void rmsnorm_forward(const KernelContext& ctx, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, double eps);

@@ -1,5 +1,7 @@
-// CUDA causal flash attention against the CPU ops in f64 on the same
-// rounded qkv, for every storage dtype: the probability-based pair
+// CUDA causal flash attention, the fp32 CUDA-core kernels (the reference
+// and fallback of the tensor-core path, tests/cuda/attention_tc_test.cc),
+// against the CPU ops in f64 on the same rounded qkv, for every storage
+// dtype: the probability-based pair
 // (attention_forward / attention_backward, the exact gradient) and the CPU
 // flash pair (flash_attention_forward / flash_attention_backward, which,
 // given the CUDA forward's stored `out`, sees exactly what the CUDA
@@ -89,7 +91,7 @@ TEST_P(CudaFlashAttentionTest, Forward) {
     attention_forward(cpu(), out_ref, probs, host_cast(qkv, DType::F64), int(c.H));
 
     DeviceTensor qkv_dev = to_device(qkv), out({c.B, c.T, C}, S), lse({c.B, c.H, c.T}, DType::F32);
-    cuda::flash_attention_forward(ctx(), out, lse, qkv_dev, int(c.H));
+    cuda::flash_attention_forward_fp32(ctx(), out, lse, qkv_dev, int(c.H));
     const double atol = 5e-5 * c.scale * c.scale;
     expect_close(to_host(out), out_ref, atol, unit_roundoff(S) + 1e-5, "out " + c.str());
     HostTensor lse_ref = host_from(reference_lse(values(qkv), c), {c.B, c.H, c.T}, DType::F64);
@@ -119,9 +121,9 @@ TEST_P(CudaFlashAttentionTest, Backward) {
 
     DeviceTensor qkv_dev = to_device(qkv), dout_dev = to_device(dout);
     DeviceTensor out({c.B, c.T, C}, S), lse({c.B, c.H, c.T}, DType::F32);
-    cuda::flash_attention_forward(ctx(), out, lse, qkv_dev, int(c.H));
+    cuda::flash_attention_forward_fp32(ctx(), out, lse, qkv_dev, int(c.H));
     DeviceTensor dqkv({c.B, c.T, 3 * C}, S);
-    cuda::flash_attention_backward(ctx(), dqkv, dout_dev, qkv_dev, out, lse, int(c.H));
+    cuda::flash_attention_backward_fp32(ctx(), dqkv, dout_dev, qkv_dev, out, lse, int(c.H));
 
     const double g = scale_of(dqkv_ref), u = unit_roundoff(S);
     const double atol = 2e-5 * g + (S == DType::F32 ? 0.0 : 2 * u * g);
@@ -136,7 +138,7 @@ TEST_P(CudaFlashAttentionTest, Backward) {
     expect_close(to_host(dqkv), dqkv_flash, 2e-5 * scale_of(dqkv_flash), u + 1e-5, "dqkv vs CPU flash " + c.str());
 
     DeviceTensor dqkv2({c.B, c.T, 3 * C}, S);
-    cuda::flash_attention_backward(ctx(), dqkv2, dout_dev, qkv_dev, out, lse, int(c.H));
+    cuda::flash_attention_backward_fp32(ctx(), dqkv2, dout_dev, qkv_dev, out, lse, int(c.H));
     expect_equal(to_host(dqkv2), to_host(dqkv), "dqkv reproducible " + c.str());
   }
 }

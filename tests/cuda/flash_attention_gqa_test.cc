@@ -1,7 +1,8 @@
-// CUDA grouped-query flash attention (n_head query heads sharing n_kv_head
-// key/value heads) against the CPU flash pair in f64 on the same rounded
-// inputs, for every storage dtype; the CPU pair is itself checked against a
-// float64 expanded-heads reference in tests/kernels/flash_attention_gqa_test.cc.
+// CUDA grouped-query flash attention, the fp32 CUDA-core kernels (n_head
+// query heads sharing n_kv_head key/value heads), against the CPU flash
+// pair in f64 on the same rounded inputs, for every storage dtype; the CPU
+// pair is itself checked against a float64 expanded-heads reference in
+// tests/kernels/flash_attention_gqa_test.cc.
 //
 // Tolerances, per element |got - ref| <= atol + rtol |ref|, as in
 // attention_test.cc: out and lse atol 5e-5 s^2 (s the input scale), out rtol
@@ -57,14 +58,14 @@ TEST_P(CudaFlashGqaTest, ForwardAndBackward) {
 
     DeviceTensor qkv_dev = to_device(qkv), dout_dev = to_device(dout);
     DeviceTensor out({c.B, c.T, C}, S), lse({c.B, H, c.T}, DType::F32);
-    cuda::flash_attention_forward(ctx(), out, lse, qkv_dev, int(H), int(KV));
+    cuda::flash_attention_forward_fp32(ctx(), out, lse, qkv_dev, int(H), int(KV));
     const double atol = 5e-5 * c.scale * c.scale;
     expect_close(to_host(out), out_ref, atol, u + 1e-5, "out " + c.str());
     expect_close(to_host(lse), lse_ref, atol, 1e-6, "lse " + c.str());
 
     // dqkv starts as NaN (a fresh DeviceTensor): an element no kernel writes fails.
     DeviceTensor dqkv({c.B, c.T, W}, S);
-    cuda::flash_attention_backward(ctx(), dqkv, dout_dev, qkv_dev, out, lse, int(H), int(KV));
+    cuda::flash_attention_backward_fp32(ctx(), dqkv, dout_dev, qkv_dev, out, lse, int(H), int(KV));
     HostTensor dqkv_ref({c.B, c.T, W}, DType::F64);
     flash_attention_backward(cpu(), dqkv_ref, host_cast(dout, DType::F64), qkv64, host_cast(to_host(out), DType::F64),
                              lse_ref, int(H), int(KV));
@@ -72,7 +73,7 @@ TEST_P(CudaFlashGqaTest, ForwardAndBackward) {
 
     // No atomics: a second run agrees bit for bit.
     DeviceTensor dqkv2({c.B, c.T, W}, S);
-    cuda::flash_attention_backward(ctx(), dqkv2, dout_dev, qkv_dev, out, lse, int(H), int(KV));
+    cuda::flash_attention_backward_fp32(ctx(), dqkv2, dout_dev, qkv_dev, out, lse, int(H), int(KV));
     expect_equal(to_host(dqkv2), to_host(dqkv), "dqkv reproducible " + c.str());
   }
 }
@@ -85,10 +86,10 @@ TEST_P(CudaFlashGqaTest, KvEqualToHeadsIsTheDefault) {
   DeviceTensor qkv_dev = to_device(qkv), dout_dev = to_device(dout);
   DeviceTensor out1({B, T, C}, S), lse1({B, H, T}, DType::F32), d1({B, T, 3 * C}, S);
   DeviceTensor out2({B, T, C}, S), lse2({B, H, T}, DType::F32), d2({B, T, 3 * C}, S);
-  cuda::flash_attention_forward(ctx(), out1, lse1, qkv_dev, int(H));
-  cuda::flash_attention_backward(ctx(), d1, dout_dev, qkv_dev, out1, lse1, int(H));
-  cuda::flash_attention_forward(ctx(), out2, lse2, qkv_dev, int(H), int(H));
-  cuda::flash_attention_backward(ctx(), d2, dout_dev, qkv_dev, out2, lse2, int(H), int(H));
+  cuda::flash_attention_forward_fp32(ctx(), out1, lse1, qkv_dev, int(H));
+  cuda::flash_attention_backward_fp32(ctx(), d1, dout_dev, qkv_dev, out1, lse1, int(H));
+  cuda::flash_attention_forward_fp32(ctx(), out2, lse2, qkv_dev, int(H), int(H));
+  cuda::flash_attention_backward_fp32(ctx(), d2, dout_dev, qkv_dev, out2, lse2, int(H), int(H));
   expect_equal(to_host(out2), to_host(out1), "out");
   expect_equal(to_host(lse2), to_host(lse1), "lse");
   expect_equal(to_host(d2), to_host(d1), "dqkv");
