@@ -16,10 +16,10 @@
 #              and on the CPU from the same data and seed; fp32 losses within
 #              1e-4 relative at every step, bf16 within 2e-2
 #   speed      gpt2_124m bf16, B16 x T1024: tokens/s, MFU, step split
+#   observe    4 steps with a trace and the per-op profile: device-stream spans
 #   peer       the same model in PyTorch on the same GPU (torch.compile, flash
 #              SDPA, fused AdamW) and the measured bf16 matrix-product rate
 #   nccl       the NCCL communicator in a group of one (mpi_nccl_tests)
-#   observe    4 steps with a trace and the per-op profile: device-stream spans
 #   memcheck, racecheck   compute-sanitizer on the hand-written kernels'
 #              tests; last, and a failure only when the tool reports an error
 #              (anything else, a timeout or "device not supported", is
@@ -296,22 +296,14 @@ for k in ("joules_per_token", "avg_watts"):
         print(f"{k}: {med(k):.4g}")
 if not rows[-1]["loss"] < rows[0]["loss"] - 0.1:
     print("FAIL: the loss did not fall"); sys.exit(1)
+# A GPU's measured bf16 rate is a few hundred TFLOP/s (the H200: ~780).
+if rows[-1]["peak_source"].startswith("measured bf16") and not 100 < rows[-1]["peak_tflops"] < 1200:
+    print(f"FAIL: measured peak {rows[-1]['peak_tflops']:.0f} TFLOP/s is implausible"); sys.exit(1)
 EOF
   rc2=$?
   cat "$out/speed.txt" | tee -a "$summary"
   if [[ $rc == 0 && $rc2 == 0 ]]; then record speed PASS "$(( $(date +%s) - s )) s"
   else record speed FAIL "train exit $rc; see speed_gpt2_124m.log, speed.txt"; fi
-fi
-
-if want peer 150; then
-  if [[ $dry == 1 ]]; then
-    record peer SKIP "dry run: no GPU"
-  else
-    capped 150 "$out/peer.log" env PYTHONUNBUFFERED=1 python3 "$root/bench/torch_gpt2_cuda.py" --batch 16 --seq 1024 --steps 20
-    rc=$?
-    grep '^{' "$out/peer.log" | tail -1 | tee "$out/peer.json" | tee -a "$summary"
-    if [[ $rc == 0 ]]; then record peer PASS; else record peer FAIL "exit $rc; see peer.log"; tail -5 "$out/peer.log"; fi
-  fi
 fi
 
 if want nccl 60; then
@@ -355,6 +347,17 @@ EOF
   if [[ $rc == 0 && $rc2 == 0 ]]; then record observe PASS; else record observe FAIL "see observe.log, observe.txt"; fi
 fi
 
+if want peer 150; then
+  if [[ $dry == 1 ]]; then
+    record peer SKIP "dry run: no GPU"
+  else
+    capped 150 "$out/peer.log" env PYTHONUNBUFFERED=1 python3 "$root/bench/torch_gpt2_cuda.py" --batch 16 --seq 1024 --steps 20
+    rc=$?
+    grep '^{' "$out/peer.log" | tail -1 | tee "$out/peer.json" | tee -a "$summary"
+    if [[ $rc == 0 ]]; then record peer PASS; else record peer FAIL "exit $rc; see peer.log"; tail -5 "$out/peer.log"; fi
+  fi
+fi
+
 # Sanitizers last. "ERROR SUMMARY: 0 errors" is clean; errors reported by the
 # tool are a failure; anything else (no such tool, a device it does not
 # support, a timeout) says nothing about Xirang's code: inconclusive.
@@ -365,7 +368,7 @@ for tool in memcheck racecheck; do
     record "$tool" INCONCLUSIVE "${san:+dry run}${san:-compute-sanitizer not found}"; continue
   fi
   capped 75 "$out/sanitizer_$tool.log" xr "$san" --tool "$tool" --error-exitcode 3 "$B/bin/cuda_tests" \
-    --gtest_brief=1 --gtest_filter='*Attention*:*CrossEntropy*:*LayerNorm*:*Embedding*:*Adam*'
+    --gtest_brief=1 --gtest_filter='*Attention*:*CrossEntropy*:*LayerNorm*:*Embedding*:*Adam*:-*LongSequence*:*GptVocabulary*'
   rc=$?
   # memcheck ends with "ERROR SUMMARY: N errors", racecheck with
   # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".

@@ -109,6 +109,26 @@ TEST_P(CudaCrossEntropyTest, Fused) {
   }
 }
 
+// GPT-2's padded vocabulary (50257 real columns of 50304) on 1024 rows, a
+// microbatch of T = 1024. With ~100 terms per thread before the block's
+// tree, the float sum of V exponentials carries a relative error of up to
+// ~(V / 512 + 9) u_f32 ~ 6e-6 (the small shapes above: ~1e-6), so logz and
+// every p = exp(x - logz) do too: losses atol 3e-5, dlogits rtol u_S + 2e-5.
+TEST_P(CudaCrossEntropyTest, GptVocabulary) {
+  const DType S = GetParam();
+  const int64_t N = 1024, V = 50257, Vp = 50304;
+  const double dloss = 1.0 / double(N);
+  HostTensor logits = make_logits(N, V, Vp, S, 520);
+  HostTensor targets = make_targets(N, V, 521);
+  const Reference ref = cpu_reference(logits, targets, V, dloss);
+  DeviceTensor l_dev = to_device(logits), t_dev = to_device(targets);
+  DeviceTensor losses({N}, DType::F32), dlogits({N, Vp}, S);
+  cuda::cross_entropy_forward_backward(ctx(), losses, dlogits, l_dev, t_dev, V, dloss);
+  expect_close(to_host(losses), ref.losses, 3e-5, kLossRtol, "losses, GPT-2 vocabulary");
+  const double atol = 1e-9 * dloss + (S == DType::F16 ? std::ldexp(1.0, -25) : 0.0);
+  expect_close(to_host(dlogits), ref.dlogits, atol, unit_roundoff(S) + 2e-5, "dlogits, GPT-2 vocabulary");
+}
+
 // Targets cannot be checked on the host without a synchronization: one
 // outside [0, V) gives a NaN loss for its row and leaves the others intact.
 TEST_P(CudaCrossEntropyTest, TargetOutOfRangeGivesNaN) {
