@@ -8,6 +8,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #ifdef XIRANG_HAVE_CUDA
+#include "core/cuda_check.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/context.h"
 #endif
@@ -106,6 +107,9 @@ void CommGroups::use_device(const Config& cfg, ProcessGrid& grid, DType model_dt
   const int dev = alone ? 0 : local_device();
   dev_->cuda = std::make_unique<CudaContext>(dev);
   ctx_ = dev_->cuda->kernel_context();
+  char bus_id[32] = "";
+  XR_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, dev));
+  pci_bus_id_ = bus_id;
   if (!alone) use_nccl(cfg, grid, dev);
 #else
   (void)cfg, (void)grid;  // check_backend() has refused device.backend=cuda

@@ -55,6 +55,9 @@ class CommGroups {
   Communicator& embedding() const { return *embedding_; }
   // The pipeline's transfer queues (runtime/pipeline.h).
   const PipeChannels& pipe() const { return pipe_; }
+  // This rank's GPU's PCI bus id ("0000:3B:00.0", cudaDeviceGetPCIBusId), by
+  // which NVML finds the same device (runtime/energy_meter.h); empty on the CPU.
+  const std::string& pci_bus_id() const { return pci_bus_id_; }
 
  private:
   void use_ordered_links(const Config& cfg, ProcessGrid& grid);
@@ -68,6 +71,7 @@ class CommGroups {
   Communicator* dp_grads_ = nullptr;
   Communicator* embedding_ = nullptr;
   PipeChannels pipe_;
+  std::string pci_bus_id_;
   std::vector<std::unique_ptr<Communicator>> ordered_links_;  // comm.ordered_p2p: over the grid's pp group
   // Last, so released first: the NCCL channels before the CUDA context.
   std::unique_ptr<DeviceState> dev_;

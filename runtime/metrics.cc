@@ -113,7 +113,8 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"skipped", m.skipped},
                       {"peak_tflops", peak_.flops / 1e12},
                       {"peak_source", peak_.source},
-                      {"memory_planned_bytes", planned_bytes_}};
+                      {"memory_planned_bytes", planned_bytes_},
+                      {"backend", backend_}};
   if (m.cpu_wait_ms) j["cpu_wait_ms"] = *m.cpu_wait_ms;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (fields_.straggler) {
@@ -121,6 +122,12 @@ void MetricsLog::write(const StepMetrics& m) {
     j["straggler_ratio"] = m.straggler_ratio;
   }
   if (fields_.baseline) j["below_baseline"] = m.below_baseline;
+  if (m.energy) {
+    j["energy_j"] = m.energy->joules;
+    j["joules_per_token"] = m.energy->joules_per_token;
+    j["avg_watts"] = m.energy->avg_watts;
+    j["energy_source"] = energy_source_;
+  }
   if (fields_.ops && m.ops) {
     nlohmann::ordered_json ms = nlohmann::ordered_json::object(), calls = nlohmann::ordered_json::object();
     for (int k = 0; k < kOpKindCount; ++k) {

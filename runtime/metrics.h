@@ -22,6 +22,13 @@ struct PeakFlops {
   std::string source;  // "config metrics.peak_tflops" or "measured sgemm"
 };
 
+// A step's energy on this rank's device (runtime/energy_meter.h).
+struct StepEnergy {
+  double joules = 0;            // the whole device's energy over the step
+  double joules_per_token = 0;  // joules over the tokens this rank processed in the step
+  double avg_watts = 0;         // joules over the step's wall time
+};
+
 struct StepMetrics {
   int step = 0;  // 1-based
   double loss = 0;
@@ -61,6 +68,8 @@ struct StepMetrics {
   bool below_baseline = false;    // tokens/s has stayed below metrics.baseline's tolerance band
   // metrics.op_profile: time and calls per kind of op this step (core/timeline.h OpKind).
   std::optional<OpTimes> ops;
+  // The device's energy over the step: CUDA runs whose NVML gives readings; unset on the CPU backend.
+  std::optional<StepEnergy> energy;
 };
 
 // The fields of metrics.jsonl that only some runs have: those of the step
@@ -89,12 +98,18 @@ class MetricsLog {
   const std::string& path() const { return path_; }
   // The writer's memory plan total (bytes), written on every line as memory_planned_bytes.
   void set_planned_bytes(size_t bytes) { planned_bytes_ = bytes; }
+  // Written on every line: the device backend ("cpu", "cuda"), and where a
+  // step's energy came from (energy_source, on lines that have energy).
+  void set_backend(std::string backend) { backend_ = std::move(backend); }
+  void set_energy_source(std::string source) { energy_source_ = std::move(source); }
 
  private:
   std::string path_;
   PeakFlops peak_;
   JsonlFields fields_;
   size_t planned_bytes_ = 0;
+  std::string backend_ = "cpu";
+  std::string energy_source_;
   std::FILE* f_ = nullptr;
 };
 

@@ -118,6 +118,7 @@ void PrometheusMetrics::update(const StepMetrics& m) {
   tokens_ += run_.tokens_per_step;
   if (m.skipped) skipped_ += 1;
   if (m.checkpoint_saved) checkpoints_ += 1;
+  if (m.energy) energy_j_ += m.energy->joules;
 }
 
 std::string PrometheusMetrics::text() const {
@@ -138,6 +139,15 @@ std::string PrometheusMetrics::text() const {
   sample(out, "xirang_skipped_steps_total", labels_, skipped_);
   family(out, "xirang_checkpoints_total", "counter", "Checkpoints saved by this process.");
   sample(out, "xirang_checkpoints_total", labels_, checkpoints_);
+  // Only where this rank's device energy is measured (a CUDA run whose NVML gives readings).
+  if (run_.energy) {
+    family(out, "xirang_power_watts", "gauge",
+           "Mean power of this rank's GPU over the last step (the whole device, as NVML reports it).");
+    if (last_ && last_->energy) sample(out, "xirang_power_watts", labels_, last_->energy->avg_watts);
+    family(out, "xirang_energy_joules_total", "counter",
+           "Energy of this rank's GPU over the steps this process finished (the whole device).");
+    sample(out, "xirang_energy_joules_total", labels_, energy_j_);
+  }
   return out;
 }
 

@@ -3,8 +3,8 @@
 // A step observer that serves GET /metrics in the Prometheus text exposition
 // format (version 0.0.4) from a server thread (cpp-httplib). Each step
 // replaces the gauges (the last step's tokens/s, MFU, time breakdown in
-// seconds, loss, ...) and advances the counters (steps, tokens, skipped
-// steps, checkpoints), under a mutex. Every sample carries the labels
+// seconds, loss, the device's power, ...) and advances the counters (steps,
+// tokens, skipped steps, checkpoints, the device's joules), under a mutex. Every sample carries the labels
 // job (metrics.job) and rank. World rank 0 serves the job's values at
 // metrics.prometheus; with metrics.prometheus_per_rank every rank serves its
 // own at PORT + its local rank (the rank within its node).
@@ -35,6 +35,7 @@ namespace xirang {
 struct PrometheusRun {
   double tokens_per_step = 0;      // global_batch x seq_len: the job's tokens per step
   double memory_planned_bytes = 0; // this rank's memory plan total
+  bool energy = false;             // this rank's device energy is measured (the energy families exist)
 };
 
 // The values one endpoint exposes, and their text. Gauges have no sample
@@ -50,6 +51,7 @@ class PrometheusMetrics {
   PrometheusRun run_;
   std::optional<StepMetrics> last_;
   double steps_ = 0, tokens_ = 0, skipped_ = 0, checkpoints_ = 0;
+  double energy_j_ = 0;  // the device's joules over the measured steps
 };
 
 // HOST and PORT of the endpoint this rank serves under `m`; none when it

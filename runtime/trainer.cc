@@ -42,6 +42,8 @@ TrainResult Trainer::run() {
   MetricsLog log(is_logger() ? cfg_.metrics.jsonl : std::string(), peak_,
                  JsonlFields{cfg_.metrics.straggler_every > 0, !cfg_.metrics.baseline.empty(), cfg_.metrics.op_profile});
   log.set_planned_bytes(plan_.total());
+  log.set_backend(device_ == Device::CPU ? "cpu" : "cuda");
+  if (energy_) log.set_energy_source(energy_source_name(energy_->source()));
   ProgressLine progress(cfg_.train.steps, cfg_.metrics.log_every);
   if (opts_.print) print_run();
   Stopwatch elapsed;
@@ -55,6 +57,7 @@ TrainResult Trainer::run() {
     const double step_start = now_seconds();
     Stopwatch sw;
     const RunQueueWait cpu_wait;
+    const EnergySpan energy(energy_.get());  // the GPU's joules over the step (none on the CPU)
     zero_gradients();
     sync_->begin_step();
     accumulate_gradients(step, m);  // forward and backward of every microbatch, buckets reduced as they fill
@@ -86,6 +89,7 @@ TrainResult Trainer::run() {
     if (ckpt_->due(m.step, last)) save_checkpoint(m);  // its stall is part of step_ms
     take_rates(m, sw.ms());
     m.cpu_wait_ms = cpu_wait.ms();
+    m.energy = energy.take(tokens_per_replica());
     add_span(ctx_.timeline, "step", Track::Main, step_start, step_start + m.step_ms / 1e3, -1, -1, m.step);
     if (eval_due(m.step)) {
       // Evaluation is no step's: its ops stay out of the step's profile.

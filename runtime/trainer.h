@@ -38,6 +38,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
 #include "runtime/data/sampler.h"
+#include "runtime/energy_meter.h"
 #include "runtime/faults.h"
 #include "runtime/grad_sync.h"
 #include "runtime/metrics.h"
@@ -121,6 +122,8 @@ class Trainer {
   void init_parameters();
   void build_loader();
   void choose_peak();
+  // On CUDA, this rank's GPU's energy meter; a warning line and none when NVML gives no readings.
+  void build_energy_meter();
   void build_observers();
 
   // The step, in the order run() calls them.
@@ -167,6 +170,9 @@ class Trainer {
   void print_run() const;
   int last_step() const;
   double tokens_per_step() const { return double(cfg_.train.global_batch) * cfg_.seq_len(); }
+  // The tokens of this rank's data-parallel replica: every rank of it (each
+  // tp shard, each pipeline stage) works on all of them.
+  double tokens_per_replica() const { return tokens_per_step() / cfg_.parallel.dp; }
   bool is_logger() const { return grid_->world_rank() == 0; }
 
   Config cfg_;
@@ -179,6 +185,7 @@ class Trainer {
   StopRequest stop_request_;      // the preemption signal agreed in this step's vote (none: no rank got one)
   std::optional<LossSpikeGuard> spike_guard_;  // train.skip_loss_spikes_zscore > 0
   std::vector<std::unique_ptr<StepObserver>> observers_;  // called at the end of every step
+  std::unique_ptr<EnergyMeter> energy_;  // null on the CPU backend and where NVML gives no readings
   // Spans (metrics.trace) and per-op times (metrics.op_profile); ctx_.timeline
   // points here when either is on.
   Timeline timeline_;

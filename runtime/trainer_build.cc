@@ -114,6 +114,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   start_step_ = ckpt_->resume(model_dtype_);
   build_loader();
   choose_peak();
+  build_energy_meter();
   build_observers();
 }
 
@@ -318,7 +319,19 @@ void Trainer::build_observers() {
   // The monitors fill the step's metrics before the exporter publishes them.
   if (cfg_.metrics.straggler_every > 0) observers_.push_back(std::make_unique<StragglerDetector>(cfg_.metrics, *grid_));
   if (!cfg_.metrics.baseline.empty()) observers_.push_back(std::make_unique<BaselineMonitor>(cfg_.metrics, is_logger()));
-  add_prometheus_exporter(observers_, cfg_.metrics, grid_->world_rank(), {tokens_per_step(), double(plan_.total())});
+  add_prometheus_exporter(observers_, cfg_.metrics, grid_->world_rank(),
+                          {tokens_per_step(), double(plan_.total()), energy_ != nullptr});
+}
+
+void Trainer::build_energy_meter() {
+  // The CPU backend has no energy counter on these machines (no RAPL): no meter, no fields.
+  if (device_ == Device::CPU) return;
+  energy_ = std::make_unique<EnergyMeter>("libnvidia-ml.so.1", comm_->pci_bus_id());
+  if (energy_->measuring()) return;
+  if (opts_.print)
+    std::fprintf(stderr, "warning: energy not measured (NVML: %s); metrics.jsonl has no joules_per_token or avg_watts\n",
+                 energy_->reason().c_str());
+  energy_.reset();
 }
 
 void Trainer::choose_peak() {

@@ -5,8 +5,8 @@
 // parts, the dominant bottleneck with advice computed from the run (and its
 // config, for the pipeline simulator), a comparison with a baseline run, and
 // plots through gnuplot, with a timeline trace (metrics.trace) each
-// rank's utilisation over the traced steps, and with metrics.op_profile the
-// time per kind of op. The work lives in tools/report/; this file parses
+// rank's utilisation over the traced steps, with metrics.op_profile the
+// time per kind of op, and the GPU's energy per token where it was measured. The work lives in tools/report/; this file parses
 // the arguments and prints text or one JSON object.
 #include <cmath>
 #include <cstdio>
@@ -111,6 +111,24 @@ void print_summary(const Run& run, const Summary& s) {
     std::printf("note: the named parts exceed step_ms by %.3f ms (unaccounted is negative: they overlap); "
                 "unaccounted is shown as 0 and shares are of their sum\n",
                 -s.unaccounted_raw_ms);
+}
+
+void print_energy(const EnergySummary& e) {
+  if (e.steps == 0) {
+    std::printf("\nenergy: not measured (%s)\n", e.not_measured.c_str());
+    return;
+  }
+  std::printf("\nenergy: %.4g J/token, %.1f W (medians over %d steps; %s, rank 0's GPU)\n", e.joules_per_token,
+              e.avg_watts, e.steps, e.source.empty() ? "source not named" : e.source.c_str());
+}
+
+nlohmann::ordered_json energy_json(const EnergySummary& e) {
+  if (e.steps == 0) return {{"measured", false}, {"reason", e.not_measured}};
+  return {{"measured", true},
+          {"steps", e.steps},
+          {"joules_per_token_median", e.joules_per_token},
+          {"avg_watts_median", e.avg_watts},
+          {"source", e.source}};
 }
 
 void print_advice(const Summary& s, const Advice& a) {
@@ -275,6 +293,7 @@ int run_report(const ReportArgs& args) {
   const TraceUtilisation tu = trace_utilisation(run, args.trace);
   const std::optional<Utilisation>& util = tu.util;
   const OpProfile ops = op_profile(run);
+  const EnergySummary energy = energy_summary(run);
   std::optional<PlotResult> plots;
   if (!args.plot_dir.empty()) plots = write_plots(run, args.plot_dir);
   if (plots && util && plots->skipped.empty()) {
@@ -289,6 +308,7 @@ int run_report(const ReportArgs& args) {
   }
   if (args.json) {
     nlohmann::ordered_json j = summary_json(run, s, a);
+    j["energy"] = energy_json(energy);
     if (ops.steps > 0) j["ops"] = ops_json(ops);
     if (cmp) j["baseline"] = comparison_json(base_path, *cmp);
     if (util) j["utilisation"] = utilisation_json(*util);
@@ -297,6 +317,7 @@ int run_report(const ReportArgs& args) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_summary(run, s);
+    print_energy(energy);
     print_advice(s, a);
     if (ops.steps > 0) print_ops(ops);
     if (cmp) print_comparison(base_path, *cmp);

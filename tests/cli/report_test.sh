@@ -3,7 +3,7 @@
 # the tables, shares that add up, the unaccounted time, --json, the
 # bottleneck and its advice on a run slowed on purpose, the baseline
 # comparison and its exit code, the plots, the per-op table
-# (metrics.op_profile), and bad input.
+# (metrics.op_profile), the energy line, and bad input.
 # Usage: report_test.sh XIRANG_BINARY SOURCE_DIR WORK_DIR CASE
 set -uo pipefail
 xirang=$1 src=$2 work=$3 case=$4
@@ -113,6 +113,38 @@ case $case in
       [ "$(head -c 8 plots_ops/ops.png | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || die "no plots_ops/ops.png: $(tail -5 out.txt)"
     fi
     echo "ok [$case]: known medians and shares; profiled run: matmul first, compute ops $share of the step" ;;
+  energy)
+    # A CPU run has no energy fields; the report says why in one line.
+    prepare_runs
+    for key in energy_j joules_per_token avg_watts energy_source; do
+      grep -q "\"$key\":" normal/metrics.jsonl && die "a CPU run wrote $key: $(head -n 1 normal/metrics.jsonl)"
+    done
+    grep -q '"backend":"cpu"' normal/metrics.jsonl || die "no backend field: $(head -n 1 normal/metrics.jsonl)"
+    "$xirang" report normal >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    grep -qxF 'energy: not measured (CPU backend: no energy counter on this machine)' out.txt ||
+      die "no 'not measured' line: $(grep -i energy out.txt)"
+    "$xirang" report normal --json >out.json 2>err.txt || die "report --json failed: $(cat err.txt)"
+    [ "$(json_eval out.json "j.energy.measured" "str(j['energy']['measured']).lower()")" = false ] ||
+      die "--json energy: $(head -c 600 out.json)"
+    # Known readings: step 1 (warm-up) is odd; steps 2-4 have medians 0.003 J/token and 600 W.
+    write_known
+    sed -n 1p known.jsonl | sed 's/}$/,"backend":"cuda","joules_per_token":9,"avg_watts":9000,"energy_source":"nvml energy counter"}/' >energy.jsonl
+    for jw in 2:0.002:500 3:0.004:700 4:0.003:600; do
+      IFS=: read -r st jpt w <<<"$jw"
+      sed -n 2p known.jsonl | sed "s/\"step\":2,/\"step\":$st,/; s/}\$/,\"backend\":\"cuda\",\"joules_per_token\":$jpt,\"avg_watts\":$w,\"energy_source\":\"nvml energy counter\"}/" >>energy.jsonl
+    done
+    "$xirang" report energy.jsonl >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    grep -qxF "energy: 0.003 J/token, 600.0 W (medians over 3 steps; nvml energy counter, rank 0's GPU)" out.txt ||
+      die "unexpected energy line: $(grep -i energy out.txt)"
+    # A CUDA run without readings (NVML missing), and a file from before the fields.
+    sed 's/,"joules_per_token":[^,]*,"avg_watts":[^,]*,"energy_source":"[^"]*"//' energy.jsonl >cuda_none.jsonl
+    "$xirang" report cuda_none.jsonl >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    grep -q '^energy: not measured (CUDA backend, but NVML gave no readings' out.txt ||
+      die "unexpected energy line: $(grep -i energy out.txt)"
+    "$xirang" report known.jsonl >out.txt 2>err.txt || die "report failed: $(cat err.txt)"
+    grep -q '^energy: not measured (the metrics have no joules_per_token' out.txt ||
+      die "unexpected energy line: $(grep -i energy out.txt)"
+    echo "ok [$case]" ;;
   summary)
     prepare_runs
     "$xirang" report normal >out.txt 2>err.txt || die "report failed: $(cat err.txt)"

@@ -128,6 +128,34 @@ TEST(PrometheusMetrics, CountersStartAtZeroAndIncrease) {
   EXPECT_DOUBLE_EQ(value_of(t, s("xirang_step")), 3);
 }
 
+// A run whose device energy is measured: a joules counter over the steps
+// and the last step's watts; a run without (the CPU backend) has neither family.
+TEST(PrometheusMetrics, EnergyCounterAndPowerGaugeWhereMeasured) {
+  PrometheusMetrics pm("run7", 0, PrometheusRun{512, 0, true});
+  std::string t = pm.text();
+  EXPECT_TRUE(has_line(t, "# TYPE xirang_energy_joules_total counter"));
+  EXPECT_TRUE(has_line(t, "# TYPE xirang_power_watts gauge"));
+  EXPECT_DOUBLE_EQ(value_of(t, s("xirang_energy_joules_total")), 0);
+  EXPECT_EQ(t.find(s("xirang_power_watts")), std::string::npos);  // no gauge sample before a step
+  StepMetrics a = sample_step(1), b = sample_step(2), c = sample_step(3);
+  a.energy = StepEnergy{150, 150.0 / 512, 600};
+  b.energy = StepEnergy{100, 100.0 / 512, 400};
+  pm.update(a);
+  pm.update(b);
+  t = pm.text();
+  EXPECT_DOUBLE_EQ(value_of(t, s("xirang_energy_joules_total")), 250);
+  EXPECT_DOUBLE_EQ(value_of(t, s("xirang_power_watts")), 400);
+  pm.update(c);  // a step whose reading failed: the counter holds, the gauge has no sample
+  t = pm.text();
+  EXPECT_DOUBLE_EQ(value_of(t, s("xirang_energy_joules_total")), 250);
+  EXPECT_EQ(t.find(s("xirang_power_watts")), std::string::npos);
+
+  PrometheusMetrics cpu("run7", 0, PrometheusRun{512, 0});
+  cpu.update(sample_step(1));
+  EXPECT_EQ(cpu.text().find("xirang_energy_joules_total"), std::string::npos);
+  EXPECT_EQ(cpu.text().find("xirang_power_watts"), std::string::npos);
+}
+
 TEST(PrometheusMetrics, EscapesTheJobAndSpellsSpecialValues) {
   PrometheusMetrics pm("a\"b\\c\nd", 5, PrometheusRun{});
   StepMetrics m = sample_step(1);

@@ -54,6 +54,10 @@ StepRow parse_row(const nlohmann::json& j) {
   for (int i = 0; i < kParts - 1; ++i) named += m[i];
   m[int(Part::Unaccounted)] = r.step_ms - named;
   if (auto it = j.find("val_loss"); it != j.end() && it->is_number()) r.val_loss = it->get<double>();
+  if (auto it = j.find("joules_per_token"); it != j.end() && it->is_number()) r.joules_per_token = it->get<double>();
+  if (auto it = j.find("avg_watts"); it != j.end() && it->is_number()) r.avg_watts = it->get<double>();
+  if (auto it = j.find("energy_source"); it != j.end() && it->is_string()) r.energy_source = it->get<std::string>();
+  if (auto it = j.find("backend"); it != j.end() && it->is_string()) r.backend = it->get<std::string>();
   // metrics.op_profile (tools/report/ops.cc): the kinds this version knows.
   if (auto ms = j.find("op_ms"); ms != j.end() && ms->is_object()) {
     r.has_ops = true;

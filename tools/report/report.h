@@ -37,6 +37,10 @@ struct StepRow {
   // metrics.op_profile: op_ms and op_calls by OpKind (0 where the line has none).
   bool has_ops = false;
   std::array<double, kOpKindCount> op_ms{}, op_calls{};
+  // The device's energy (CUDA runs with NVML readings); unset where the line has none.
+  std::optional<double> joules_per_token, avg_watts;
+  std::string energy_source;  // "nvml energy counter", "nvml power samples"
+  std::string backend;        // "cpu", "cuda"; empty in files written before the field
 };
 
 struct Run {
@@ -124,6 +128,16 @@ struct OpProfile {
   double compute_ms = 0, compute_share = 0;  // the compute rows' sum
 };
 OpProfile op_profile(const Run& run);
+
+// Energy (tools/report/energy.cc): the medians over the steps with readings
+// (warm-up skipped as in summarise), or why the run has none.
+struct EnergySummary {
+  int steps = 0;  // steps summarised; 0: not measured
+  double joules_per_token = 0, avg_watts = 0;  // medians
+  std::string source;        // the metrics' energy_source
+  std::string not_measured;  // why, when steps == 0
+};
+EnergySummary energy_summary(const Run& run);
 // ops.png: a bar chart of the rows (median ms per step), compute and communication in two colours.
 PlotResult write_op_plot(const OpProfile& ops, const std::string& dir);
 
