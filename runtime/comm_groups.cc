@@ -30,6 +30,8 @@ namespace {
 
 // device.backend=cuda is refused with the reason when it cannot run here.
 void check_backend(const Config& c) {
+  if (c.comm.nccl_alone && c.device.backend != Backend::CUDA)
+    fail(ErrorKind::Config, "comm.nccl_alone=true builds NCCL groups on a GPU; this run has device.backend=cpu");
   if (c.device.backend != Backend::CUDA) return;
 #ifndef XIRANG_HAVE_CUDA
   fail(ErrorKind::Config, "device.backend=cuda: this build has no CUDA backend (configure with -DXIRANG_CUDA=ON "
@@ -46,6 +48,10 @@ void check_backend(const Config& c) {
   if (c.comm.ordered_p2p)
     fail(ErrorKind::Config, "comm.ordered_p2p emulates NCCL's matching over MPI for the CPU backend; "
                             "device.backend=cuda uses NCCL itself");
+#ifndef XIRANG_HAVE_NCCL
+  if (c.comm.nccl_alone)
+    fail(ErrorKind::Config, "comm.nccl_alone=true needs NCCL, which this build did not find (set NCCL_ROOT and reconfigure)");
+#endif
 #endif
 }
 
@@ -110,7 +116,7 @@ void CommGroups::use_device(const Config& cfg, ProcessGrid& grid, DType model_dt
   char bus_id[32] = "";
   XR_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, dev));
   pci_bus_id_ = bus_id;
-  if (!alone) use_nccl(cfg, grid, dev);
+  if (!alone || cfg.comm.nccl_alone) use_nccl(cfg, grid, dev);
 #else
   (void)cfg, (void)grid;  // check_backend() has refused device.backend=cuda
 #endif

@@ -167,6 +167,7 @@ std::vector<Section> schema(Config& c) {
       {"comm",
        {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
         {"bandwidth_gbps", &c.comm.bandwidth_gbps}, {"ordered_p2p", &c.comm.ordered_p2p},
+        {"nccl_alone", &c.comm.nccl_alone},
         {"busy_poll", &c.comm.busy_poll},
         {"trace_dir", &c.comm.trace_dir}}},
       {"faults",

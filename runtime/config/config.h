@@ -91,6 +91,11 @@ struct CommConfig {
   // Pipeline transfers matched by order, as NCCL matches them (OrderedLink
   // over MPI): the CPU check that the executor's order works on NCCL.
   bool ordered_p2p = false;
+  // A one-rank CUDA run builds NCCL groups of one rank (a test switch: the
+  // device communication paths, the dp stream's bucket all-reduces and
+  // joins, ZeRO's reduce-scatter and gather, then run on a single GPU,
+  // where NCCL refuses two ranks of one communicator).
+  bool nccl_alone = false;
   // How MPI channels poll while a rank waits on them: auto (busy where the
   // node's ranks' compute threads do not outnumber its CPUs), on, off
   // (comm/communicator.h BusyPoll).

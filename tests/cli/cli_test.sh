@@ -42,6 +42,7 @@ case $case in
   wrong_type) prepare_data; expect_error 1 "config error: .*model\.n_head.*abc" -- train "$cfg" --set model.n_head=abc ;;
   heads_not_dividing) prepare_data; expect_error 1 "config error: .*model\.d_model.*model\.n_head" -- train "$cfg" --set model.n_head=5 ;;
   missing_data) expect_error 1 "config error: .*data\.train.*does_not_exist" -- train "$cfg" --set data.train=does_not_exist/train ;;
+  nccl_alone_cpu) prepare_data; expect_error 1 "config error: .*comm\.nccl_alone.*device\.backend=cpu" -- train "$cfg" --set comm.nccl_alone=true ;;
   bad_batch) prepare_data; expect_error 1 "config error: .*train\.global_batch" -- train "$cfg" --set train.global_batch=7 --set train.micro_batch=2 ;;
   unknown_key_in_file)
     prepare_data
