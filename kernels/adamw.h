@@ -3,9 +3,15 @@
 //   AdamWStep s{.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
 //               .weight_decay = 0.1, .step = t, .grad_scale = clip};
 //   adamw_update(ctx, param, grad, m, v, s);
+//
+// Many tensors at once (the optimizer's step: one launch on CUDA):
+//   adamw_update_group(ctx, tensors, s, table);   // table: kernels/group_table.h
 #pragma once
 
+#include <vector>
+
 #include "kernels/context.h"
+#include "kernels/group_table.h"
 
 namespace xirang {
 
@@ -26,5 +32,24 @@ struct AdamWStep {
 // model computes with, updated in one pass.
 void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s,
                   Tensor model_copy = Tensor());
+
+// One tensor of a grouped update: adamw_update's arguments, and whether
+// weight decay applies to it.
+struct AdamWTensor {
+  Tensor param;       // (n) the f32 master, or the (f32, f64) parameter itself
+  Tensor grad;        // (n)
+  Tensor m, v;        // (n) param's dtype
+  Tensor model_copy;  // (n) receives param rounded to its dtype, or undefined
+  bool decay = true;  // s.weight_decay applies (else 0)
+};
+
+// adamw_update on every tensor of `tensors` with step `s` (its weight_decay
+// where decay is set, else 0). On the CPU that is adamw_update per tensor,
+// in order. On CUDA it is one launch over chunks read from `table` (written
+// when the list changes); the tensors share one gradient dtype and one
+// model-copy dtype, with an f32 master, and each element gets the same
+// arithmetic as adamw_update.
+void adamw_update_group(const KernelContext& ctx, const std::vector<AdamWTensor>& tensors, const AdamWStep& s,
+                        GroupTable& table);
 
 }  // namespace xirang

@@ -9,7 +9,10 @@
 //   add(ctx, res, res, attn_out);     // in place
 #pragma once
 
+#include <vector>
+
 #include "kernels/context.h"
+#include "kernels/group_table.h"
 
 namespace xirang {
 
@@ -40,5 +43,13 @@ bool all_finite(const KernelContext& ctx, const Tensor& x);
 void sum_squares_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x);
 // acc += mean of x (F32 or F64), summed in double.
 void mean_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x);
+
+// out (one F64 element on the context's device) = the sum of squares of all
+// of `xs` (one storage dtype), not waited for. On the CPU: 0, plus
+// sum_squares of each tensor in order. On CUDA: one pass over chunks read
+// from `table` (kernels/group_table.h), one double partial per chunk, then
+// one block adds the partials in a fixed order: no atomics, so the result
+// repeats bit for bit for the same list.
+void sum_squares_group(const KernelContext& ctx, Tensor out, const std::vector<Tensor>& xs, GroupTable& table);
 
 }  // namespace xirang

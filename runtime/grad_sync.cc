@@ -86,6 +86,13 @@ GradSync::~GradSync() = default;
 void GradSync::layout(Arena& shard) {
   if (opts_.zero) shard_grads_ = shard.alloc({shard_elems_}, flat_grads_.dtype(), "ZeRO gradient shard");
   norm_sum_ = shard.alloc({1}, DType::F64, "gradient norm sum");
+  // Room for every segment; grad_norm counts a subset of them.
+  int64_t count = 0, elements = 0;
+  for (const OptimizerSegment& seg : optimizer_segments()) {
+    ++count;
+    elements += seg.param.numel();
+  }
+  norm_table_ = GroupTable(shard.alloc({group_table_words(count, elements)}, DType::U32, "gradient norm chunk table"));
 }
 
 std::vector<OptimizerSegment> GradSync::optimizer_segments() const {
@@ -260,12 +267,13 @@ void GradSync::gather_parameters() {
 
 double GradSync::grad_norm(const KernelContext& ctx, const AdamW& opt) {
   const bool tp_split = tp_ && tp_->size() > 1;
-  // The squares of every segment add up on the device; the host reads the
-  // sum once, after the timed wait for the buckets (settle).
-  zero(ctx, norm_sum_);
+  // The squares of the counted segments add up on the device; the host
+  // reads the sum once, after the timed wait for the buckets (settle).
+  std::vector<Tensor> counted;
+  counted.reserve(opt.segments().size());
   for (const auto& seg : opt.segments())
-    if (!(tp_split && seg.tp_replicated && tp_->rank() != 0) && !seg.tied_copy)
-      sum_squares_accumulate(ctx, norm_sum_, seg.grad);
+    if (!(tp_split && seg.tp_replicated && tp_->rank() != 0) && !seg.tied_copy) counted.push_back(seg.grad);
+  sum_squares_group(ctx, norm_sum_, counted, norm_table_);
   settle();
   double s = 0;
   const double drain_start = now_seconds();

@@ -31,6 +31,7 @@
 
 #include "comm/communicator.h"
 #include "core/arena.h"
+#include "kernels/group_table.h"
 #include "models/parameter.h"
 #include "runtime/optimizer.h"
 
@@ -53,7 +54,8 @@ class GradSync {
            GradSyncOptions opts, Communicator* dp_host = nullptr);
   ~GradSync();
 
-  // Carves the ZeRO shard-gradient buffer (nothing without ZeRO).
+  // Carves the ZeRO shard-gradient buffer (nothing without ZeRO), the
+  // norm's sum and the norm's chunk table (sized for every segment).
   void layout(Arena& shard);
   // Segments for the optimizer: whole parameters, or this rank's shard pieces.
   std::vector<OptimizerSegment> optimizer_segments() const;
@@ -74,7 +76,8 @@ class GradSync {
   // Global gradient norm: the sum of squares of this rank's segments
   // (tensor-parallel replicas and the last stage's tied token table counted
   // once), summed over tp and pp, and over dp when sharded. The squares are
-  // summed on the device; the host waits once per step, here: for the
+  // summed on the device, all segments in one grouped reduction
+  // (sum_squares_group); the host waits once per step, here: for the
   // buckets, with the channel's timeout, then for the sum.
   double grad_norm(const KernelContext& ctx, const AdamW& opt);
 
@@ -138,6 +141,7 @@ class GradSync {
   void* stream_ = nullptr;   // finish()'s stream: null on the host
   bool settled_ = false;
   Tensor norm_sum_;          // (1) F64 sum of squares, on the gradients' device
+  GroupTable norm_table_;    // sum_squares_group's chunk table
   std::vector<WorkPtr> gathers_;  // ZeRO gathers not yet counted (device)
   double gather_start_ = 0;
   struct DeviceWaits;  // timing events around the compute stream's joins (CUDA builds)

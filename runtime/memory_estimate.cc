@@ -6,6 +6,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "kernels/group_table.h"
 #include "runtime/config/model_layout.h"
 #include "runtime/optimizer.h"
 #include "runtime/schedule.h"
@@ -138,6 +139,10 @@ MemoryPlan estimate_memory(const Config& cfg, RankCoords at) {
     opt.set_segments(std::move(segs));
   }
   mz.alloc({1}, DType::F64, "gradient norm sum");  // GradSync::layout
+  int64_t norm_elements = 0;
+  for (const OptimizerSegment& seg : opt.segments()) norm_elements += seg.param.numel();
+  mz.alloc({group_table_words(int64_t(opt.segments().size()), norm_elements)}, DType::U32,
+           "gradient norm chunk table");
   opt.layout_state(ms);
   const size_t io = 2 * size_t(cfg.train.micro_batch) * size_t(cfg.seq_len()) * 4 + 2 * Arena::kAlignment;
   MemoryPlan plan;

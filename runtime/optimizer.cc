@@ -32,7 +32,9 @@ void AdamW::layout_state(Arena& state) {
   m_.clear();
   v_.clear();
   master_.clear();
+  group_.clear();
   const bool master = has_master();
+  int64_t elements = 0;
   for (auto& s : segments_) {
     const DType dt = master ? DType::F32 : s.param.dtype();
     XR_CHECK((s.param.dtype() == DType::BF16 || s.param.dtype() == DType::F16) == master,
@@ -40,7 +42,15 @@ void AdamW::layout_state(Arena& state) {
     m_.push_back(state.alloc(s.param.shape(), dt, "adam m"));
     v_.push_back(state.alloc(s.param.shape(), dt, "adam v"));
     if (master) master_.push_back(state.alloc(s.param.shape(), DType::F32, "master weights"));
+    // The fp32 master is updated and rounded into the model's 16-bit weights in one pass.
+    if (master)
+      group_.push_back({master_.back(), s.grad, m_.back(), v_.back(), s.param, s.decay});
+    else
+      group_.push_back({s.param, s.grad, m_.back(), v_.back(), Tensor(), s.decay});
+    elements += s.param.numel();
   }
+  table_ = GroupTable(state.alloc({group_table_words(int64_t(segments_.size()), elements)}, DType::U32,
+                                  "AdamW chunk table"));
 }
 
 void AdamW::init_master(const KernelContext& ctx) {
@@ -63,21 +73,15 @@ void LossScale::update(bool overflow) {
 }
 
 void AdamW::step(const KernelContext& ctx, double lr, double grad_scale) {
-  const int64_t step_number = ++updates_;
-  for (size_t i = 0; i < segments_.size(); ++i) {
-    AdamWStep s;
-    s.lr = lr;
-    s.beta1 = cfg_.beta1;
-    s.beta2 = cfg_.beta2;
-    s.eps = cfg_.eps;
-    s.weight_decay = segments_[i].decay ? cfg_.weight_decay : 0.0;
-    s.step = step_number;
-    s.grad_scale = grad_scale;
-    if (master_.empty())
-      adamw_update(ctx, segments_[i].param, segments_[i].grad, m_[i], v_[i], s);
-    else  // the fp32 master is updated and rounded into the model's 16-bit weights in one pass
-      adamw_update(ctx, master_[i], segments_[i].grad, m_[i], v_[i], s, segments_[i].param);
-  }
+  AdamWStep s;
+  s.lr = lr;
+  s.beta1 = cfg_.beta1;
+  s.beta2 = cfg_.beta2;
+  s.eps = cfg_.eps;
+  s.weight_decay = cfg_.weight_decay;  // on the segments with decay
+  s.step = ++updates_;
+  s.grad_scale = grad_scale;
+  adamw_update_group(ctx, group_, s, table_);
 }
 
 }  // namespace xirang

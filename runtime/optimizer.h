@@ -7,7 +7,9 @@
 // updates those, and rounds the result into the model's parameters. Without ZeRO a segment is a whole parameter; with
 // ZeRO-1 it is the part of a parameter inside this rank's shard of a
 // gradient bucket (runtime/grad_sync.h builds them), so the optimizer state
-// it allocates is only this rank's share.
+// it allocates is only this rank's share. A step is one grouped update
+// (kernels/adamw.h: one launch on CUDA over a chunk table carved with the
+// state; on the CPU the per-tensor update, segment by segment).
 //
 //   AdamW opt(cfg.train);
 //   opt.set_segments(sync.optimizer_segments());
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "kernels/adamw.h"
 #include "kernels/context.h"
 #include "runtime/config/config.h"
 
@@ -45,7 +48,8 @@ class AdamW {
   void set_segments(std::vector<OptimizerSegment> segments) { segments_ = std::move(segments); }
   const std::vector<OptimizerSegment>& segments() const { return segments_; }
   // Carves m and v (and fp32 master weights under 16-bit parameters) for
-  // every segment (call after set_segments, twice: measuring, then real).
+  // every segment, and the grouped update's chunk table (call after
+  // set_segments, twice: measuring, then real).
   void layout_state(Arena& state);
   // Whether the segments' parameters are 16-bit, so fp32 masters are kept.
   bool has_master() const;
@@ -68,6 +72,8 @@ class AdamW {
   TrainConfig cfg_;
   std::vector<OptimizerSegment> segments_;
   std::vector<Tensor> m_, v_, master_;  // per segment
+  std::vector<AdamWTensor> group_;      // per segment: what one step updates
+  GroupTable table_;                    // the group's chunk table (kernels/group_table.h)
   int64_t updates_ = 0;
 };
 

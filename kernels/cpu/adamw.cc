@@ -133,4 +133,16 @@ void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Te
   });
 }
 
+void adamw_update_group(const KernelContext& ctx, const std::vector<AdamWTensor>& tensors, const AdamWStep& s,
+                        GroupTable& table) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Optimizer);
+  XR_ON_CUDA(ctx, adamw_update_group(ctx, tensors, s, table));
+  // One tensor at a time, with the step each would get on its own.
+  for (const AdamWTensor& t : tensors) {
+    AdamWStep ts = s;
+    ts.weight_decay = t.decay ? s.weight_decay : 0.0;
+    adamw_update(ctx, t.param, t.grad, t.m, t.v, ts, t.model_copy);
+  }
+}
+
 }  // namespace xirang

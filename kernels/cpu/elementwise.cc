@@ -317,6 +317,20 @@ void sum_squares_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& 
   acc.data<double>()[0] += sum_squares(ctx, x);
 }
 
+void sum_squares_group(const KernelContext& ctx, Tensor out, const std::vector<Tensor>& xs, GroupTable& table) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, sum_squares_group(ctx, out, xs, table));
+  cpu::require_cpu(ctx, "sum_squares_group");
+  check_dtype("sum_squares_group", "out", out, DType::F64);
+  if (out.numel() != 1) fail(ErrorKind::Shape, "sum_squares_group: out must hold one element, got ", out.str());
+  double& acc = out.data<double>()[0];
+  acc = 0;
+  for (const Tensor& x : xs) {
+    reduce_checks::check_accumulate("sum_squares_group", out, x, false);
+    acc += sum_squares(ctx, x);
+  }
+}
+
 void mean_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x) {
   OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, mean_accumulate(ctx, acc, x));

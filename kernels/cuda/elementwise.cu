@@ -8,6 +8,11 @@
 // forms (sum_squares_accumulate, mean_accumulate) leave their result on the
 // device and never wait.
 #include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+#include "core/device_memory.h"
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -113,6 +118,42 @@ __global__ void sum_partials_kernel(const double* __restrict__ partial, int64_t 
   sh[threadIdx.x] = int64_t(threadIdx.x) < count ? partial[threadIdx.x] : 0.0;
   block_tree_sum<int(kReduceBlocks)>(sh);
   if (threadIdx.x == 0) *out = (accumulate ? *out : 0.0) + sh[0] / divisor;
+}
+
+// One chunk of one tensor of a sum_squares_group: at most kGroupChunk elements.
+struct SquaresChunk {
+  const void* x;  // (n) the group's storage type
+  int64_t n;
+};
+static_assert(sizeof(SquaresChunk) + sizeof(double) <= size_t(kGroupRecordBytes), "squares record outgrew the table");
+
+// First pass of a group: block b writes the sum of squares of chunk b.
+template <class S>
+__global__ void squares_group_partial_kernel(const SquaresChunk* __restrict__ chunks, double* __restrict__ partial) {
+  __shared__ double sh[kReduceThreads];
+  const SquaresChunk c = chunks[blockIdx.x];
+  const S* x = static_cast<const S*>(c.x);
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+    const double v = load(x[i]);
+    acc += v * v;
+  }
+  sh[threadIdx.x] = acc;
+  block_tree_sum<kReduceThreads>(sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+
+// Second pass, one block of kReduceBlocks threads: thread t adds partials
+// t, t + kReduceBlocks, ... in order, then the fixed tree. out = the total
+// (0 without partials).
+__global__ void squares_group_total_kernel(const double* __restrict__ partial, int64_t count,
+                                           double* __restrict__ out) {
+  __shared__ double sh[kReduceBlocks];
+  double acc = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) acc += partial[j];
+  sh[threadIdx.x] = acc;
+  block_tree_sum<int(kReduceBlocks)>(sh);
+  if (threadIdx.x == 0) *out = sh[0];
 }
 
 template <class S>
@@ -320,6 +361,56 @@ bool all_finite(const KernelContext& ctx, const Tensor& x) {
   int host = 0;
   copy_back(ctx, &host, flag, sizeof(int), op);
   return host == 0;
+}
+
+void sum_squares_group(const KernelContext& ctx, Tensor out, const std::vector<Tensor>& xs, GroupTable& table) {
+  const char* op = "sum_squares_group";
+  require_cuda(ctx, op);
+  check_dtype(op, "out", out, DType::F64);
+  if (out.numel() != 1) fail(ErrorKind::Shape, op, ": out must hold one element, got ", out.str());
+  check_on_device(op, {{"out", &out}, {"table", &table.memory}});
+  const DType dt = xs.empty() ? DType::F32 : xs.front().dtype();
+  std::vector<uint64_t> key{uint64_t(reinterpret_cast<uintptr_t>(table.memory.raw())), uint64_t(dt)};
+  key.reserve(2 * xs.size() + 2);
+  for (const Tensor& x : xs) {
+    check_dtype(op, "x", x, dt);  // one storage type for the launch
+    check_on_device(op, {{"x", &x}});
+    key.push_back(uint64_t(reinterpret_cast<uintptr_t>(x.raw())));
+    key.push_back(uint64_t(x.numel()));
+  }
+  // Table memory: the records, then (from the next 256-byte boundary) one partial per chunk.
+  auto partials_at = [](int64_t chunks) { return align256(size_t(chunks) * sizeof(SquaresChunk)); };
+  if (key != table.key) {
+    const size_t es = dtype_size(dt);
+    std::vector<SquaresChunk> recs;
+    for (const Tensor& x : xs)
+      for (int64_t b = 0; b < x.numel(); b += kGroupChunk)
+        recs.push_back({static_cast<const char*>(x.raw()) + b * es, std::min(kGroupChunk, x.numel() - b)});
+    const size_t need = partials_at(int64_t(recs.size())) + recs.size() * sizeof(double);
+    if (need > table.memory.bytes())
+      fail(ErrorKind::Memory, op, ": ", recs.size(), " chunks need ", need, " bytes of table but it has ",
+           table.memory.bytes(), " (sized by group_table_words for fewer tensors or elements)");
+    if (recs.size() > size_t(INT_MAX)) fail(ErrorKind::Shape, op, ": ", recs.size(), " chunks exceed one grid");
+    table.key.clear();  // a failed upload leaves no stale key
+    if (!recs.empty())
+      copy_bytes(table.memory.raw(), Device::CUDA, recs.data(), Device::CPU, recs.size() * sizeof(SquaresChunk),
+                 ctx.cuda_stream, true);
+    table.key = std::move(key);
+    table.chunks = int64_t(recs.size());
+  }
+  auto* base = static_cast<char*>(table.memory.raw());
+  auto* partial = reinterpret_cast<double*>(base + partials_at(table.chunks));
+  if (table.chunks > 0) {
+    dispatch_storage(dt, op, [&](auto tag) {
+      using S = decltype(tag);
+      squares_group_partial_kernel<S><<<unsigned(table.chunks), kReduceThreads, 0, stream(ctx)>>>(
+          reinterpret_cast<const SquaresChunk*>(base), partial);
+    });
+    XR_CUDA_LAUNCH_CHECK();
+  }
+  squares_group_total_kernel<<<1, unsigned(kReduceBlocks), 0, stream(ctx)>>>(partial, table.chunks,
+                                                                             out.data<double>());
+  XR_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace xirang::cuda

@@ -10,8 +10,11 @@
 // Built only when XIRANG_HAVE_CUDA is defined.
 #pragma once
 
+#include <vector>
+
 #include "kernels/adamw.h"
 #include "kernels/context.h"
+#include "kernels/group_table.h"
 #include "kernels/rope.h"
 
 namespace xirang::cuda {
@@ -39,10 +42,13 @@ double sum_squares(const KernelContext& ctx, const Tensor& x);
 bool all_finite(const KernelContext& ctx, const Tensor& x);
 void sum_squares_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x);
 void mean_accumulate(const KernelContext& ctx, Tensor acc, const Tensor& x);
+void sum_squares_group(const KernelContext& ctx, Tensor out, const std::vector<Tensor>& xs, GroupTable& table);
 
 // kernels/adamw.h (fused: master update and the 16-bit model copy in one pass)
 void adamw_update(const KernelContext& ctx, Tensor param, const Tensor& grad, Tensor m, Tensor v,
                   const AdamWStep& s, Tensor model_copy);
+void adamw_update_group(const KernelContext& ctx, const std::vector<AdamWTensor>& tensors, const AdamWStep& s,
+                        GroupTable& table);
 
 // kernels/embedding.h
 void embedding_lookup(const KernelContext& ctx, Tensor out, const Tensor& tokens, const Tensor& wte,

@@ -188,7 +188,9 @@ TEST(Trainer, MemoryPlanCountsEveryCategory) {
   EXPECT_GE(plan.bytes_of("parameters"), n * 4);
   EXPECT_LT(plan.bytes_of("parameters"), n * 4 + 64 * 1024);  // only alignment padding on top
   EXPECT_EQ(plan.bytes_of("gradients"), plan.bytes_of("parameters"));
-  EXPECT_EQ(plan.bytes_of("optimizer state"), 2 * plan.bytes_of("parameters"));
+  // m and v, and the grouped update's chunk table (kernels/group_table.h: a few KiB here).
+  EXPECT_GE(plan.bytes_of("optimizer state"), 2 * plan.bytes_of("parameters"));
+  EXPECT_LT(plan.bytes_of("optimizer state"), 2 * plan.bytes_of("parameters") + 64 * 1024);
   EXPECT_GT(plan.bytes_of("activations"), 0u);
 }
 
