@@ -39,11 +39,20 @@ wait_for_steps() {
   die "no $2 steps logged in 120 s"
 }
 
-# rank_pid MPIRUN_PID RANK: the pid of that world rank among mpirun's children.
+# rank_pid MPIRUN_PID RANK [THREAD]: the pid of that world rank among mpirun's
+# children, once it has a thread named THREAD (when given). Looked up again
+# every 0.1 s for up to 30 s: under a loaded machine one look can find no rank
+# (seen in the full suite); fails if mpirun ends first.
 rank_pid() {
-  local p
-  for p in $(pgrep -P "$1"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo "$p"; return 0; }
+  local i p
+  for i in $(seq 300); do
+    for p in $(pgrep -P "$1"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" || continue
+      [ -z "${3:-}" ] || grep -qx "$3" /proc/"$p"/task/*/comm 2>/dev/null || continue
+      echo "$p"; return 0
+    done
+    kill -0 "$1" 2>/dev/null || return 1
+    sleep 0.1
   done
   return 1
 }
@@ -159,7 +168,10 @@ case $case in
       --set metrics.jsonl=m4.jsonl >out.txt 2>err.txt &
     pid=$!
     wait_for_steps m4.jsonl 2 $pid
-    for r in 0 1; do check_routed "$(rank_pid $pid $r)"; done
+    for r in 0 1; do
+      rp=$(rank_pid $pid $r xirang-signals) || die "rank $r with its xirang-signals thread not found among mpirun's children (looked for 30 s, or until mpirun ended)"
+      check_routed "$rp"
+    done
     kill -USR1 $pid
     wait $pid; rc=$?
     [ $rc = 75 ] || die "mpirun's exit status $rc, expected 75: $(tail -n 20 err.txt)"

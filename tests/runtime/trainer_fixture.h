@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/device_memory.h"
+#include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/trainer.h"
