@@ -15,6 +15,8 @@
 #   parity     gpt2_debug and llama_debug, 20 steps in fp32 and bf16 on the GPU
 #              and on the CPU from the same data and seed; fp32 losses within
 #              1e-4 relative at every step, bf16 within 2e-2
+#   nccl_paths gpt2_debug with NCCL groups of one (comm.nccl_alone), with and
+#              without ZeRO-1, against the plain one-rank GPU run (1e-6)
 #   speed      gpt2_124m bf16, B16 x T1024: tokens/s, MFU, step split
 #   observe    4 steps with a trace and the per-op profile: device-stream spans
 #   peer       the same model in PyTorch on the same GPU (torch.compile, flash
@@ -270,6 +272,42 @@ EOF
     grep -E '^(PASS|FAIL)' "$out/parity.txt" | tee -a "$summary"
     if [[ $rc == 0 ]]; then record parity PASS "GPU and CPU losses agree (fp32 1e-4, bf16 2e-2)"
     else record parity FAIL "see parity.txt"; fi
+  fi
+fi
+
+# The device communication paths on one GPU: NCCL groups of one rank
+# (comm.nccl_alone), buckets on the dp stream and their joins, with and
+# without ZeRO-1, against the plain one-rank GPU run of the parity step.
+if want nccl_paths 90; then
+  if [[ $dry == 1 ]]; then
+    record nccl_paths SKIP "dry run: comm.nccl_alone needs a GPU"
+  else
+    prepare_data
+    train_cap=40 train nccl_alone gpt2_debug.yaml "$gpu" fp32 "$parity_steps" --set comm.nccl_alone=true
+    train_cap=40 train nccl_alone_zero gpt2_debug.yaml "$gpu" fp32 "$parity_steps" --set comm.nccl_alone=true \
+      --set parallel.zero=1
+    python3 - "$out" "$parity_steps" >"$out/nccl_paths.txt" 2>&1 <<'EOF'
+import json, os, sys
+out, n = sys.argv[1], int(sys.argv[2])
+def losses(name):
+    try:
+        return [json.loads(l)["loss"] for l in open(os.path.join(out, name + ".jsonl")) if l.strip()]
+    except OSError:
+        return []
+ref, bad = losses("gpt2_debug_fp32_gpu"), 0
+for name in ("nccl_alone", "nccl_alone_zero"):
+    got = losses(name)
+    if len(got) != n or len(ref) != n:
+        print(f"FAIL {name}: {len(got)} steps, the plain GPU run {len(ref)}, expected {n}"); bad = 1; continue
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+    ok = worst <= 1e-6
+    bad |= not ok
+    print(f"{'PASS' if ok else 'FAIL'} {name}: max rel diff {worst:.1e} from the one-rank GPU run (limit 1e-6)")
+sys.exit(bad)
+EOF
+    rc=$?
+    cat "$out/nccl_paths.txt" | tee -a "$summary"
+    if [[ $rc == 0 ]]; then record nccl_paths PASS; else record nccl_paths FAIL "see nccl_paths.txt, nccl_alone*.log"; fi
   fi
 fi
 

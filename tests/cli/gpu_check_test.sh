@@ -118,6 +118,7 @@ dry_run)
     grep -q "^PASS $step" out/summary.txt || die "step $step did not pass: $(grep " $step" out/summary.txt)"
   done
   grep -q "^SKIP peer" out/summary.txt || die "the PyTorch peer should be skipped in a dry run"
+  grep -q "^SKIP nccl_paths" out/summary.txt || die "comm.nccl_alone should be skipped in a dry run"
   # A bundle whose xirang is cut short: the check fails, the archive is still written.
   mkdir -p broken && tar -C broken -xJf "$bundle" &&
     head -c 4096 broken/xirang-gpu/bin/xirang >broken/x && mv broken/x broken/xirang-gpu/bin/xirang &&
