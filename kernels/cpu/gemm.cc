@@ -63,14 +63,6 @@ void openblas_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
               ldb, beta, C, ldc);
 }
 
-#ifdef XIRANG_HAVE_ONEDNN
-void onednn_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (st != dnnl_success)
-    fail(ErrorKind::Library, "sgemm: oneDNN refused a (", M, ", ", N, ", ", K, ") product with status ", int(st));
-}
-
 // The number of blocks is the largest of kBlockCounts that leaves each block
 // at least kMinBlockWidth rows or columns (so that the operand every block
 // shares is packed again seldom) and kFlopsPerBlock of work (about 0.3 ms of
@@ -104,20 +96,44 @@ void run_blocks(int64_t M, int64_t N, int64_t K, Run&& run) {
   const Blocking bl = blocking_of(M, N, K);
   const int64_t D = bl.extent, width = bl.width, blocks = bl.blocks;
   auto block = [&](int64_t b) { run(b * width, std::min(D, b * width + width) - b * width); };
-  if (omp_in_parallel()) {  // oneDNN runs on this thread alone
+  if (omp_in_parallel()) {  // the library runs on this thread alone
     for (int64_t b = 0; b < blocks; ++b) block(b);
     return;
   }
-  if (blocks == 1) {  // one block: one thread, so that oneDNN cannot split K
+  if (blocks == 1) {  // one block: one thread, so that the library cannot split it
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     block(0);
     omp_set_num_threads(threads);
     return;
   }
-  // Each block runs inside the region, where oneDNN plans for one thread.
+  // Each block runs inside the region, where the library plans for one thread.
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) block(b);
+}
+
+// OpenBLAS's threaded driver partitions a product by the thread count, and
+// its results change with that partition: the same row or column blocks as
+// oneDNN's, each a single-threaded call (OpenBLAS's OpenMP build runs on the
+// calling thread inside a parallel region, and on one thread when
+// omp_set_num_threads(1) says so).
+void openblas_blocked_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const bool by_rows = M >= N;
+  run_blocks(M, N, K, [&](int64_t s, int64_t w) {
+    if (by_rows)
+      openblas_sgemm(ta, tb, w, N, K, alpha, ta ? A + s : A + s * lda, lda, B, ldb, beta, C + s * ldc, ldc);
+    else
+      openblas_sgemm(ta, tb, M, w, K, alpha, A, lda, tb ? B + s * ldb : B + s, ldb, beta, C + s, ldc);
+  });
+}
+
+#ifdef XIRANG_HAVE_ONEDNN
+void onednn_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (st != dnnl_success)
+    fail(ErrorKind::Library, "sgemm: oneDNN refused a (", M, ", ", N, ", ", K, ") product with status ", int(st));
 }
 
 void onednn_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -327,7 +343,7 @@ void sgemm_on(GemmPath::Kind path, bool ta, bool tb, int64_t M, int64_t N, int64
 #else
   if (path == GemmPath::OneDnn) fail(ErrorKind::Usage, "sgemm: this build has no oneDNN");
 #endif
-  openblas_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  openblas_blocked_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

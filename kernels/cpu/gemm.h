@@ -7,8 +7,10 @@
 //
 // Paths:
 //   openblas  OpenBLAS's sgemm (its OpenMP build: the same thread pool as the
-//             other kernels), whole calls, with the kernels OpenBLAS picks for
-//             the core it detects (OPENBLAS_CORETYPE may hold it to AVX2).
+//             other kernels), with the kernels OpenBLAS picks for the core it
+//             detects (OPENBLAS_CORETYPE may hold it to AVX2). Its threaded
+//             driver partitions by the thread count and its results change
+//             with it, so it gets the same blocks as onednn below.
 //   onednn    oneDNN's sgemm, whose kernels are generated at run time for the
 //             instruction set the CPU has (AVX-512 included). Its own
 //             threading may split K across threads, which would make results

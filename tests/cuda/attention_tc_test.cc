@@ -146,6 +146,19 @@ TEST_P(CudaAttentionTcTest, ForwardAndBackward) {
   }
 }
 
+// Short sequences the cases above miss: one token, less than a tile, and
+// whole tiles with two batch rows (T = 64, 128), multi-head and GQA. Small
+// enough for compute-sanitizer's memcheck and racecheck (tools/gpu_check.sh
+// runs them on this test, not on the long ones).
+TEST_P(CudaAttentionTcTest, ShortSequences) {
+  uint64_t seed = 1400;
+  for (int64_t D : {64, 128})
+    for (int64_t T : {1, 33, 64, 128}) {
+      check_case({2, T, 4, 4, D, 1.0}, seed++);
+      check_case({2, T, 8, 2, D, 1.0}, seed++);
+    }
+}
+
 // T = 8192: 128 key tiles per row, so the online softmax and the float
 // sums run long. B 1, H 2, D 64 keeps the CPU f64 reference at seconds.
 TEST_P(CudaAttentionTcTest, LongSequence) { check_case({1, 8192, 2, 2, 64, 1.0}, 1300); }

@@ -74,29 +74,40 @@ TEST(GemmPath, EmptyKScalesC) {
 }
 
 // The same product on 1, 2 and 3 threads, from outside and from inside an
-// OpenMP region, bit for bit. (2048, 256, 1024) is a shape that oneDNN's own
-// threading splits over K: one whole call on 1 and on 3 threads differs.
-TEST(GemmPath, OneDnnResultDoesNotDependOnTheThreadCount) {
-  if (!cpu::have_onednn()) GTEST_SKIP() << "this build has no oneDNN";
+// OpenMP region, bit for bit, on each path. (2048, 256, 1024) is a shape
+// that oneDNN's own threading splits over K: one whole call on 1 and on 3
+// threads differs; OpenBLAS's threaded driver changes its partition (and so
+// some of its results) with the thread count too.
+void expect_thread_count_independent(GemmPath::Kind path) {
   const int saved = omp_get_max_threads();
-  for (auto [M, N, K] : {std::array<int64_t, 3>{2048, 256, 1024}, {256, 2304, 768}, {64, 64, 2048}, {8, 3000, 256}}) {
+  for (auto [M, N, K] : {std::array<int64_t, 3>{2048, 256, 1024}, {256, 2304, 768}, {64, 64, 2048}, {8, 3000, 256},
+                         {512, 64, 64}, {64, 192, 512}}) {
     SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K);
     const auto a = to_f32(randn(M * K, 5)), b = to_f32(randn(N * K, 6));
     std::vector<std::vector<float>> out;
     for (int threads : {1, 2, 3}) {
       omp_set_num_threads(threads);
       out.emplace_back(M * N);
-      cpu::sgemm_on(GemmPath::OneDnn, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, out.back().data(), N);
+      cpu::sgemm_on(path, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, out.back().data(), N);
     }
     omp_set_num_threads(saved);
     std::vector<float> inside(M * N);
 #pragma omp parallel num_threads(2)
 #pragma omp single
-    cpu::sgemm_on(GemmPath::OneDnn, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, inside.data(), N);
+    cpu::sgemm_on(path, false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, inside.data(), N);
     EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), M * N * sizeof(float))) << "1 and 2 threads";
     EXPECT_EQ(0, std::memcmp(out[0].data(), out[2].data(), M * N * sizeof(float))) << "1 and 3 threads";
     EXPECT_EQ(0, std::memcmp(out[0].data(), inside.data(), M * N * sizeof(float))) << "inside a parallel region";
   }
+}
+
+TEST(GemmPath, OneDnnResultDoesNotDependOnTheThreadCount) {
+  if (!cpu::have_onednn()) GTEST_SKIP() << "this build has no oneDNN";
+  expect_thread_count_independent(GemmPath::OneDnn);
+}
+
+TEST(GemmPath, OpenBlasResultDoesNotDependOnTheThreadCount) {
+  expect_thread_count_independent(GemmPath::OpenBlas);
 }
 
 TEST(GemmPath, ChoiceFollowsTheSettingAndRefusesUnknownOnes) {
