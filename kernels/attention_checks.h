@@ -38,4 +38,18 @@ inline Dims check_dims(const char* op, const Tensor& qkv, int n_head, int n_kv_h
   return d;
 }
 
+// The backward's operands against qkv's dims: dqkv shaped like qkv, dout and
+// out (B, T, C), lse (B, H, T); dqkv, dout and out in qkv's dtype (lse's
+// dtype differs by backend: the callers check it).
+inline void check_backward_operands(const char* op, const Dims& d, const Tensor& dqkv, const Tensor& dout,
+                                    const Tensor& qkv, const Tensor& out, const Tensor& lse) {
+  check_same_shape(op, dqkv, qkv);
+  check_shape(op, "dout", dout, {d.B, d.T, d.C});
+  check_shape(op, "out", out, {d.B, d.T, d.C});
+  check_shape(op, "lse", lse, {d.B, d.H, d.T});
+  check_dtype(op, "dqkv", dqkv, qkv.dtype());
+  check_dtype(op, "dout", dout, qkv.dtype());
+  check_dtype(op, "out", out, qkv.dtype());
+}
+
 }  // namespace xirang::attention_checks

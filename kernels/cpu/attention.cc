@@ -460,13 +460,7 @@ void flash_attention_backward(const KernelContext& ctx, Tensor dqkv, const Tenso
   const char* op = "flash_attention_backward";
   cpu::require_cpu(ctx, op);
   Dims d = check_dims(op, qkv, n_head, n_kv_head);
-  check_same_shape(op, dqkv, qkv);
-  check_shape(op, "dout", dout, {d.B, d.T, d.C});
-  check_shape(op, "out", out, {d.B, d.T, d.C});
-  check_shape(op, "lse", lse, {d.B, d.H, d.T});
-  check_dtype(op, "dqkv", dqkv, qkv.dtype());
-  check_dtype(op, "dout", dout, qkv.dtype());
-  check_dtype(op, "out", out, qkv.dtype());
+  attention_checks::check_backward_operands(op, d, dqkv, dout, qkv, out, lse);
   cpu::check_stat_dtype(op, "lse", lse, qkv.dtype());
   dispatch_storage(qkv.dtype(), op, [&](auto tag) {
     using S = decltype(tag);

@@ -112,19 +112,20 @@ void run_blocks(int64_t M, int64_t N, int64_t K, Run&& run) {
   for (int64_t b = 0; b < blocks; ++b) block(b);
 }
 
-// OpenBLAS's threaded driver partitions a product by the thread count, and
-// its results change with that partition: the same row or column blocks as
-// oneDNN's, each a single-threaded call (OpenBLAS's OpenMP build runs on the
-// calling thread inside a parallel region, and on one thread when
-// omp_set_num_threads(1) says so).
-void openblas_blocked_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+// C's row (M >= N) or column blocks, each one single-threaded call of
+// `call`, on either path: oneDNN's threading may split K, and OpenBLAS's
+// threaded driver partitions by the thread count with results that change
+// with that partition (its OpenMP build runs on the calling thread inside a
+// parallel region, and on one thread when omp_set_num_threads(1) says so).
+template <class Call>
+void blocked_sgemm(Call&& call, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                   int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const bool by_rows = M >= N;
   run_blocks(M, N, K, [&](int64_t s, int64_t w) {
     if (by_rows)
-      openblas_sgemm(ta, tb, w, N, K, alpha, ta ? A + s : A + s * lda, lda, B, ldb, beta, C + s * ldc, ldc);
+      call(ta, tb, w, N, K, alpha, ta ? A + s : A + s * lda, lda, B, ldb, beta, C + s * ldc, ldc);
     else
-      openblas_sgemm(ta, tb, M, w, K, alpha, A, lda, tb ? B + s * ldb : B + s, ldb, beta, C + s, ldc);
+      call(ta, tb, M, w, K, alpha, A, lda, tb ? B + s * ldb : B + s, ldb, beta, C + s, ldc);
   });
 }
 
@@ -134,17 +135,6 @@ void onednn_call(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
   dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success)
     fail(ErrorKind::Library, "sgemm: oneDNN refused a (", M, ", ", N, ", ", K, ") product with status ", int(st));
-}
-
-void onednn_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const bool by_rows = M >= N;
-  run_blocks(M, N, K, [&](int64_t s, int64_t w) {
-    if (by_rows)
-      onednn_call(ta, tb, w, N, K, alpha, ta ? A + s : A + s * lda, lda, B, ldb, beta, C + s * ldc, ldc);
-    else
-      onednn_call(ta, tb, M, w, K, alpha, A, lda, tb ? B + s * ldb : B + s, ldb, beta, C + s, ldc);
-  });
 }
 
 // ---------------------------------------------------------------- bf16 matmul
@@ -339,11 +329,11 @@ void sgemm_on(GemmPath::Kind path, bool ta, bool tb, int64_t M, int64_t N, int64
     return;
   }
 #ifdef XIRANG_HAVE_ONEDNN
-  if (path == GemmPath::OneDnn) return onednn_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (path == GemmPath::OneDnn) return blocked_sgemm(onednn_call, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
   if (path == GemmPath::OneDnn) fail(ErrorKind::Usage, "sgemm: this build has no oneDNN");
 #endif
-  openblas_blocked_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  blocked_sgemm(openblas_sgemm, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

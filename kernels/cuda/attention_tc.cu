@@ -515,17 +515,9 @@ void flash_attention_backward_tc(const KernelContext& ctx, Tensor dqkv, const Te
   const char* op = "flash_attention_backward";
   require_cuda(ctx, op);
   const Dims d = check_dims(op, qkv, n_head, n_kv_head);
-  check_same_shape(op, dqkv, qkv);
-  check_dtype(op, "dqkv", dqkv, qkv.dtype());
-  check_on_device(op, {{"dqkv", &dqkv}});
-  for (const auto& [what, t] : {std::pair<const char*, const Tensor*>{"dout", &dout}, {"out", &out}}) {
-    check_shape(op, what, *t, {d.B, d.T, d.C});
-    check_dtype(op, what, *t, qkv.dtype());
-    check_on_device(op, {{what, t}});
-  }
-  check_shape(op, "lse", lse, {d.B, d.H, d.T});
+  attention_checks::check_backward_operands(op, d, dqkv, dout, qkv, out, lse);
   check_dtype(op, "lse", lse, DType::F32);
-  check_on_device(op, {{"lse", &lse}});
+  check_on_device(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"out", &out}, {"lse", &lse}});
   if (d.B == 0 || d.T == 0) return;
   const int64_t rows = d.B * d.T * d.H;
   float* delta = static_cast<float*>(scratch(ctx, size_t(rows) * sizeof(float), op));

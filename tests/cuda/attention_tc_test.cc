@@ -36,16 +36,7 @@
 namespace xirang::test {
 namespace {
 
-struct TcCase {
-  int64_t B, T, H, KV, D;
-  double scale;  // of the random q, k, v
-  int64_t C() const { return H * D; }
-  int64_t W() const { return (H + 2 * KV) * D; }
-  std::string str() const {
-    return "B " + std::to_string(B) + " T " + std::to_string(T) + " H " + std::to_string(H) + " KV " +
-           std::to_string(KV) + " D " + std::to_string(D) + " scale " + std::to_string(scale);
-  }
-};
+using TcCase = AttentionCase;
 
 // Head dims 64 and 128 at T = 67, 130 (partial last tiles, 130 spans three)
 // and 1024, multi-head and GQA (8 query heads on 2 key/value heads); 32 and

@@ -40,6 +40,19 @@
 
 namespace xirang::test {
 
+// One attention problem: qkv (B, T, (H + 2 KV) D), q, k and v drawn at
+// `scale` (the flash attention tests, fp32 and tensor-core paths).
+struct AttentionCase {
+  int64_t B, T, H, KV, D;
+  double scale;  // of the random q, k, v
+  int64_t C() const { return H * D; }
+  int64_t W() const { return (H + 2 * KV) * D; }
+  std::string str() const {
+    return "B " + std::to_string(B) + " T " + std::to_string(T) + " H " + std::to_string(H) + " KV " +
+           std::to_string(KV) + " D " + std::to_string(D) + " scale " + std::to_string(scale);
+  }
+};
+
 // ---------------------------------------------------------------- GPU presence
 // Empty when a device is visible, else why not.
 inline std::string gpu_missing_reason() {

@@ -23,16 +23,7 @@
 namespace xirang::test {
 namespace {
 
-struct GqaCase {
-  int64_t B, T, H, KV, D;
-  double scale;  // of the random q, k, v
-  int64_t C() const { return H * D; }
-  int64_t W() const { return (H + 2 * KV) * D; }
-  std::string str() const {
-    return "B " + std::to_string(B) + " T " + std::to_string(T) + " H " + std::to_string(H) + " KV " +
-           std::to_string(KV) + " D " + std::to_string(D) + " scale " + std::to_string(scale);
-  }
-};
+using GqaCase = AttentionCase;
 
 // Groups of 2, 3, 4 and 8 and multi-query; T = 70, 130, 45, 67 end in a
 // partial 64-row tile; D = 40 is padded to 64; T = 1 is a single row;
