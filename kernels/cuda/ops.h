@@ -105,6 +105,13 @@ void residual_rmsnorm_forward(const KernelContext& ctx, Tensor res, Tensor y, Te
 void rmsnorm_backward(const KernelContext& ctx, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
                       const Tensor& w, const Tensor& rstd, GradMode dx_mode);
 
+// kernels/qk_norm.h (one warp per head; the weight gradients through block partials)
+void qk_rmsnorm_forward(const KernelContext& ctx, Tensor out, Tensor rstd, const Tensor& qkv, const Tensor& q_w,
+                        const Tensor& k_w, int n_head, int n_kv_head, double eps);
+void qk_rmsnorm_backward(const KernelContext& ctx, Tensor dqkv, Tensor dq_w, Tensor dk_w, const Tensor& dout,
+                         const Tensor& qkv, const Tensor& q_w, const Tensor& k_w, const Tensor& rstd, int n_head,
+                         int n_kv_head, GradMode dx_mode);
+
 // kernels/rope.h (the table filled on the device from rope_frequencies, in double)
 void rope_table(const KernelContext& ctx, Tensor cos, Tensor sin, const RopeConfig& cfg);
 void rope_forward(const KernelContext& ctx, Tensor x, const Tensor& cos, const Tensor& sin, int64_t seq_len,
