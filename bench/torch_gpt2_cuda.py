@@ -11,6 +11,7 @@ depend on them). Also measures the bf16 matrix-product rate of the same GPU
 limit MFU is reported against.
 
     python3 bench/torch_gpt2_cuda.py --batch 16 --seq 1024 --steps 20 [--no-compile]
+    python3 bench/torch_gpt2_cuda.py --attention-only     # causal SDPA alone, B16 T1024 H12 D64 bf16
 
 Prints one JSON line: tokens_per_s (median step), step_ms, model_tflops,
 matmul_tflops, mfu_vs_matmul, compile_s. Exit status 77 without torch or a GPU.
@@ -74,6 +75,29 @@ def matmul_tflops(n=8192, reps=20):
     return 2 * n ** 3 / statistics.median(times) / 1e12
 
 
+def attention_only(a):
+    """PyTorch's causal scaled_dot_product_attention (flash backend on Hopper)
+    on Xirang's attention_cuda_bench shape: forward and backward medians."""
+    B, T, H, D = a.batch, a.seq, a.n_head, a.d_model // a.n_head
+    q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
+    def timed(f):
+        f()
+        ms = []
+        for _ in range(20):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record(); f(); e.record(); e.synchronize()
+            ms.append(s.elapsed_time(e))
+        return statistics.median(ms)
+    fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    bwd = timed(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    flops = 2.0 * 2.0 * B * H * T * T * D / 2.0  # causal, as attention_cuda_bench counts
+    print(json.dumps({"peer": "pytorch sdpa", "B": B, "T": T, "H": H, "D": D, "fwd_ms": round(fwd, 3),
+                      "fwd_tflops": round(flops / fwd / 1e9, 1), "bwd_ms": round(bwd, 3),
+                      "bwd_tflops": round(2.5 * flops / bwd / 1e9, 1)}))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n-layer", type=int, default=12)
@@ -84,10 +108,14 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--attention-only", action="store_true", help="time causal SDPA forward and backward only")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("torch_gpt2_cuda: no CUDA device", file=sys.stderr)
         sys.exit(77)
+    if a.attention_only:
+        attention_only(a)
+        return
     torch.manual_seed(1234)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

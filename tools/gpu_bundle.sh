@@ -7,7 +7,7 @@
 #
 # Built here, not there: a device lease is minutes long and a cold CUDA build
 # of Xirang takes longer than that on any machine. The archive holds
-#   bin/      xirang, cuda_tests, mpi_nccl_tests (stripped, sm_90 unless
+#   bin/      xirang, cuda_tests, mpi_nccl_tests, attention_cuda_bench (stripped, sm_90 unless
 #             XIRANG_CUDA_ARCHS says otherwise)
 #   usr/...   every shared library they load that is not part of the base
 #             system or the CUDA stack, at its Debian path; Open MPI's
@@ -32,7 +32,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 out="${out:-$build/bundle/xirang-gpu.tar.xz}"
-targets=(xirang cuda_tests mpi_nccl_tests)
+targets=(xirang cuda_tests mpi_nccl_tests attention_cuda_bench)
 
 if [[ $do_build == 1 ]]; then
   export PATH="/usr/local/cuda/bin:$PATH"

@@ -19,6 +19,8 @@
 #              without ZeRO-1, against the plain one-rank GPU run (1e-6)
 #   speed      gpt2_124m bf16, B16 x T1024: tokens/s, MFU, step split
 #   observe    4 steps with a trace and the per-op profile: device-stream spans
+#   attention  the flash attention alone (tensor-core and fp32 paths) against
+#              PyTorch's causal SDPA on gpt2_124m's shape
 #   peer       the same model in PyTorch on the same GPU (torch.compile, flash
 #              SDPA, fused AdamW) and the measured bf16 matrix-product rate
 #   nccl       the NCCL communicator in a group of one (mpi_nccl_tests)
@@ -383,6 +385,22 @@ EOF
   rc2=$?
   tail -4 "$out/observe.txt" | tee -a "$summary"
   if [[ $rc == 0 && $rc2 == 0 ]]; then record observe PASS; else record observe FAIL "see observe.log, observe.txt"; fi
+fi
+
+# The attention alone on gpt2_124m's shape: Xirang's paths against
+# PyTorch's causal SDPA on the same GPU.
+if want attention 60; then
+  if [[ $dry == 1 ]]; then
+    record attention SKIP "dry run: no GPU"
+  else
+    capped 40 "$out/attention.log" xr "$B/bin/attention_cuda_bench" --B 16 --T 1024 --H 12 --D 64 --reps 20
+    rc=$?
+    capped 40 "$out/attention_peer.log" env PYTHONUNBUFFERED=1 python3 "$root/bench/torch_gpt2_cuda.py" \
+      --attention-only --batch 16 --seq 1024 --n-head 12 --d-model 768
+    rc2=$?
+    { cat "$out/attention.log"; grep '^{' "$out/attention_peer.log"; } | tee -a "$summary"
+    if [[ $rc == 0 && $rc2 == 0 ]]; then record attention PASS; else record attention FAIL "exit $rc/$rc2"; fi
+  fi
 fi
 
 if want peer 150; then
