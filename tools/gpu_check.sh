@@ -79,7 +79,7 @@ pack() {
   echo "== gpu_check: $(( $(date +%s) - t0 )) s; archive $archive ($(du -h "$archive" 2>/dev/null | cut -f1))"
   printf '%s\n' "${results[@]}"
 }
-trap pack EXIT
+trap 'pack; rm -rf "${stage:-}"' EXIT
 
 # ------------------------------------------------------------------ inventory
 {
@@ -96,8 +96,7 @@ trap pack EXIT
 
 # The bundle, unpacked into a private prefix; only Xirang's processes see its
 # libraries (through xr below), never the image's python3 or tools.
-stage="${TMPDIR:-/tmp}/xirang-gpu-bundle"
-rm -rf "$stage" && mkdir -p "$stage"
+stage=$(mktemp -d "${TMPDIR:-/tmp}/xirang-gpu-bundle.XXXXXX")
 if ! tar -C "$stage" -xJf "$bundle"; then
   echo "gpu_check: cannot unpack $bundle" | tee -a "$summary"; results+=("FAIL unpack"); exit 1
 fi
