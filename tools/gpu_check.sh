@@ -3,7 +3,7 @@
 #
 #   tools/gpu_bundle.sh                                  # here: build and pack (build-gpu/bundle/)
 #   tools/gpu_check.sh --bundle build-gpu/bundle/xirang-gpu.tar.xz [--out DIR] [--archive FILE]
-#                      [--budget SECONDS] [--only a,b,...] [--skip a,b,...] [--dry-run]
+#                      [--budget SECONDS] [--only a,b,...] [--skip a,b,...] [--tests GTEST_FILTER] [--dry-run]
 #
 # Nothing is compiled on the device: the binaries and the libraries the image
 # lacks come in the bundle. The script first prints what it found (GPU,
@@ -40,7 +40,7 @@
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bundle="" out="" archive="" budget=420 only="" skip="" dry=0
+bundle="" out="" archive="" budget=420 only="" skip="" dry=0 tests="*"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bundle) bundle="$2"; shift 2 ;;
@@ -49,9 +49,10 @@ while [[ $# -gt 0 ]]; do
     --budget) budget="$2"; shift 2 ;;
     --only) only=",$2,"; shift 2 ;;
     --skip) skip=",$2,"; shift 2 ;;
+    --tests) tests="$2"; shift 2 ;;  # cuda_tests' --gtest_filter in the kernels step
     --dry-run) dry=1; shift ;;
     *) echo "gpu_check: unknown argument '$1' (expected --bundle FILE, --out DIR, --archive FILE, --budget S," \
-            "--only LIST, --skip LIST, --dry-run)" >&2; exit 2 ;;
+            "--only LIST, --skip LIST, --tests FILTER, --dry-run)" >&2; exit 2 ;;
   esac
 done
 [[ -n $bundle ]] || { echo "gpu_check: --bundle FILE is required (tools/gpu_bundle.sh makes it)" >&2; exit 2; }
@@ -201,7 +202,8 @@ fi
 
 if want kernels 150; then
   s=$(date +%s)
-  capped 150 "$out/cuda_tests.log" xr "$B/bin/cuda_tests" --gtest_brief=1 --gtest_output="xml:$out/cuda_tests.xml"
+  capped 150 "$out/cuda_tests.log" xr "$B/bin/cuda_tests" --gtest_brief=1 --gtest_output="xml:$out/cuda_tests.xml" \
+    --gtest_filter="$tests"
   rc=$?
   tail -30 "$out/cuda_tests.log"
   line=$(grep -E '^\[  (PASSED|FAILED)' "$out/cuda_tests.log" | paste -sd' ')
