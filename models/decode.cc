@@ -59,9 +59,9 @@ std::unique_ptr<Decoder> make_decoder(ModelChunk& chunk, Device device, int logi
     if (p.value.shape() != p.shard.global)
       fail(ErrorKind::Config, "generation runs on one rank: parameter '", p.name, "' is a tensor-parallel shard ",
            p.value.shape().str(), " of ", p.shard.global.str());
-  if (d.arch == "gpt2") return make_gpt2_decoder(chunk, device, logits_rows);
-  if (d.arch == "llama") return make_llama_decoder(chunk, device, logits_rows);
-  fail(ErrorKind::Config, "model.arch='", d.arch, "' has no decoder for generation (available: gpt2, llama)");
+  const ModelArch& arch = model_arch(d.arch);
+  if (!arch.make_decoder) fail(ErrorKind::Config, "model.arch='", d.arch, "' has no decoder for generation");
+  return arch.make_decoder(chunk, device, logits_rows);
 }
 
 std::vector<float> logits_to_host(const KernelContext& ctx, const Tensor& logits, int64_t row, int64_t n) {

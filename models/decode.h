@@ -83,15 +83,12 @@ class Decoder {
   int64_t pos_ = 0;
 };
 
-// The decoder of `chunk`'s architecture (gpt2, llama). The chunk must hold
+// The decoder of `chunk`'s architecture (ModelArch::make_decoder). The chunk must hold
 // the whole model on one rank with its parameters laid out on `device`; it
 // must outlive the decoder. logits_rows: how many of a call's last rows get
 // logits (1 for generation; tests ask for all). A Config error when the
 // architecture has no decoder or the chunk is not a whole one-rank model.
 std::unique_ptr<Decoder> make_decoder(ModelChunk& chunk, Device device, int logits_rows = 1);
-// The architectures' own (models/gpt2/gpt2_decode.cc, models/llama/llama_decode.cc).
-std::unique_ptr<Decoder> make_gpt2_decoder(ModelChunk& chunk, Device device, int logits_rows);
-std::unique_ptr<Decoder> make_llama_decoder(ModelChunk& chunk, Device device, int logits_rows);
 
 // The first `n` logits of row `row` of `logits` (any float dtype, any
 // device) as host floats.

@@ -13,14 +13,11 @@
 // `model.arch` picks a ModelArch from the registry. Besides building
 // chunks, an architecture lists a layout's parameter specs (names, global
 // shapes, shards, init rules) without any communicator: checkpoint
-// conversion, memory plans and tests use that list. A new architecture
-// provides (see docs/architecture.md, "Adding an architecture"):
-//   - make_chunk: a ModelChunk built from models/layers/ (parameters with
-//     their shard and init rule, forward, backward, tied parameters);
-//   - parameters: the same parameter list without storage, for any tp rank;
-//   - check_layout: its divisibility rules (heads, vocabulary, ...);
-//   - flops per token, for MFU;
-//   - a name adapter for foreign checkpoint files, when it has one.
+// conversion, memory plans and tests use that list. Every architecture so
+// far is a decoder spec (models/decoder/decoder_chunk.h's decoder_arch
+// fills every field from it; docs/architecture.md, "Adding an
+// architecture"): make_chunk, parameters, layout_problem, key_rules,
+// make_decoder, and a name adapter for foreign checkpoint files.
 //
 //   const ModelArch& arch = model_arch(dims.arch);
 //   check_layout(dims, layout);                                      // throws a Config error
@@ -48,6 +45,7 @@
 #include "kernels/context.h"
 #include "kernels/rope.h"
 #include "models/file_adapter.h"
+#include "models/layers/activation.h"
 #include "models/parameter.h"
 #include "models/placement.h"
 
@@ -57,6 +55,8 @@ namespace xirang {
 // (on the CPU the collectives themselves; on a device launching and joining
 // them), and on a device the collectives, whose device time is known once
 // they have completed (Work::duration_ms).
+class Decoder;  // models/decode.h
+
 struct TpCommTime {
   double host_ms = 0;
   std::vector<WorkPtr> device_work;
@@ -87,25 +87,7 @@ struct ModelDims {
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
 };
 
-// Activation recomputation (train.recompute): what a chunk keeps per
-// activation slot between a microbatch's forward and its backward, and what
-// its backward recomputes first. Recomputation re-runs the same kernels on
-// the same inputs, so losses and gradients are bitwise those of None.
-//   None: every block's activations, per slot.
-//   Selective: the attention core is recomputed from the kept qkv (flash
-//     attention's output and log-sum-exp), and the MLP activation from its
-//     kept input (GPT-2: GELU of the fc output, in fp32 only -- with 16-bit
-//     storage a device computes GELU of the unrounded product, which the
-//     stored fc output cannot reproduce; LLaMA: silu(gate) * up). Both go to
-//     one shared set of buffers.
-//   Full: only each block's output (the next block's input) is kept; the
-//     block's forward is re-run, into one shared set of block activations,
-//     just before its backward.
-enum class Recompute { None, Selective, Full };
-// "none", "selective", "full": the train.recompute spellings.
-inline const char* recompute_name(Recompute r) {
-  return r == Recompute::Full ? "full" : r == Recompute::Selective ? "selective" : "none";
-}
+// Recompute (train.recompute) lives with the layers' activation lists: models/layers/activation.h.
 
 struct ChunkBatch {
   int micro_batch = 1;       // sequences per microbatch (B)
@@ -223,12 +205,53 @@ class ModelChunk {
   std::function<void(int)> grad_ready_;
 };
 
+// A rule an architecture sets on one of its config keys (model.*): it
+// states the rule, runtime/config checks it and words the one-line error
+// (strings and number formats stop there).
+struct KeyRule {
+  enum class Kind {
+    AtLeast,      // integer value >= bound
+    Positive,     // value > 0
+    NonNegative,  // value >= 0
+    Above,        // value > bound
+    BelowOther,   // value < other_value, the value of key `other`
+    Refused,      // always broken: `why` is the whole message
+  };
+  Kind kind;
+  std::string key;
+  double value = 0;
+  double bound = 0;
+  std::string why;  // AtLeast, NonNegative: appended to the message; Refused: the message
+  std::string other;
+  double other_value = 0;
+
+  static KeyRule at_least(std::string key, int64_t v, int64_t min, std::string why = "") {
+    return {Kind::AtLeast, std::move(key), double(v), double(min), std::move(why), "", 0};
+  }
+  static KeyRule positive(std::string key, double v) { return {Kind::Positive, std::move(key), v, 0, "", "", 0}; }
+  static KeyRule non_negative(std::string key, double v, std::string why = "") {
+    return {Kind::NonNegative, std::move(key), v, 0, std::move(why), "", 0};
+  }
+  static KeyRule above(std::string key, double v, double bound) {
+    return {Kind::Above, std::move(key), v, bound, "", "", 0};
+  }
+  static KeyRule below_other(std::string key, double v, std::string other, double other_v) {
+    return {Kind::BelowOther, std::move(key), v, 0, "", std::move(other), other_v};
+  }
+  static KeyRule refused(std::string key, std::string message) {
+    return {Kind::Refused, std::move(key), 0, 0, std::move(message), "", 0};
+  }
+};
+
 // One architecture in the registry.
 struct ModelArch {
   std::string name;  // model.arch
   // The architecture's own layout rules, beyond the pipeline's: "" when
   // `layout` can hold the model, else the rule it breaks, in config keys.
   std::function<std::string(const ModelDims&, const ParallelLayout&)> layout_problem;
+  // The rules its own config keys must meet, checked in order by config
+  // validation (runtime/config/validate.cc) after the keys every model has.
+  std::function<std::vector<KeyRule>(const ModelDims&)> key_rules;
   // A chunk of this rank: tp.group is its tensor-parallel group.
   std::function<std::unique_ptr<ModelChunk>(const ModelDims&, const ChunkPlacement&, DType, const ChunkBatch&,
                                             const TensorParallel&)>
@@ -240,6 +263,10 @@ struct ModelArch {
   // Its names, layouts and config for Hugging Face and llm.c model files
   // (models/file_adapter.h); null when it has none (no export or import).
   const ModelFileAdapter* files = nullptr;
+  // Its generation loop with a key/value cache over a whole one-rank chunk
+  // of this architecture (models/decode.h's make_decoder checks the chunk);
+  // null when it has none.
+  std::function<std::unique_ptr<Decoder>(ModelChunk&, Device, int logits_rows)> make_decoder;
 };
 
 // The architecture named `name`; a Config error listing the known ones otherwise.

@@ -246,14 +246,14 @@ void Trainer::plan_memory(const ArenaSizes& sizes) {
 std::string Trainer::recompute_line() const {
   const GridCoords at = grid_->coords();
   std::string line = "activations per microbatch:";
-  for (RecomputeMode m : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
+  for (Recompute m : {Recompute::None, Recompute::Selective, Recompute::Full}) {
     Config c = cfg_;
     c.train.recompute = m;
     const ActivationSplit split = activation_split(c, {at.pp, at.tp, at.dp});
-    line += str_cat(m == RecomputeMode::None ? " " : ", ", recompute_name(recompute_mode(c.train)), " ",
+    line += str_cat(m == Recompute::None ? " " : ", ", recompute_name(c.train.recompute), " ",
                     format_bytes(split.per_slot));
   }
-  return line + str_cat(" (train.recompute=", recompute_name(recompute_mode(cfg_.train)), ")");
+  return line + str_cat(" (train.recompute=", recompute_name(cfg_.train.recompute), ")");
 }
 
 void Trainer::allocate_arenas(const ArenaSizes& sizes) {

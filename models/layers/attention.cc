@@ -31,6 +31,13 @@ void CausalSelfAttention::bind(std::vector<Parameter>& params) {
   proj_.bind(params);
 }
 
+void CausalSelfAttention::activations(ActList& list, AttnActs& a, int64_t batch, int64_t seq_len) const {
+  list.push_back({&a.qkv, {batch, seq_len, local_qkv_width()}, false, "qkv", Keep::UnlessFull});
+  list.push_back({&a.lse, {batch, local_heads_, seq_len}, true, "attention log-sum-exp", Keep::UnlessSelective});
+  list.push_back({&a.y, {batch, seq_len, int64_t(local_heads_) * head_dim_}, false, "attention output",
+                  Keep::UnlessSelective});
+}
+
 int64_t CausalSelfAttention::local_qkv_width() const {
   return (int64_t(n_head_) + 2 * int64_t(n_kv_head_)) * head_dim_ / tp_;
 }

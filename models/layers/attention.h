@@ -11,7 +11,11 @@
 // attention in the same packed layout. With rotary tables (LLaMA) the q and
 // k heads of qkv are rotated in place between the projection and the
 // attention (kernels/rope.h), so qkv holds them rotated; backward rotates
-// their gradient back before the projection's backward.
+// their gradient back before the projection's backward. head_dim is the
+// attention's own: it may differ from d_model / n_head (the projections map
+// d_model to n_head x head_dim and back). A per-head q/k norm (Qwen3) would
+// run in forward() between the projection and the rotation, and mirror in
+// backward() between the rotation's backward and the projection's.
 //
 //   CausalSelfAttention attn(n_head, n_kv_head, head_dim, tp_size);
 //   attn.declare(list, "h.0.attn.c_attn", "h.0.attn.c_proj", C, 0, InitRule::normal(0.02),
@@ -24,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "models/layers/activation.h"
 #include "models/layers/linear.h"
 
 namespace xirang {
@@ -35,6 +40,13 @@ struct RotaryTables {
   int64_t seq_len = 0;
 };
 
+// What attention keeps for its backward.
+struct AttnActs {
+  Tensor qkv;  // (B, T, local_qkv_width()) after the projection (q and k rotated with rotary tables)
+  Tensor lse;  // (B, H/P, T) log-sum-exp of the flash attention
+  Tensor y;    // (B, T, H head_dim / P) attention output before the output projection
+};
+
 class CausalSelfAttention {
  public:
   CausalSelfAttention(int n_head, int n_kv_head, int head_dim, int tp);
@@ -43,6 +55,9 @@ class CausalSelfAttention {
                InitRule qkv_init, InitRule proj_init, bool bias = true);
   void bind(std::vector<Parameter>& params);
   int local_heads() const { return local_heads_; }
+  int head_dim() const { return head_dim_; }
+  // qkv kept unless full recomputation; lse and y rebuilt by selective recomputation (attend()).
+  void activations(ActList& list, AttnActs& a, int64_t batch, int64_t seq_len) const;
   // Columns of this rank's fused q, k, v rows: (H + 2 Hkv) head_dim / P.
   int64_t local_qkv_width() const;
   const RowParallelLinear& proj() const { return proj_; }
@@ -55,6 +70,9 @@ class CausalSelfAttention {
   // `rope`: rotate q and k first (null: no rotation).
   void forward(const KernelContext& ctx, Tensor qkv, Tensor lse, Tensor y, const Tensor& x_full,
                const RotaryTables* rope = nullptr) const;
+  void forward(const KernelContext& ctx, AttnActs& a, const Tensor& x_full, const RotaryTables* rope) const {
+    forward(ctx, a.qkv, a.lse, a.y, x_full, rope);
+  }
   // The attention core alone, y and lse from qkv (as forward leaves it,
   // rotated): what selective recomputation re-runs before backward.
   void attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y) const;
@@ -62,6 +80,10 @@ class CausalSelfAttention {
   // tp.partial() (ColumnParallelLinear::input_grad reduces it).
   void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const Tensor& qkv,
                 const Tensor& y, const Tensor& lse, const Tensor& x_full, const RotaryTables* rope = nullptr) const;
+  void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const AttnActs& a,
+                const Tensor& x_full, const RotaryTables* rope) const {
+    backward(ctx, tp, dqkv, dy, a.qkv, a.y, a.lse, x_full, rope);
+  }
 
  private:
   int n_head_, n_kv_head_, head_dim_, tp_, local_heads_, local_kv_heads_;

@@ -1,76 +1,117 @@
-// models/layers/mlp.h: the transformer's MLP, split by hidden units over the
-// tensor-parallel group: a column-parallel up-projection with GELU fused
-// into the product, and a row-parallel down-projection into the residual
-// stream.
+// models/layers/mlp.h: the feed-forward role of a decoder block, split by
+// hidden units over the tensor-parallel group: a column-parallel
+// up-projection, an activation, and a row-parallel down-projection into the
+// residual stream. Every variant has the one FeedForward signature, so a
+// block swaps one for another (a mixture of experts would be a third).
 //
-//   Mlp mlp;
-//   mlp.declare(list, "h.0.mlp.c_fc", "h.0.mlp.c_proj", C, 4 * C, 0, InitRule::normal(0.02),
-//               InitRule::scaled_residual(0.02, L));
-//   mlp.bind(params);
-//   mlp.forward(ctx, tp, out, h, h_gelu, x_full, /*skip=*/x);   // out (R, C) = x + mlp(x)
+// Mlp (GPT-2): GELU (tanh form) fused into the up-projection's product.
+// GatedMlp (LLaMA's SwiGLU, no biases): one gate/up projection whose weight
+// stacks [Wg; Wu] (2F, C) in two blocks, so a rank holds [Wg_r; Wu_r] and
+// its product is the packed (N, 2F/P) [g | u] of kernels/swiglu.h;
+// h = silu(g) * u.
 //
-// GatedMlp is LLaMA's SwiGLU MLP without biases: one column-parallel
-// gate/up projection whose weight stacks [Wg; Wu] (2F, C) in two blocks, so
-// a rank holds [Wg_r; Wu_r] and its product is the packed (N, 2F/P) [g | u]
-// of kernels/swiglu.h; h = silu(g) * u; a row-parallel down projection.
-//
-//   GatedMlp mlp;
-//   mlp.declare(list, "layers.0.mlp.gate_up_proj", "layers.0.mlp.down_proj", C, F, 0, InitRule::normal(0.02),
-//               InitRule::normal(0.02));
-//   mlp.forward(ctx, tp, out, gu, h, x_full, /*skip=*/x);        // out (R, C) = x + down(silu(g) * u)
+//   std::unique_ptr<FeedForward> ffn = make_feed_forward(FfnKind::Gelu);
+//   ffn->declare(list, "h.0.mlp.c_fc", "h.0.mlp.c_proj", C, 4 * C, 0, InitRule::normal(0.02),
+//                InitRule::scaled_residual(0.02, L), /*bias=*/true);
+//   ffn->activations(list_of_acts, acts, N, tp, dtype);
+//   ffn->bind(params);
+//   ffn->forward(ctx, tp, out, acts, x_full, /*skip=*/x);   // out (R, C) = x + ffn(x)
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "models/layers/activation.h"
 #include "models/layers/linear.h"
 
 namespace xirang {
 
-class Mlp {
+enum class FfnKind { Gelu, SwiGlu };
+
+// What a feed-forward keeps for its backward.
+struct FfnActs {
+  Tensor pre;   // (N, width) the up-projection's output (GELU: F/P; SwiGLU: [g | u], 2F/P)
+  Tensor post;  // (N, F/P) the activation's output, the down-projection's input
+};
+
+class FeedForward {
+ public:
+  virtual ~FeedForward() = default;
+  // up (rows split, in blocks for a gated variant) and down (columns split), hidden width F.
+  virtual void declare(ParamList& list, const std::string& up_name, const std::string& down_name, int64_t width,
+                       int64_t hidden, int layer, InitRule up_init, InitRule down_init, bool bias) = 0;
+  virtual void bind(std::vector<Parameter>& params) = 0;
+  // pre and post of `rows` token rows (N); dtype: the activations' storage.
+  virtual void activations(ActList& list, FfnActs& a, int64_t rows, int tp, DType dtype) const = 0;
+  // Columns of backward scratch per row (N): what backward() carves from `scratch`.
+  virtual int64_t scratch_width(int tp) const = 0;
+  // Matrices of `width` x `hidden`: training FLOPs are 6 per weight per token.
+  virtual int matrices() const = 0;
+
+  // out (R, C) = skip + reduce(down(act(up(x_full)))); a keeps pre and post.
+  void forward(const KernelContext& ctx, TpComm& tp, Tensor out, FfnActs& a, const Tensor& x_full,
+               const Tensor& skip) const {
+    forward_hidden(ctx, a, x_full);
+    down_.forward(ctx, tp, out, a.post, skip);
+  }
+  // forward's first half, what backward reads (pre, post): full recomputation
+  // stops here, without the down projection and its reduction.
+  virtual void forward_hidden(const KernelContext& ctx, FfnActs& a, const Tensor& x_full) const = 0;
+  // Rebuilds post from pre (selective recomputation) when activations() let it go.
+  virtual void recompute(const KernelContext& ctx, FfnActs& a) const = 0;
+  // From the gradient of all N output rows, through scratch (N x
+  // scratch_width), this rank's partial input gradient in tp.partial()
+  // (ColumnParallelLinear::input_grad reduces it).
+  virtual void backward(const KernelContext& ctx, TpComm& tp, Tensor scratch, const Tensor& dy_full,
+                        const FfnActs& a, const Tensor& x_full) const = 0;
+  // Single-rank path of down(): out = post W_down^T + b, then skip added by the caller.
+  const RowParallelLinear& down() const { return down_; }
+
+ protected:
+  int64_t hidden_ = 0;
+  RowParallelLinear down_;
+};
+
+class Mlp final : public FeedForward {
  public:
   void declare(ParamList& list, const std::string& up_name, const std::string& down_name, int64_t width,
-               int64_t hidden, int layer, InitRule up_init, InitRule down_init);
-  void bind(std::vector<Parameter>& params);
-
-  // h (N, F/P) before and h_gelu after the GELU; out (R, C) = skip + reduce(h_gelu W_down^T) + b.
-  void forward(const KernelContext& ctx, TpComm& tp, Tensor out, Tensor h, Tensor h_gelu, const Tensor& x_full,
-               const Tensor& skip) const;
-  // forward's first half, what backward reads (h, h_gelu): recomputation
-  // stops here, without the down projection and its reduction.
-  void forward_hidden(const KernelContext& ctx, Tensor h, Tensor h_gelu, const Tensor& x_full) const;
-  // From the gradient of all N output rows: the hidden gradient in `dh`
-  // (N, F/P, also the GELU's), then this rank's partial input gradient in
-  // tp.partial() (ColumnParallelLinear::input_grad reduces it).
-  void backward(const KernelContext& ctx, TpComm& tp, Tensor dh, const Tensor& dy_full, const Tensor& h,
-                const Tensor& h_gelu, const Tensor& x_full) const;
+               int64_t hidden, int layer, InitRule up_init, InitRule down_init, bool bias) override;
+  void bind(std::vector<Parameter>& params) override;
+  // With fp32 or fp64 storage selective recomputation rebuilds the GELU
+  // output from the kept fc output; with 16-bit storage a device computes
+  // GELU of the unrounded product, which the stored fc output cannot
+  // reproduce, so both are kept.
+  void activations(ActList& list, FfnActs& a, int64_t rows, int tp, DType dtype) const override;
+  int64_t scratch_width(int tp) const override { return hidden_ / tp; }
+  int matrices() const override { return 2; }
+  void forward_hidden(const KernelContext& ctx, FfnActs& a, const Tensor& x_full) const override;
+  void recompute(const KernelContext& ctx, FfnActs& a) const override;
+  void backward(const KernelContext& ctx, TpComm& tp, Tensor scratch, const Tensor& dy_full, const FfnActs& a,
+                const Tensor& x_full) const override;
 
  private:
   ColumnParallelLinear up_;
-  RowParallelLinear down_;
 };
 
-class GatedMlp {
+class GatedMlp final : public FeedForward {
  public:
-  // gate_up weight (2F, C) = [Wg; Wu], rows split in 2 blocks; down (C, F) split by columns.
   void declare(ParamList& list, const std::string& gate_up_name, const std::string& down_name, int64_t width,
-               int64_t hidden, int layer, InitRule gate_up_init, InitRule down_init);
-  void bind(std::vector<Parameter>& params);
-
-  // gu (N, 2F/P) = [g | u] and h (N, F/P) = silu(g) * u kept for backward;
-  // out (R, C) = skip + reduce(h W_down^T).
-  void forward(const KernelContext& ctx, TpComm& tp, Tensor out, Tensor gu, Tensor h, const Tensor& x_full,
-               const Tensor& skip) const;
-  // forward's first half, what backward reads (gu, h).
-  void forward_hidden(const KernelContext& ctx, Tensor gu, Tensor h, const Tensor& x_full) const;
-  // From the gradient of all N output rows: dh (N, F/P) and dgu (N, 2F/P)
-  // scratch, then this rank's partial input gradient in tp.partial().
-  void backward(const KernelContext& ctx, TpComm& tp, Tensor dgu, Tensor dh, const Tensor& dy_full, const Tensor& gu,
-                const Tensor& h, const Tensor& x_full) const;
+               int64_t hidden, int layer, InitRule gate_up_init, InitRule down_init, bool bias) override;
+  void bind(std::vector<Parameter>& params) override;
+  // silu(g) * u is rebuilt by selective recomputation.
+  void activations(ActList& list, FfnActs& a, int64_t rows, int tp, DType dtype) const override;
+  int64_t scratch_width(int tp) const override { return 3 * hidden_ / tp; }  // dgu (2F/P), dh (F/P)
+  int matrices() const override { return 3; }
+  void forward_hidden(const KernelContext& ctx, FfnActs& a, const Tensor& x_full) const override;
+  void recompute(const KernelContext& ctx, FfnActs& a) const override;
+  void backward(const KernelContext& ctx, TpComm& tp, Tensor scratch, const Tensor& dy_full, const FfnActs& a,
+                const Tensor& x_full) const override;
 
  private:
   ColumnParallelLinear gate_up_;
-  RowParallelLinear down_;
 };
+
+std::unique_ptr<FeedForward> make_feed_forward(FfnKind kind);
 
 }  // namespace xirang

@@ -12,6 +12,12 @@ void Norm::declare(ParamList& list, const std::string& prefix, int64_t width, in
     b_ref_ = list.add(prefix + ".bias", list.whole({width}), false, layer, InitRule::zeros());
 }
 
+void Norm::activations(ActList& list, NormActs& a, int64_t rows, int64_t width, const std::string& what) const {
+  list.push_back({&a.y, {rows, width}, false, what + " output", Keep::UnlessFull});
+  if (kind_ == NormKind::LayerNorm) list.push_back({&a.mean, {rows}, true, what + " mean", Keep::UnlessFull});
+  list.push_back({&a.rstd, {rows}, true, what + " rstd", Keep::UnlessFull});
+}
+
 void Norm::bind(std::vector<Parameter>& params) {
   w_ = &w_ref_.in(params);
   b_ = b_ref_.declared() ? &b_ref_.in(params) : nullptr;

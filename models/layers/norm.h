@@ -14,6 +14,7 @@
 //   ln1.bind(params);
 //   ln1.forward(ctx, out, mean, rstd, x);            // (R, C) rows
 //   ln1.backward(ctx, dx, dy, x, mean, rstd);        // dx accumulates
+//   ln1.activations(list, acts, R, C, "ln_1");      // what the chunk lays out for it (activation.h)
 //   Norm rms(NormKind::RMSNorm, /*eps=*/1e-5);       // layers.0.input_layernorm.weight (ones)
 #pragma once
 
@@ -21,12 +22,20 @@
 #include <vector>
 
 #include "kernels/context.h"
+#include "models/layers/activation.h"
 #include "models/layers/param_list.h"
 #include "models/layers/tp_comm.h"
 
 namespace xirang {
 
 enum class NormKind { LayerNorm, RMSNorm };
+
+// What a norm keeps for its backward.
+struct NormActs {
+  Tensor y;     // (R, C) normalised rows
+  Tensor mean;  // (R) LayerNorm only (RMSNorm: null)
+  Tensor rstd;  // (R)
+};
 
 class Norm {
  public:
@@ -35,6 +44,8 @@ class Norm {
   void declare(ParamList& list, const std::string& prefix, int64_t width, int layer);
   void bind(std::vector<Parameter>& params);
   NormKind kind() const { return kind_; }
+  // y, mean (LayerNorm) and rstd of `rows` rows, kept unless full recomputation.
+  void activations(ActList& list, NormActs& a, int64_t rows, int64_t width, const std::string& what) const;
 
   // y (R, C) = norm(x); mean (LayerNorm only) and rstd (R) are kept for backward.
   void forward(const KernelContext& ctx, Tensor y, Tensor mean, Tensor rstd, const Tensor& x) const;

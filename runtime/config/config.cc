@@ -63,7 +63,7 @@ struct ResumeRef {
 };
 
 using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*,
-                              RopeScalingType*, TieEmbeddings*, RecomputeMode*, ResumeRef>;
+                              RopeScalingType*, TieEmbeddings*, Recompute*, ResumeRef>;
 
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
@@ -79,7 +79,7 @@ std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
 std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
 std::span<const char* const> spellings(const RopeScalingType*) { return kRopeScalingNames; }
 std::span<const char* const> spellings(const TieEmbeddings*) { return kTieNames; }
-std::span<const char* const> spellings(const RecomputeMode*) { return kRecomputeNames; }
+std::span<const char* const> spellings(const Recompute*) { return kRecomputeNames; }
 
 template <class T>
 constexpr bool is_named_v = std::is_enum_v<T>;
@@ -225,7 +225,7 @@ std::string expected_name(const FieldPtr& ptr) {
     std::string operator()(FaultKind* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(RopeScalingType* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(TieEmbeddings* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(RecomputeMode* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(Recompute* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
   return std::visit(v, ptr);
@@ -287,7 +287,7 @@ bool takes_text(const FieldPtr& ptr) {
   return std::holds_alternative<std::string*>(ptr) || std::holds_alternative<ResumeRef>(ptr) ||
          std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
          std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScalingType*>(ptr) ||
-         std::holds_alternative<TieEmbeddings*>(ptr) || std::holds_alternative<RecomputeMode*>(ptr);
+         std::holds_alternative<TieEmbeddings*>(ptr) || std::holds_alternative<Recompute*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {
@@ -498,7 +498,7 @@ ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
 const char* config_name(Precision v) { return spelling(&v); }
 const char* config_name(Backend v) { return spelling(&v); }
 const char* config_name(FaultKind v) { return spelling(&v); }
-const char* config_name(RecomputeMode v) { return spelling(&v); }
+const char* config_name(Recompute v) { return spelling(&v); }
 
 const char* schedule_name(ScheduleKind k) {
   switch (k) {

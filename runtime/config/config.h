@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "models/layers/activation.h"
+
 namespace xirang {
 
 // parallel.schedule.
@@ -35,14 +37,12 @@ enum class ResumeMode { Auto, None, Path };
 enum class RopeScalingType { None, Llama3 };
 // model.tie_embeddings: auto (the architecture's default: GPT-2 ties, LLaMA does not), true, false
 enum class TieEmbeddings { Auto, True, False };
-// train.recompute: none, selective (the attention core and the MLP
-// activation), full (each block from its input); models/model.h's Recompute
-enum class RecomputeMode { None, Selective, Full };
+// train.recompute: none, selective, full: models/layers/activation.h's Recompute.
 // The config spelling of a value ("bf16", "cuda", "kill_in_save"), for messages.
 const char* config_name(Precision v);
 const char* config_name(Backend v);
 const char* config_name(FaultKind v);
-const char* config_name(RecomputeMode v);
+const char* config_name(Recompute v);
 
 struct ModelConfig {
   std::string arch = "gpt2";
@@ -135,7 +135,7 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int eval_every = 0;    // 0 disables validation
   int eval_batches = 4;  // microbatches of validation data per evaluation
-  RecomputeMode recompute = RecomputeMode::None;  // activation recomputation in backward (models/model.h)
+  Recompute recompute = Recompute::None;  // activation recomputation in backward (models/layers/activation.h)
   double skip_loss_spikes_zscore = 0;  // skip an update whose loss is z std devs above the last 128 steps'; 0: off
   int max_nonfinite_steps = 3;  // consecutive steps skipped for a non-finite loss or gradient before the run stops
   int stop_after = 0;    // end this run after that many completed steps (a job time limit; the schedule still spans `steps`); 0: run to `steps`

@@ -37,18 +37,9 @@ inline ModelDims model_dims(const ModelConfig& m) {
   return d;
 }
 
-inline Recompute recompute_mode(const TrainConfig& t) {
-  switch (t.recompute) {
-    case RecomputeMode::Selective: return Recompute::Selective;
-    case RecomputeMode::Full: return Recompute::Full;
-    case RecomputeMode::None: break;
-  }
-  return Recompute::None;
-}
-
 // A chunk's batch: the config's microbatch shape and recompute mode, with `slots` activation slots.
 inline ChunkBatch chunk_batch(const Config& c, int slots) {
-  return ChunkBatch{c.train.micro_batch, c.seq_len(), slots, recompute_mode(c.train)};
+  return ChunkBatch{c.train.micro_batch, c.seq_len(), slots, c.train.recompute};
 }
 
 inline ParallelLayout parallel_layout(const ParallelConfig& p) {

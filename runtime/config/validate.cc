@@ -63,29 +63,25 @@ void check_model(const Validator& v, const ModelConfig& m) {
   v.divisible("model.d_model", m.d_model, "model.n_head", m.n_head);
   v.at_least("model.n_kv_head", m.n_kv_head, 0, " (0 means model.n_head)");
   // n_kv_head dividing n_head is layout_problem()'s (models/model.cc): every layout needs it.
-  if (m.arch == "gpt2") {
-    // GPT-2 has none of LLaMA's options; the ones that would change it are refused.
-    if (m.n_kv_head != 0 && m.n_kv_head != m.n_head)
-      v.fail_rule(str_cat("model.n_kv_head=", m.n_kv_head, ": model.arch=gpt2 has no grouped-query attention (0 or ",
-                          "model.n_head)"));
-    if (m.tie_embeddings == TieEmbeddings::False)
-      v.fail_rule("model.tie_embeddings=false: model.arch=gpt2 always ties its head to the token table");
-    return;
-  }
-  v.at_least("model.ffn_hidden", m.ffn_hidden, 0, " (0 applies Meta's rule: model.ffn_multiple_of, ffn_dim_multiplier)");
-  v.at_least("model.ffn_multiple_of", m.ffn_multiple_of, 1);
-  v.non_negative("model.ffn_dim_multiplier", m.ffn_dim_multiplier, " (0 is none)");
-  if (!(m.rope_theta > 1)) v.fail_rule(str_cat("model.rope_theta=", format_double(m.rope_theta), " must be > 1"));
-  v.positive("model.norm_eps", m.norm_eps);
-  if (m.rope_scaling_type == RopeScalingType::Llama3) {
-    v.positive("model.rope_scaling.factor", m.rope_scaling_factor);
-    v.positive("model.rope_scaling.low_freq_factor", m.rope_scaling_low_freq_factor);
-    v.positive("model.rope_scaling.original_max_position_embeddings",
-               m.rope_scaling_original_max_position_embeddings);
-    if (!(m.rope_scaling_low_freq_factor < m.rope_scaling_high_freq_factor))
-      v.fail_rule(str_cat("model.rope_scaling.high_freq_factor=", format_double(m.rope_scaling_high_freq_factor),
-                          " must be above model.rope_scaling.low_freq_factor=",
-                          format_double(m.rope_scaling_low_freq_factor)));
+  // The architecture's own keys (models/model.h's KeyRule): it states the rules, the words are ours.
+  for (const KeyRule& r : model_arch(m.arch).key_rules(model_dims(m))) {
+    using K = KeyRule::Kind;
+    const char* key = r.key.c_str();
+    switch (r.kind) {
+      case K::AtLeast: v.at_least(key, int64_t(r.value), int64_t(r.bound), r.why.c_str()); break;
+      case K::Positive: v.positive(key, r.value); break;
+      case K::NonNegative: v.non_negative(key, r.value, r.why.c_str()); break;
+      case K::Above:
+        if (!(r.value > r.bound))
+          v.fail_rule(str_cat(key, "=", format_double(r.value), " must be > ", r.bound));
+        break;
+      case K::BelowOther:
+        if (!(r.value < r.other_value))
+          v.fail_rule(str_cat(r.other, "=", format_double(r.other_value), " must be above ", key, "=",
+                              format_double(r.value)));
+        break;
+      case K::Refused: v.fail_rule(r.why);
+    }
   }
 }
 

@@ -347,7 +347,7 @@ int main(int argc, char** argv) {
       if (args.against_none) {
         for (size_t i = 0; i < r.losses.size() && i < none_losses.size(); ++i)
           std::printf("  step %2zu  loss %.17g  train.recompute=none %.17g\n", i + 1, r.losses[i], none_losses[i]);
-        check(all_none_same == 1, std::string("train.recompute=") + recompute_name(recompute_mode(cfg.train)) +
+        check(all_none_same == 1, std::string("train.recompute=") + recompute_name(cfg.train.recompute) +
                                       ": per-step losses and every rank's parameters bitwise those of "
                                       "train.recompute=none in the same layout");
       }

@@ -145,7 +145,7 @@ TEST(ConfigParse, FullConfigSetsEveryField) {
   EXPECT_EQ(c.train.seed, 18446744073709551615ull);
   EXPECT_EQ(c.train.eval_every, 5);
   EXPECT_EQ(c.train.eval_batches, 2);
-  EXPECT_EQ(c.train.recompute, RecomputeMode::Full);
+  EXPECT_EQ(c.train.recompute, Recompute::Full);
   EXPECT_EQ(c.data.train, "some/train");
   EXPECT_EQ(c.data.val, "some/val");
   EXPECT_EQ(c.metrics.jsonl, "runs/x/metrics.jsonl");
@@ -259,9 +259,9 @@ TEST(ConfigParse, NamedValues) {
   expect_parse_error("device:\n  backend: tpu\n", {"test.yaml:2", "device.backend='tpu'", "cpu, cuda"});
   expect_parse_error("precision:\n  dtype:\n", {"precision.dtype=''", "fp32, bf16, fp16"});
 
-  EXPECT_EQ(parse_config("").train.recompute, RecomputeMode::None);
-  EXPECT_EQ(parse_config("train:\n  recompute: selective\n").train.recompute, RecomputeMode::Selective);
-  EXPECT_EQ(parse_config("", {"train.recompute=full"}).train.recompute, RecomputeMode::Full);
+  EXPECT_EQ(parse_config("").train.recompute, Recompute::None);
+  EXPECT_EQ(parse_config("train:\n  recompute: selective\n").train.recompute, Recompute::Selective);
+  EXPECT_EQ(parse_config("", {"train.recompute=full"}).train.recompute, Recompute::Full);
   expect_parse_error("", {"train.recompute='partial'", "none, selective, full"}, {"train.recompute=partial"});
   expect_parse_error("train:\n  recompute: yes\n", {"test.yaml:2", "train.recompute='yes'", "none, selective, full"});
 }

@@ -37,7 +37,7 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   const std::string rc = l.value("recompute", std::string("none"));  // rows of older sweeps have no field
   if (rc != "none" && rc != "selective" && rc != "full")
     fail(ErrorKind::Data, where, ": layout.recompute is '", rc, "', expected none, selective or full");
-  cfg.train.recompute = rc == "full" ? RecomputeMode::Full : rc == "selective" ? RecomputeMode::Selective : RecomputeMode::None;
+  cfg.train.recompute = rc == "full" ? Recompute::Full : rc == "selective" ? Recompute::Selective : Recompute::None;
   SweepPoint p;
   p.layout.dp = int(field(l, "dp", where));
   p.layout.tp = int(field(l, "tp", where));
@@ -46,7 +46,7 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   p.layout.micro_batch = int(field(l, "micro_batch", where));
   p.layout.zero = int(l.value("zero", 0));
   p.layout.sequence_parallel = l.value("sequence_parallel", false);
-  p.layout.recompute = cfg.train.recompute == RecomputeMode::Full;
+  p.layout.recompute = cfg.train.recompute == Recompute::Full;
   p.id = j.value("id", where);
   p.index = int(j.value("point", 0));
   p.step_s = field(j, "step_ms_median", where) / 1e3;
@@ -58,8 +58,8 @@ SweepPoint parse_point(const json& j, const std::string& where) {
     const double f = b.value("forward_ms", 0.0), bw = b.value("backward_ms", 0.0);
     // A recomputing backward holds a forward; selective recomputation has no
     // term in the model, so its rows' compute is not compared either.
-    if (f > 0 && bw > 0 && cfg.train.recompute == RecomputeMode::None) p.backward_ratio = bw / f;
-    if (f > 0 && bw > 0 && cfg.train.recompute != RecomputeMode::Selective) p.compute_s = (f + bw) / 1e3;
+    if (f > 0 && bw > 0 && cfg.train.recompute == Recompute::None) p.backward_ratio = bw / f;
+    if (f > 0 && bw > 0 && cfg.train.recompute != Recompute::Selective) p.compute_s = (f + bw) / 1e3;
   }
   p.workload = workload_of(cfg);
   return p;

@@ -176,8 +176,8 @@ Config layout_config(const Workload& w, const PlanLayout& l) {
   c.parallel.schedule = l.virtual_stages > 1 ? "interleaved" : (l.pp > 1 && w.cfg.parallel.schedule == "gpipe" ? "gpipe" : "1f1b");
   c.train.micro_batch = l.micro_batch;
   // recompute=1 is train.recompute=full; recompute=0 keeps the config's selective, if any.
-  if (l.recompute) c.train.recompute = RecomputeMode::Full;
-  else if (c.train.recompute == RecomputeMode::Full) c.train.recompute = RecomputeMode::None;
+  if (l.recompute) c.train.recompute = Recompute::Full;
+  else if (c.train.recompute == Recompute::Full) c.train.recompute = Recompute::None;
   return c;
 }
 
