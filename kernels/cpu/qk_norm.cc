@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/rmsnorm_row.h"
 #include "kernels/qk_norm.h"
 #include "kernels/qk_norm_checks.h"
 
@@ -15,26 +16,9 @@ using cpu::compute_t;
 using cpu::dispatch_storage;
 using cpu::is_16bit_v;
 using cpu::load;
+using cpu::normalize_row;
 using cpu::store;
 using qk_norm_checks::Dims;
-
-namespace {
-
-// One head: y = x * rstd * w, rstd from the double sum of squares, the
-// scaling in the compute type; rmsnorm.cc's normalize_row, so a head comes
-// out bit for bit as rmsnorm_forward of it. y may be x.
-template <class S>
-void normalize_head(const S* xi, const S* pw, S* yi, compute_t<S>* rstd, int64_t D, double eps) {
-  using T = compute_t<S>;
-  double ss = 0;
-  for (int64_t j = 0; j < D; ++j) ss += double(load(xi[j])) * load(xi[j]);
-  const double r = 1.0 / std::sqrt(ss / double(D) + eps);
-  const T rt = T(r);
-  for (int64_t j = 0; j < D; ++j) yi[j] = store<S>(T(load(xi[j]) * rt) * load(pw[j]));
-  *rstd = rt;
-}
-
-}  // namespace
 
 void qk_rmsnorm_forward(const KernelContext& ctx, Tensor out, Tensor rstd, const Tensor& qkv, const Tensor& q_w,
                         const Tensor& k_w, int n_head, int n_kv_head, double eps) {
@@ -66,7 +50,7 @@ void qk_rmsnorm_forward(const KernelContext& ctx, Tensor out, Tensor rstd, const
       const S* xn = px + n * W;
       S* yn = py + n * W;
       for (int64_t h = 0; h < normed; ++h)
-        normalize_head(xn + h * D, h < H ? pq : pk, yn + h * D, pr + n * normed + h, D, eps);
+        normalize_row(xn + h * D, h < H ? pq : pk, yn + h * D, pr + n * normed + h, D, eps);
       if (copy_v) std::copy(xn + normed * D, xn + W, yn + normed * D);
     }
   });
@@ -117,20 +101,8 @@ void qk_rmsnorm_backward(const KernelContext& ctx, Tensor dqkv, Tensor dq_w, Ten
           const S* dyi = pdy + n * W + h * D;
           const S* pw = h < H ? pq : pk;
           double* pdw = part + c * 2 * D + (h < H ? 0 : D);
-          const double r = pr[n * normed + h];
-          double sum_gx = 0;  // sum_j g_j xhat_j
-          for (int64_t j = 0; j < D; ++j) {
-            const double xhat = double(load(xi[j])) * r;
-            sum_gx += double(load(dyi[j])) * load(pw[j]) * xhat;
-            pdw[j] += double(load(dyi[j])) * xhat;
-          }
-          const double mean_gx = sum_gx / double(D);
-          S* dxi = pdx + n * W + h * D;  // may be dyi (Overwrite): dyi[j] is read before dxi[j] is written
-          for (int64_t j = 0; j < D; ++j) {
-            const double xhat = double(load(xi[j])) * r;
-            const double v = r * (double(load(dyi[j])) * load(pw[j]) - xhat * mean_gx);
-            dxi[j] = acc ? store<S>(load(dxi[j]) + v) : store<S>(v);
-          }
+          // dxi may be dyi (Overwrite): rmsnorm_row_backward reads each dy before writing its dx.
+          cpu::rmsnorm_row_backward(xi, dyi, pw, double(pr[n * normed + h]), pdx + n * W + h * D, pdw, D, acc);
         }
         // v passes through: its gradient is dout's.
         const S* dyv = pdy + n * W + normed * D;
@@ -141,21 +113,8 @@ void qk_rmsnorm_backward(const KernelContext& ctx, Tensor dqkv, Tensor dq_w, Ten
           std::copy(dyv, dyv + (W - normed * D), dxv);
       }
     }
-    auto reduce = [&](Tensor& dw, int64_t offset) {
-      cpu::dispatch_grad<S>(dw.dtype(), [&](auto gtag) {
-        using G = decltype(gtag);
-        G* g = dw.data<G>();
-        for (int64_t j = 0; j < D; ++j) {
-          double sum = 0;
-          for (int64_t c = 0; c < cpu::kReduceChunks; ++c) sum += part[c * 2 * D + offset + j];
-          // 16-bit: add in double, round once; F32/F64: add the sum rounded to G.
-          if constexpr (is_16bit_v<S>) g[j] = store<G>(double(load(g[j])) + sum);
-          else g[j] += G(sum);
-        }
-      });
-    };
-    reduce(dq_w, 0);
-    reduce(dk_w, D);
+    cpu::add_chunk_sums<S>(dq_w, part, 2 * D, 0, D);
+    cpu::add_chunk_sums<S>(dk_w, part, 2 * D, D, D);
   });
 }
 

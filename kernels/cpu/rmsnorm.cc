@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/rmsnorm_row.h"
 
 namespace xirang {
 
@@ -14,22 +15,10 @@ using cpu::compute_t;
 using cpu::dispatch_storage;
 using cpu::is_16bit_v;
 using cpu::load;
+using cpu::normalize_row;
 using cpu::store;
 
 namespace {
-
-// One row: y = x * rstd * w, rstd from the double sum of squares, the
-// scaling in the compute type.
-template <class S>
-void normalize_row(const S* xi, const S* pw, S* yi, compute_t<S>* rstd, int64_t C, double eps) {
-  using T = compute_t<S>;
-  double ss = 0;
-  for (int64_t j = 0; j < C; ++j) ss += double(load(xi[j])) * load(xi[j]);
-  const double r = 1.0 / std::sqrt(ss / double(C) + eps);
-  const T rt = T(r);
-  for (int64_t j = 0; j < C; ++j) yi[j] = store<S>(T(load(xi[j]) * rt) * load(pw[j]));
-  *rstd = rt;
-}
 
 struct RmsNormDims {
   int64_t N, C;
@@ -148,36 +137,10 @@ void rmsnorm_backward(const KernelContext& ctx, Tensor dx, Tensor dw, const Tens
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < cpu::kReduceChunks; ++c) {
       double* pdw = part + c * C;
-      for (int64_t i = cpu::chunk_begin(N, c); i < cpu::chunk_begin(N, c + 1); ++i) {
-        const S* xi = px + i * C;
-        const S* dyi = pdy + i * C;
-        const double r = pr[i];
-        double sum_gx = 0;  // sum_j g_j xhat_j
-        for (int64_t j = 0; j < C; ++j) {
-          const double xhat = double(load(xi[j])) * r;
-          sum_gx += double(load(dyi[j])) * load(pw[j]) * xhat;
-          pdw[j] += double(load(dyi[j])) * xhat;
-        }
-        const double mean_gx = sum_gx / double(C);
-        S* dxi = pdx + i * C;
-        for (int64_t j = 0; j < C; ++j) {
-          const double xhat = double(load(xi[j])) * r;
-          const double v = r * (double(load(dyi[j])) * load(pw[j]) - xhat * mean_gx);
-          dxi[j] = acc ? store<S>(load(dxi[j]) + v) : store<S>(v);
-        }
-      }
+      for (int64_t i = cpu::chunk_begin(N, c); i < cpu::chunk_begin(N, c + 1); ++i)
+        cpu::rmsnorm_row_backward(px + i * C, pdy + i * C, pw, double(pr[i]), pdx + i * C, pdw, C, acc);
     }
-    cpu::dispatch_grad<S>(dw.dtype(), [&](auto gtag) {
-      using G = decltype(gtag);
-      G* g = dw.data<G>();
-      for (int64_t j = 0; j < C; ++j) {
-        double sum = 0;
-        for (int64_t c = 0; c < cpu::kReduceChunks; ++c) sum += part[c * C + j];
-        // 16-bit: add in double, round once; F32/F64: add the sum rounded to G.
-        if constexpr (is_16bit_v<S>) g[j] = store<G>(double(load(g[j])) + sum);
-        else g[j] += G(sum);
-      }
-    });
+    cpu::add_chunk_sums<S>(dw, part, C, 0, C);
   });
 }
 
