@@ -86,6 +86,7 @@ GradSync::~GradSync() = default;
 void GradSync::layout(Arena& shard) {
   if (opts_.zero) shard_grads_ = shard.alloc({shard_elems_}, flat_grads_.dtype(), "ZeRO gradient shard");
   norm_sum_ = shard.alloc({1}, DType::F64, "gradient norm sum");
+  norm_grads_.clear();  // chosen again from the optimizer's new segments
   // Room for every segment; grad_norm counts a subset of them.
   int64_t count = 0, elements = 0;
   for (const OptimizerSegment& seg : optimizer_segments()) {
@@ -269,11 +270,10 @@ double GradSync::grad_norm(const KernelContext& ctx, const AdamW& opt) {
   const bool tp_split = tp_ && tp_->size() > 1;
   // The squares of the counted segments add up on the device; the host
   // reads the sum once, after the timed wait for the buckets (settle).
-  std::vector<Tensor> counted;
-  counted.reserve(opt.segments().size());
-  for (const auto& seg : opt.segments())
-    if (!(tp_split && seg.tp_replicated && tp_->rank() != 0) && !seg.tied_copy) counted.push_back(seg.grad);
-  sum_squares_group(ctx, norm_sum_, counted, norm_table_);
+  if (norm_grads_.empty())
+    for (const auto& seg : opt.segments())
+      if (!(tp_split && seg.tp_replicated && tp_->rank() != 0) && !seg.tied_copy) norm_grads_.push_back(seg.grad);
+  sum_squares_group(ctx, norm_sum_, norm_grads_, norm_table_);
   settle();
   double s = 0;
   const double drain_start = now_seconds();

@@ -142,6 +142,7 @@ class GradSync {
   bool settled_ = false;
   Tensor norm_sum_;          // (1) F64 sum of squares, on the gradients' device
   GroupTable norm_table_;    // sum_squares_group's chunk table
+  std::vector<Tensor> norm_grads_;  // the gradients the norm counts (fixed once the optimizer is laid out)
   std::vector<WorkPtr> gathers_;  // ZeRO gathers not yet counted (device)
   double gather_start_ = 0;
   struct DeviceWaits;  // timing events around the compute stream's joins (CUDA builds)
