@@ -37,8 +37,10 @@ std::string model_arch_names() {
 std::string layout_problem(const ModelDims& m, const ParallelLayout& l) {
   if (m.n_layer < 1 || m.n_head < 1 || m.d_model < 1 || m.max_seq_len < 1 || m.vocab_size < 1 || m.vocab_multiple < 1)
     return "model.n_layer, n_head, d_model, seq_len, vocab_size and vocab_multiple must be >= 1";
-  if (m.d_model % m.n_head != 0)
-    return str_cat("model.d_model=", m.d_model, " is not divisible by model.n_head=", m.n_head);
+  if (m.head_dim < 0) return str_cat("model.head_dim=", m.head_dim, " must be >= 0 (0 means d_model / n_head)");
+  if (m.head_dim == 0 && m.d_model % m.n_head != 0)
+    return str_cat("model.d_model=", m.d_model, " is not divisible by model.n_head=", m.n_head,
+                   " (or set model.head_dim)");
   if (m.n_kv_head < 0 || m.n_head % m.kv_heads() != 0)
     return str_cat("model.n_kv_head=", m.n_kv_head, " does not divide model.n_head=", m.n_head,
                    " (query heads share key/value heads in equal groups; 0 means n_head)");

@@ -69,6 +69,7 @@ struct ModelDims {
   int n_layer = 12;
   int n_head = 12;
   int n_kv_head = 0;       // key/value heads (grouped-query attention); 0: n_head
+  int head_dim = 0;        // width of an attention head; 0: d_model / n_head
   int d_model = 768;
   int ffn_hidden = 0;      // MLP hidden width; 0: the architecture's default
   int max_seq_len = 1024;  // the longest sequence (GPT-2: rows of the position table)
@@ -85,6 +86,7 @@ struct ModelDims {
   std::optional<bool> tie_embeddings{};
   int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_size() const { return head_dim > 0 ? head_dim : d_model / n_head; }
 };
 
 // Recompute (train.recompute) lives with the layers' activation lists: models/layers/activation.h.

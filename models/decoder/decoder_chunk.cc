@@ -107,8 +107,8 @@ DecoderChunk::DecoderChunk(const DecoderSpec& spec, const ModelDims& dims, const
       tp_(parallel, int64_t(batch.micro_batch) * batch.seq_len),
       layers_(spec, dims, placement, tp_.size()) {
   // The model's own rules (a chunk may hold no blocks: tests build such).
-  XR_CHECK(dims.n_head >= 1 && dims.d_model % dims.n_head == 0, spec.name, ": d_model ", dims.d_model, " % n_head ",
-           dims.n_head);
+  XR_CHECK(dims.n_head >= 1 && (dims.head_dim > 0 || dims.d_model % dims.n_head == 0), spec.name, ": d_model ",
+           dims.d_model, " % n_head ", dims.n_head, " with no head_dim");
   const std::string problem = spec.layout_problem(dims, ParallelLayout{1, tp_.size(), 1, 1});
   XR_CHECK(problem.empty(), spec.name, ": ", problem);
   XR_CHECK(batch.seq_len <= dims.max_seq_len, "seq_len ", batch.seq_len, " > max_seq_len ", dims.max_seq_len);

@@ -45,7 +45,7 @@ struct DecoderSpec {
   NormKind norm = NormKind::LayerNorm;
   FfnKind ffn = FfnKind::Gelu;
   int ffn_hidden = 0;           // F
-  int head_dim = 0;             // 0: d_model / n_head
+  int head_dim = 0;             // 0: dims.head_size() (model.head_dim, or d_model / n_head)
   bool bias = true;             // the attention and feed-forward projections carry biases
   bool rotary = false;          // rotate q and k (dims.rope); false: a learned position table
   bool grouped_query = true;    // n_kv_head < n_head allowed
@@ -63,7 +63,7 @@ struct DecoderSpec {
   std::string (*layout_problem)(const ModelDims&, const ParallelLayout&) = nullptr;
   // Its config keys' rules (ModelArch::key_rules); null: none beyond every model's.
   std::vector<KeyRule> (*key_rules)(const ModelDims&) = nullptr;
-  int resolved_head_dim(const ModelDims& d) const { return head_dim > 0 ? head_dim : d.d_model / d.n_head; }
+  int resolved_head_dim(const ModelDims& d) const { return head_dim > 0 ? head_dim : d.head_size(); }
 };
 
 // The layers of a decoder chunk; declare() lists their parameters in

@@ -1,5 +1,6 @@
 #include "models/gpt2/gpt2.h"
 
+#include <algorithm>
 #include <string>
 
 #include "models/gpt2/gpt2_files.h"
@@ -26,6 +27,10 @@ std::vector<KeyRule> gpt2_key_rules(const ModelDims& d) {
     rules.push_back(KeyRule::refused("model.n_kv_head", str_cat("model.n_kv_head=", d.n_kv_head,
                                                                 ": model.arch=gpt2 has no grouped-query attention (0 "
                                                                 "or model.n_head)")));
+  if (d.head_dim != 0 && d.head_dim * d.n_head != d.d_model)
+    rules.push_back(KeyRule::refused("model.head_dim", str_cat("model.head_dim=", d.head_dim,
+                                                               ": model.arch=gpt2's heads are d_model / n_head wide (0 "
+                                                               "or ", d.d_model / std::max(d.n_head, 1), ")")));
   if (d.tie_embeddings == false)
     rules.push_back(KeyRule::refused("model.tie_embeddings",
                                      "model.tie_embeddings=false: model.arch=gpt2 always ties its head to the token "

@@ -123,7 +123,7 @@ std::vector<Section> schema(Config& c) {
       {"model",
        {{"arch", &m.arch}, {"n_layer", &m.n_layer}, {"n_head", &m.n_head}, {"d_model", &m.d_model},
         {"seq_len", &m.seq_len}, {"vocab_size", &m.vocab_size}, {"vocab_multiple", &m.vocab_multiple},
-        {"n_kv_head", &m.n_kv_head}, {"ffn_hidden", &m.ffn_hidden}, {"ffn_multiple_of", &m.ffn_multiple_of},
+        {"n_kv_head", &m.n_kv_head}, {"head_dim", &m.head_dim}, {"ffn_hidden", &m.ffn_hidden}, {"ffn_multiple_of", &m.ffn_multiple_of},
         {"ffn_dim_multiplier", &m.ffn_dim_multiplier}, {"rope_theta", &m.rope_theta},
         {"rope_scaling.type", &m.rope_scaling_type}, {"rope_scaling.factor", &m.rope_scaling_factor},
         {"rope_scaling.low_freq_factor", &m.rope_scaling_low_freq_factor},

@@ -54,6 +54,7 @@ struct ModelConfig {
   int vocab_multiple = 128;
   // LLaMA (model.arch=llama); GPT-2 takes n_kv_head 0 and tie_embeddings auto or true only.
   int n_kv_head = 0;             // key/value heads (grouped-query attention); 0: n_head
+  int head_dim = 0;              // width of an attention head; 0: d_model / n_head
   int ffn_hidden = 0;            // MLP width; 0: Meta's rule from the two below
   int ffn_multiple_of = 256;     // the rule rounds 2/3 of 4 d_model (times the multiplier) up to this
   double ffn_dim_multiplier = 0; // 0: none (Llama 3 8B: 1.3 with multiple_of 1024 gives 14336)

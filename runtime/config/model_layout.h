@@ -24,6 +24,7 @@ inline ModelDims model_dims(const ModelConfig& m) {
   d.vocab_size = m.vocab_size;
   d.vocab_multiple = m.vocab_multiple;
   d.n_kv_head = m.n_kv_head;
+  d.head_dim = m.head_dim;
   d.ffn_hidden = m.ffn_hidden;
   d.ffn_multiple_of = m.ffn_multiple_of;
   d.ffn_dim_multiplier = m.ffn_dim_multiplier;

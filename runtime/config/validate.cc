@@ -60,7 +60,8 @@ void check_model(const Validator& v, const ModelConfig& m) {
   v.at_least("model.seq_len", m.seq_len, 1);
   v.at_least("model.vocab_size", m.vocab_size, 1);
   v.at_least("model.vocab_multiple", m.vocab_multiple, 1);
-  v.divisible("model.d_model", m.d_model, "model.n_head", m.n_head);
+  v.at_least("model.head_dim", m.head_dim, 0, " (0 means model.d_model / model.n_head)");
+  if (m.head_dim == 0) v.divisible("model.d_model", m.d_model, "model.n_head", m.n_head);
   v.at_least("model.n_kv_head", m.n_kv_head, 0, " (0 means model.n_head)");
   // n_kv_head dividing n_head is layout_problem()'s (models/model.cc): every layout needs it.
   // The architecture's own keys (models/model.h's KeyRule): it states the rules, the words are ours.
