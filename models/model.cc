@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
+#include "models/qwen3/qwen3.h"
 
 namespace xirang {
 
@@ -10,7 +11,7 @@ namespace {
 
 // The registry: one entry per architecture, in the order they are listed.
 const std::vector<ModelArch>& registry() {
-  static const std::vector<ModelArch> archs = {gpt2_arch(), llama_arch()};
+  static const std::vector<ModelArch> archs = {gpt2_arch(), llama_arch(), qwen3_arch()};
   return archs;
 }
 

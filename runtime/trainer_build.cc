@@ -357,9 +357,9 @@ void Trainer::print_run() const {
                cfg_.parallel.pp > 1 ? str_cat(" ", schedule_name(schedule_kind_)).c_str() : "", cfg_.train.steps,
                tokens_per_step(), peak_.flops / 1e9, peak_.source.c_str());
   if (device_ == Device::CPU) std::fprintf(stderr, "cpu gemm: %s\n", cpu_gemm_path().c_str());
-  // The kernels layer owns the dispatch rule; the head dim is d_model / n_head for every architecture.
+  // The kernels layer owns the dispatch rule, which depends on the head width (model.head_dim).
   std::fprintf(stderr, "attention: %s\n",
-               flash_attention_path_name(device_, model_dtype_, cfg_.model.d_model / cfg_.model.n_head).c_str());
+               flash_attention_path_name(device_, model_dtype_, model_dims(cfg_.model).head_size()).c_str());
 }
 
 }  // namespace xirang

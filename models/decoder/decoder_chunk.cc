@@ -23,7 +23,8 @@ DecoderLayers::DecoderLayers(const DecoderSpec& s, const ModelDims& d, const Chu
   if (at.has_embedding && !spec.rotary) positions.emplace();
   for (int l = at.first_layer; l < at.end_layer; ++l)
     blocks.push_back({Norm(spec.norm, d.norm_eps),
-                      CausalSelfAttention(d.n_head, d.kv_heads(), spec.resolved_head_dim(d), tp),
+                      CausalSelfAttention(d.n_head, d.kv_heads(), spec.resolved_head_dim(d), tp,
+                                          {.bias = spec.bias, .qk_norm = spec.qk_norm, .qk_eps = d.norm_eps}),
                       Norm(spec.norm, d.norm_eps), make_feed_forward(spec.ffn)});
   if (at.has_head) {
     final_norm.emplace(spec.norm, d.norm_eps);
@@ -47,7 +48,8 @@ void DecoderLayers::declare(ParamList& list) {
     const std::string p = n.block + std::to_string(l) + ".";
     Block& b = blocks[i];
     b.norm1.declare(list, p + n.norm1, C, l);
-    b.attn.declare(list, p + n.qkv, p + n.proj, C, l, spec.weight, spec.residual, spec.bias);
+    b.attn.declare(list, {.qkv = p + n.qkv, .proj = p + n.proj, .q_norm = p + n.q_norm, .k_norm = p + n.k_norm}, C,
+                   l, spec.weight, spec.residual);
     b.norm2.declare(list, p + n.norm2, C, l);
     b.ffn->declare(list, p + n.up, p + n.down, C, spec.ffn_hidden, l, spec.weight, spec.residual, spec.bias);
   }
@@ -77,10 +79,33 @@ std::vector<Parameter> decoder_parameters(const DecoderSpec& spec, const ModelDi
   return list.take();
 }
 
+std::string decoder_layout_problem(const DecoderSpec& spec, const ModelDims& d, const ParallelLayout& l) {
+  const int D = spec.resolved_head_dim(d);
+  if (spec.rotary && D % 2 != 0)
+    return d.head_dim > 0 ? str_cat("model.head_dim=", D, " is odd: rotary embeddings rotate pairs of a head's elements")
+                          : str_cat("model.d_model=", d.d_model, " / model.n_head=", d.n_head, " = ", D,
+                                    " is odd: rotary embeddings rotate pairs of a head's elements");
+  if (d.n_head % l.tp != 0)
+    return str_cat("model.n_head=", d.n_head, " is not divisible by parallel.tp=", l.tp,
+                   " (tensor parallelism splits the heads)");
+  if (d.kv_heads() % l.tp != 0)
+    return str_cat("model.n_kv_head=", d.kv_heads(), " is not divisible by parallel.tp=", l.tp,
+                   " (tensor parallelism splits the key/value heads)");
+  if (spec.ffn_hidden % l.tp != 0)
+    return str_cat("the MLP width ", spec.ffn_hidden, " (", spec.ffn_keys, ") is not divisible by parallel.tp=", l.tp);
+  if (d.padded_vocab() % l.tp != 0)
+    return str_cat("padded vocabulary ", d.padded_vocab(), " (model.vocab_size=", d.vocab_size,
+                   " rounded up to model.vocab_multiple=", d.vocab_multiple, ") is not divisible by parallel.tp=", l.tp,
+                   "; make model.vocab_multiple a multiple of tp");
+  return spec.layout_problem ? spec.layout_problem(d, l) : "";
+}
+
 ModelArch decoder_arch(std::string name, DecoderSpec (*spec)(const ModelDims&), const ModelFileAdapter* files) {
   ModelArch a;
   a.name = std::move(name);
-  a.layout_problem = [spec](const ModelDims& d, const ParallelLayout& l) { return spec(d).layout_problem(d, l); };
+  a.layout_problem = [spec](const ModelDims& d, const ParallelLayout& l) {
+    return decoder_layout_problem(spec(d), d, l);
+  };
   a.make_chunk = [spec](const ModelDims& d, const ChunkPlacement& at, DType dt, const ChunkBatch& b,
                         const TensorParallel& tp) -> std::unique_ptr<ModelChunk> {
     return std::make_unique<DecoderChunk>(spec(d), d, at, dt, b, tp);
@@ -109,7 +134,7 @@ DecoderChunk::DecoderChunk(const DecoderSpec& spec, const ModelDims& dims, const
   // The model's own rules (a chunk may hold no blocks: tests build such).
   XR_CHECK(dims.n_head >= 1 && (dims.head_dim > 0 || dims.d_model % dims.n_head == 0), spec.name, ": d_model ",
            dims.d_model, " % n_head ", dims.n_head, " with no head_dim");
-  const std::string problem = spec.layout_problem(dims, ParallelLayout{1, tp_.size(), 1, 1});
+  const std::string problem = decoder_layout_problem(spec, dims, ParallelLayout{1, tp_.size(), 1, 1});
   XR_CHECK(problem.empty(), spec.name, ": ", problem);
   XR_CHECK(batch.seq_len <= dims.max_seq_len, "seq_len ", batch.seq_len, " > max_seq_len ", dims.max_seq_len);
   ParamList list(tp_.size(), tp_.rank(), dtype_, wide_dtype_);
@@ -297,6 +322,7 @@ void DecoderChunk::block_backward(const KernelContext& ctx, const DecoderLayers:
   b.attn.backward(ctx, tp_, dqkv, dy_attn.view(a.attn.y.shape()), a.attn, tp_.gathered(a.norm1.y), rope());
   b.norm1.backward(ctx, d_res_, ColumnParallelLinear::input_grad(tp_, d_c_), x, a.norm1.mean, a.norm1.rstd);
   if (phase == GradPhase::Final) {
+    b.attn.reduce_grads(tp_);
     b.norm1.reduce_grads(tp_);
     b.norm2.reduce_grads(tp_);
   }

@@ -48,6 +48,7 @@ struct DecoderSpec {
   int head_dim = 0;             // 0: dims.head_size() (model.head_dim, or d_model / n_head)
   bool bias = true;             // the attention and feed-forward projections carry biases
   bool rotary = false;          // rotate q and k (dims.rope); false: a learned position table
+  bool qk_norm = false;         // RMS-normalize each q and k head before the rotation (norm_eps)
   bool grouped_query = true;    // n_kv_head < n_head allowed
   bool tied = true;             // the head multiplies the token table
   // Parameter names: "{block}{l}.{norm1}.weight" and so on.
@@ -55,16 +56,26 @@ struct DecoderSpec {
     std::string embed, positions;      // full names ("wte.weight")
     std::string block;                 // prefix of block l ("h.")
     std::string norm1, qkv, proj, norm2, up, down;
+    std::string q_norm, k_norm;        // with qk_norm ("self_attn.q_norm")
     std::string final_norm, head;      // "ln_f" (a prefix), "lm_head.weight"
   } names;
   InitRule weight = InitRule::normal(0.02);    // embeddings, q/k/v and up-projections
   InitRule residual = InitRule::normal(0.02);  // projections into the residual stream
-  // The architecture's own layout rules (ModelArch::layout_problem): "" or the rule `layout` breaks.
+  // What sets ffn_hidden, in the layout rules' messages.
+  std::string ffn_keys = "model.d_model";
+  // Layout rules of the architecture's own beyond the decoder's
+  // (decoder_layout_problem): "" or the rule `layout` breaks; null: none.
   std::string (*layout_problem)(const ModelDims&, const ParallelLayout&) = nullptr;
   // Its config keys' rules (ModelArch::key_rules); null: none beyond every model's.
   std::vector<KeyRule> (*key_rules)(const ModelDims&) = nullptr;
   int resolved_head_dim(const ModelDims& d) const { return head_dim > 0 ? head_dim : d.head_size(); }
 };
+
+// The rules every layout of a decoder must keep, then the spec's own: an
+// even head for rotary embeddings; query heads, key/value heads, the
+// feed-forward width and the padded vocabulary divisible by tp. "" or the
+// rule `layout` breaks (ModelArch::layout_problem).
+std::string decoder_layout_problem(const DecoderSpec& spec, const ModelDims& dims, const ParallelLayout& layout);
 
 // The layers of a decoder chunk; declare() lists their parameters in
 // layout order: embedding, positions, each block's, final norm, untied head.

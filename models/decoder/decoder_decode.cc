@@ -4,7 +4,8 @@
 // their absolute positions (rope_qkv_forward's position offset) before the
 // keys join the cache, so cached keys are stored rotated, as attention reads
 // them in training; the table covers every position the model sees
-// (dims.max_seq_len), computed once. Layers are bound to the chunk's own
+// (dims.max_seq_len), computed once. A q/k norm normalizes q and k in
+// place before the rotation. Layers are bound to the chunk's own
 // parameters.
 #include "kernels/decode_attention.h"
 #include "kernels/matmul.h"
@@ -57,6 +58,7 @@ class SpecDecoder final : public Decoder {
     mean_ = norm.mean;
     rstd_ = norm.rstd;
     qkv_ = A({T, qkv_width()}, "decode qkv");
+    if (layers_.spec.qk_norm) qk_rstd_ = a.alloc({T, dims_.n_head + dims_.kv_heads()}, wide_, "decode q/k rstd");
     att_ = A({T, dims_.n_head * head_dim()}, "decode attention output");
     rope_ready_ = false;
     if (layers_.spec.rotary) {
@@ -89,6 +91,7 @@ class SpecDecoder final : public Decoder {
       const DecoderLayers::Block& b = layers_.blocks[l];
       b.norm1.forward(ctx, ln, mean, rstd, x);
       b.attn.qkv_proj().forward(ctx, qkv, ln);
+      if (b.attn.qk_norm()) b.attn.normalize_qk(ctx, qkv3, rows(qk_rstd_).view({1, n, qk_rstd_.size(1)}), qkv3);
       if (layers_.spec.rotary) rope_qkv_forward(ctx, qkv3, cos_, sin_, H, KV, n, pos);  // row i at position pos + i
       decode_attention_forward(ctx, att.view({1, n, att.size(1)}), k_[l], v_[l], qkv3, pos, H, KV);
       b.attn.proj().forward_unsplit(ctx, y, att);
@@ -105,6 +108,7 @@ class SpecDecoder final : public Decoder {
   DecoderLayers layers_;
   Tensor x_, y_, ln_, mean_, rstd_;  // (T, C) x 3, (T) (LayerNorm only), (T)
   Tensor qkv_, att_;                 // (T, (H + 2 KV) D), (T, H D)
+  Tensor qk_rstd_;                   // (T, H + KV) with a q/k norm
   FfnActs ffn_;                      // (T, .) the feed-forward's hidden activations
   Tensor cos_, sin_;                 // (T, D/2) rotary tables for every position
   bool rope_ready_ = false;

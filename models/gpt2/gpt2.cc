@@ -9,17 +9,6 @@ namespace xirang {
 
 namespace {
 
-std::string gpt2_layout_problem(const ModelDims& d, const ParallelLayout& l) {
-  if (d.n_head % l.tp != 0)
-    return str_cat("model.n_head=", d.n_head, " is not divisible by parallel.tp=", l.tp,
-                   " (tensor parallelism splits the heads)");
-  if (d.padded_vocab() % l.tp != 0)
-    return str_cat("padded vocabulary ", d.padded_vocab(), " (model.vocab_size=", d.vocab_size,
-                   " rounded up to model.vocab_multiple=", d.vocab_multiple, ") is not divisible by parallel.tp=", l.tp,
-                   "; make model.vocab_multiple a multiple of tp");
-  return "";
-}
-
 // GPT-2 has none of LLaMA's options; the ones that would change it are refused.
 std::vector<KeyRule> gpt2_key_rules(const ModelDims& d) {
   std::vector<KeyRule> rules;
@@ -46,12 +35,12 @@ DecoderSpec gpt2_spec(const ModelDims& d) {
   DecoderSpec s;
   s.name = "GPT2";
   s.ffn_hidden = 4 * d.d_model;
+  s.ffn_keys = "4 x model.d_model";
   s.grouped_query = false;
   s.names = {.embed = "wte.weight", .positions = "wpe.weight", .block = "h.", .norm1 = "ln_1",
              .qkv = "attn.c_attn", .proj = "attn.c_proj", .norm2 = "ln_2", .up = "mlp.c_fc",
              .down = "mlp.c_proj", .final_norm = "ln_f", .head = ""};
   s.residual = InitRule::scaled_residual(0.02, d.n_layer);  // N(0, 0.02 / sqrt(2 n_layer))
-  s.layout_problem = gpt2_layout_problem;
   s.key_rules = gpt2_key_rules;
   return s;
 }

@@ -13,16 +13,23 @@
 // attention (kernels/rope.h), so qkv holds them rotated; backward rotates
 // their gradient back before the projection's backward. head_dim is the
 // attention's own: it may differ from d_model / n_head (the projections map
-// d_model to n_head x head_dim and back). A per-head q/k norm (Qwen3) would
-// run in forward() between the projection and the rotation, and mirror in
-// backward() between the rotation's backward and the projection's.
+// d_model to n_head x head_dim and back).
+//
+// With a q/k norm (Qwen3: AttnOptions::qk_norm) every q and k head is
+// RMS-normalized over its head_dim with its own weight (q_norm, k_norm,
+// head_dim each, replicated over the group) between the projection and the
+// rotation (kernels/qk_norm.h). The projection's output is then kept as it
+// came (qkv_raw, for the norm's backward) beside the normalized, rotated qkv
+// the attention reads; backward runs the norm's backward between the
+// rotation's and the projection's. A rank's q/k norm weight gradients cover
+// its own heads only: reduce_grads() sums them over the group.
 //
 //   CausalSelfAttention attn(n_head, n_kv_head, head_dim, tp_size);
-//   attn.declare(list, "h.0.attn.c_attn", "h.0.attn.c_proj", C, 0, InitRule::normal(0.02),
+//   attn.declare(list, {.qkv = "h.0.attn.c_attn", .proj = "h.0.attn.c_proj"}, C, 0, InitRule::normal(0.02),
 //                InitRule::scaled_residual(0.02, L));
 //   attn.bind(params);
-//   attn.forward(ctx, qkv, lse, y, x_full);       // y (B, T, C/P) before the output projection
-//   attn.proj().forward(ctx, tp, out, y.flat2d(), /*skip=*/x);
+//   attn.forward(ctx, acts, x_full, rope);         // acts.y (B, T, H D/P) before the output projection
+//   attn.proj().forward(ctx, tp, out, acts.y.flat2d(), /*skip=*/x);
 #pragma once
 
 #include <string>
@@ -42,21 +49,36 @@ struct RotaryTables {
 
 // What attention keeps for its backward.
 struct AttnActs {
-  Tensor qkv;  // (B, T, local_qkv_width()) after the projection (q and k rotated with rotary tables)
-  Tensor lse;  // (B, H/P, T) log-sum-exp of the flash attention
-  Tensor y;    // (B, T, H head_dim / P) attention output before the output projection
+  Tensor qkv;      // (B, T, local_qkv_width()) the attention's input (q and k normalized, rotated)
+  Tensor qkv_raw;  // q/k norm only: the projection's output, as it came
+  Tensor qk_rstd;  // q/k norm only: (B, T, (H + KV)/P) each q and k head's rstd
+  Tensor lse;      // (B, H/P, T) log-sum-exp of the flash attention
+  Tensor y;        // (B, T, H head_dim / P) attention output before the output projection
+};
+
+// An attention's choices beyond its shape.
+struct AttnOptions {
+  bool bias = true;        // the projections have biases (GPT-2) or not (LLaMA)
+  bool qk_norm = false;    // per-head RMSNorm of q and k before the rotation (Qwen3)
+  double qk_eps = 1e-6;    // its epsilon (the model's norm_eps)
+};
+
+// Parameter names (prefixes: "<qkv>.weight"); q_norm and k_norm with a q/k norm only.
+struct AttnNames {
+  std::string qkv, proj, q_norm, k_norm;
 };
 
 class CausalSelfAttention {
  public:
-  CausalSelfAttention(int n_head, int n_kv_head, int head_dim, int tp);
-  // `bias`: the projections have biases (GPT-2) or not (LLaMA).
-  void declare(ParamList& list, const std::string& qkv_name, const std::string& proj_name, int64_t width, int layer,
-               InitRule qkv_init, InitRule proj_init, bool bias = true);
+  CausalSelfAttention(int n_head, int n_kv_head, int head_dim, int tp, AttnOptions options = {});
+  void declare(ParamList& list, const AttnNames& names, int64_t width, int layer, InitRule qkv_init,
+               InitRule proj_init);
   void bind(std::vector<Parameter>& params);
   int local_heads() const { return local_heads_; }
   int head_dim() const { return head_dim_; }
-  // qkv kept unless full recomputation; lse and y rebuilt by selective recomputation (attend()).
+  bool qk_norm() const { return options_.qk_norm; }
+  // qkv (and the q/k norm's input and rstd) kept unless full recomputation;
+  // lse and y rebuilt by selective recomputation (attend()).
   void activations(ActList& list, AttnActs& a, int64_t batch, int64_t seq_len) const;
   // Columns of this rank's fused q, k, v rows: (H + 2 Hkv) head_dim / P.
   int64_t local_qkv_width() const;
@@ -64,31 +86,31 @@ class CausalSelfAttention {
   // The fused q/k/v projection (generation runs it on its own rows: models/decode.h).
   const ColumnParallelLinear& qkv_proj() const { return qkv_; }
 
-  // qkv (B, T, local_qkv_width()) = x_full (N, C) W_qkv^T + b; y (B, T,
-  // H head_dim / P) the attention of the rank's heads; lse (B, H/P, T) kept
-  // for backward.
+  // a.qkv (B, T, local_qkv_width()) = x_full (N, C) W_qkv^T + b (through
+  // the q/k norm: a.qkv_raw, a.qk_rstd); a.y (B, T, H head_dim / P) the
+  // attention of the rank's heads; a.lse (B, H/P, T) kept for backward.
   // `rope`: rotate q and k first (null: no rotation).
-  void forward(const KernelContext& ctx, Tensor qkv, Tensor lse, Tensor y, const Tensor& x_full,
-               const RotaryTables* rope = nullptr) const;
-  void forward(const KernelContext& ctx, AttnActs& a, const Tensor& x_full, const RotaryTables* rope) const {
-    forward(ctx, a.qkv, a.lse, a.y, x_full, rope);
-  }
+  void forward(const KernelContext& ctx, AttnActs& a, const Tensor& x_full, const RotaryTables* rope) const;
+  // The q/k norm of `raw` into `out` (B, T, qkv width; `out` may be `raw`
+  // where no backward follows: generation), rstd (B, T, (H + KV)/P).
+  void normalize_qk(const KernelContext& ctx, Tensor out, Tensor rstd, const Tensor& raw) const;
   // The attention core alone, y and lse from qkv (as forward leaves it,
   // rotated): what selective recomputation re-runs before backward.
   void attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y) const;
   // From dy (B, T, H head_dim / P): dqkv (qkv's shape), then this rank's partial input gradient in
   // tp.partial() (ColumnParallelLinear::input_grad reduces it).
-  void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const Tensor& qkv,
-                const Tensor& y, const Tensor& lse, const Tensor& x_full, const RotaryTables* rope = nullptr) const;
   void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const AttnActs& a,
-                const Tensor& x_full, const RotaryTables* rope) const {
-    backward(ctx, tp, dqkv, dy, a.qkv, a.y, a.lse, x_full, rope);
-  }
+                const Tensor& x_full, const RotaryTables* rope) const;
+  // Sums the q/k norm weight gradients over the group (each rank saw its own heads); a no-op without.
+  void reduce_grads(TpComm& tp) const;
 
  private:
   int n_head_, n_kv_head_, head_dim_, tp_, local_heads_, local_kv_heads_;
+  AttnOptions options_;
   ColumnParallelLinear qkv_;
   RowParallelLinear proj_;
+  ParamRef q_norm_ref_, k_norm_ref_;
+  Parameter *q_norm_ = nullptr, *k_norm_ = nullptr;  // (head_dim) each, replicated
 };
 
 }  // namespace xirang

@@ -18,26 +18,6 @@ int llama_ffn_hidden(const ModelDims& d) {
   return d.ffn_hidden > 0 ? d.ffn_hidden : llama_ffn_hidden(d.d_model, d.ffn_multiple_of, d.ffn_dim_multiplier);
 }
 
-std::string llama_layout_problem(const ModelDims& d, const ParallelLayout& l) {
-  if ((d.d_model / d.n_head) % 2 != 0)
-    return str_cat("model.d_model=", d.d_model, " / model.n_head=", d.n_head, " = ", d.d_model / d.n_head,
-                   " is odd: rotary embeddings rotate pairs of a head's elements");
-  if (d.n_head % l.tp != 0)
-    return str_cat("model.n_head=", d.n_head, " is not divisible by parallel.tp=", l.tp,
-                   " (tensor parallelism splits the heads)");
-  if (d.kv_heads() % l.tp != 0)
-    return str_cat("model.n_kv_head=", d.kv_heads(), " is not divisible by parallel.tp=", l.tp,
-                   " (tensor parallelism splits the key/value heads)");
-  if (llama_ffn_hidden(d) % l.tp != 0)
-    return str_cat("the MLP width ", llama_ffn_hidden(d), " (model.ffn_hidden, or model.ffn_multiple_of and ",
-                   "ffn_dim_multiplier) is not divisible by parallel.tp=", l.tp);
-  if (d.padded_vocab() % l.tp != 0)
-    return str_cat("padded vocabulary ", d.padded_vocab(), " (model.vocab_size=", d.vocab_size,
-                   " rounded up to model.vocab_multiple=", d.vocab_multiple, ") is not divisible by parallel.tp=", l.tp,
-                   "; make model.vocab_multiple a multiple of tp");
-  return "";
-}
-
 namespace {
 
 std::vector<KeyRule> llama_key_rules(const ModelDims& d) {
@@ -79,7 +59,7 @@ DecoderSpec llama_spec(const ModelDims& d) {
              .up = "mlp.gate_up_proj", .down = "mlp.down_proj", .final_norm = "norm", .head = "lm_head.weight"};
   // Every weight N(0, 0.02), as transformers' LlamaPreTrainedModel.
   s.weight = s.residual = InitRule::normal(0.02);
-  s.layout_problem = llama_layout_problem;
+  s.ffn_keys = d.ffn_hidden > 0 ? "model.ffn_hidden" : "model.ffn_multiple_of and ffn_dim_multiplier";
   s.key_rules = llama_key_rules;
   return s;
 }

@@ -47,8 +47,6 @@ DecoderSpec llama_spec(const ModelDims& dims);
 int llama_ffn_hidden(int d_model, int multiple_of, double ffn_dim_multiplier);
 // dims.ffn_hidden, or the rule above from dims' multiple_of and multiplier.
 int llama_ffn_hidden(const ModelDims& dims);
-// The layout's rules: heads, key/value heads and vocabulary rows over tp, an even head size.
-std::string llama_layout_problem(const ModelDims& dims, const ParallelLayout& layout);
 
 using Llama = SpecChunk<llama_spec>;
 inline std::vector<Parameter> llama_parameters(const ModelDims& d, const ChunkPlacement& at, int tp, int tp_rank) {

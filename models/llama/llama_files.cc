@@ -44,7 +44,8 @@ nlohmann::json number(double x) {
 
 class LlamaFiles final : public ModelFileAdapter {
  public:
-  std::string model_name() const override { return "LLaMA"; }
+  explicit LlamaFiles(HfLlamaFamily family) : family_(std::move(family)) {}
+  std::string model_name() const override { return family_.model_name; }
 
   std::vector<ForeignTensor> hf_tensors(const Parameter& p, const ModelDims& d) const override {
     const Shape& g = p.shard.global;
@@ -65,7 +66,7 @@ class LlamaFiles final : public ModelFileAdapter {
       XR_CHECK(row == g[0], p.name, ": parts of ", row, " rows for ", g.str());
       return out;
     };
-    const int64_t D = d.d_model / d.n_head, F = llama_ffn_hidden(d);
+    const int64_t D = d.head_size(), F = llama_ffn_hidden(d);
     if (ends_with(p.name, ".self_attn.qkv_proj.weight"))
       return split("qkv_proj", {{"q_proj", d.n_head * D}, {"k_proj", d.kv_heads() * D}, {"v_proj", d.kv_heads() * D}});
     if (ends_with(p.name, ".mlp.gate_up_proj.weight")) return split("gate_up_proj", {{"gate_proj", F}, {"up_proj", F}});
@@ -91,8 +92,11 @@ class LlamaFiles final : public ModelFileAdapter {
   }
   std::vector<LlmcTensor> llmc_tensors(const LlmcHeader&, const std::vector<Parameter>&,
                                        const ModelDims&) const override {
-    fail(ErrorKind::Data, "llm.c model files hold GPT-2 only; LLaMA has no llm.c layout");
+    fail(ErrorKind::Data, "llm.c model files hold GPT-2 only; ", family_.model_name, " has no llm.c layout");
   }
+
+ private:
+  HfLlamaFamily family_;
 };
 
 std::string LlamaFiles::hf_config_json(const ModelDims& d, DType dtype) const {
@@ -106,14 +110,14 @@ std::string LlamaFiles::hf_config_json(const ModelDims& d, DType dtype) const {
                     {"high_freq_factor", number(s.high_freq_factor)},
                     {"original_max_position_embeddings", number(s.original_max_position_embeddings)}};
   }
-  const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
-                                 {"model_type", "llama"},
+  nlohmann::json config = {{"architectures", {family_.architecture}},
+                                 {"model_type", family_.model_type},
                                  {"hidden_size", d.d_model},
                                  {"intermediate_size", llama_ffn_hidden(d)},
                                  {"num_attention_heads", d.n_head},
                                  {"num_key_value_heads", d.kv_heads()},
                                  {"num_hidden_layers", d.n_layer},
-                                 {"head_dim", d.d_model / d.n_head},
+                                 {"head_dim", d.head_size()},
                                  {"vocab_size", d.vocab_size},
                                  {"max_position_embeddings", d.max_seq_len},
                                  {"rms_norm_eps", d.norm_eps},
@@ -121,11 +125,10 @@ std::string LlamaFiles::hf_config_json(const ModelDims& d, DType dtype) const {
                                  {"rope_scaling", rope_scaling},
                                  {"tie_word_embeddings", d.tie_embeddings.value_or(false)},
                                  {"hidden_act", "silu"},
-                                 {"attention_bias", false},
-                                 {"mlp_bias", false},
                                  {"attention_dropout", 0.0},
                                  {"initializer_range", 0.02},
                                  {"torch_dtype", torch_dtype}};
+  for (const HfLlamaFamily::Off& o : family_.off) config[o.field] = false;
   return config.dump(2) + "\n";
 }
 
@@ -138,28 +141,27 @@ std::string LlamaFiles::hf_config_problem(const std::string& text, const ModelDi
                                                          " and ffn_dim_multiplier=", d.ffn_dim_multiplier,
                                                          ", an MLP width");
   const bool tied = d.tie_embeddings.value_or(false);
-  auto no_bias = [&](const char* field) -> std::string {
-    const auto v = c.json().find(field);
-    if (v == c.json().end() || *v == false) return "";
-    return str_cat(field, " is ", v->dump(), "; model.arch=", d.arch, " has bias-free projections");
-  };
   // Absent fields take LlamaConfig's defaults where the tensors would not
   // show a difference (rms_norm_eps, rope_theta, tie_word_embeddings).
   // max_position_embeddings is not compared: no tensor depends on it, and
   // model.seq_len may well be shorter than the context a model was made for.
   for (const std::string& p :
-       {c.model("LlamaForCausalLM", "llama", d.arch), c.integer("hidden_size", d.d_model, "model.d_model"),
+       {c.model(family_.architecture, family_.model_type, d.arch), c.integer("hidden_size", d.d_model, "model.d_model"),
         c.integer("intermediate_size", F, ffn_key), c.integer("num_hidden_layers", d.n_layer, "model.n_layer"),
         c.integer("num_attention_heads", d.n_head, "model.n_head"),
         c.integer("num_key_value_heads", d.kv_heads(), "model.n_kv_head"),
-        c.integer("head_dim", d.d_model / d.n_head, "model.d_model / model.n_head"),
+        c.integer("head_dim", d.head_size(), d.head_dim > 0 ? "model.head_dim" : "model.d_model / model.n_head"),
         c.integer("vocab_size", d.vocab_size, "model.vocab_size"),
         c.number("rms_norm_eps", d.norm_eps, "model.norm_eps", 1e-6),
         c.number("rope_theta", d.rope.theta, "model.rope_theta", 10000.0),
         c.boolean("tie_word_embeddings", tied, "model.tie_embeddings", false),
-        c.text("hidden_act", "silu", "model.arch=llama computes SwiGLU (\"silu\")"),
-        no_bias("attention_bias"), no_bias("mlp_bias")})
+        c.text("hidden_act", "silu", str_cat("model.arch=", d.arch, " computes SwiGLU (\"silu\")"))})
     if (!p.empty()) return p;
+  for (const HfLlamaFamily::Off& o : family_.off) {
+    const auto v = c.json().find(o.field);
+    if (v != c.json().end() && *v != false)
+      return str_cat(o.field, " is ", v->dump(), "; model.arch=", d.arch, " has ", o.instead);
+  }
 
   // rope_scaling: null (absent, or rope_type "default") or Llama 3.1's.
   const bool ours = d.rope.scaling.type == RopeScaling::Type::Llama3;
@@ -193,8 +195,16 @@ std::string LlamaFiles::hf_config_problem(const std::string& text, const ModelDi
 }  // namespace
 
 const ModelFileAdapter& llama_file_adapter() {
-  static const LlamaFiles adapter;
+  static const LlamaFiles adapter({.model_name = "LLaMA",
+                                   .architecture = "LlamaForCausalLM",
+                                   .model_type = "llama",
+                                   .off = {{"attention_bias", "bias-free projections"},
+                                           {"mlp_bias", "bias-free projections"}}});
   return adapter;
+}
+
+std::unique_ptr<ModelFileAdapter> make_llama_family_files(HfLlamaFamily family) {
+  return std::make_unique<LlamaFiles>(std::move(family));
 }
 
 }  // namespace xirang

@@ -25,14 +25,39 @@
 // field against the config. llm.c's model file has no LLaMA form: its
 // methods refuse with one line.
 //
+// The architectures transformers builds on LLaMA's modules store the same
+// tensors under the same names and describe themselves with the same
+// config.json fields: an HfLlamaFamily names one (its classes, and the
+// switches its config.json has that must be off), and the same adapter
+// serves it. Qwen3 (models/qwen3/) adds per-head q/k norm weights, which are
+// parameters of the same names and need no entry here.
+//
 //   ModelArch a = ...;
 //   a.files = &llama_file_adapter();
 #pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "models/file_adapter.h"
 
 namespace xirang {
 
+struct HfLlamaFamily {
+  std::string model_name;    // in messages: "LLaMA"
+  std::string architecture;  // config.json's architectures[0]: "LlamaForCausalLM"
+  std::string model_type;    // "llama"
+  // config.json fields written false on export and refused when true on
+  // import, each with what the architecture does instead ("bias-free projections").
+  struct Off {
+    std::string field, instead;
+  };
+  std::vector<Off> off;
+};
+
 const ModelFileAdapter& llama_file_adapter();
+// The adapter of a family member's files.
+std::unique_ptr<ModelFileAdapter> make_llama_family_files(HfLlamaFamily family);
 
 }  // namespace xirang

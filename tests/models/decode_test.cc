@@ -23,6 +23,7 @@
 #include "core/rng.h"
 #include "models/decode.h"
 #include "models/llama/llama.h"
+#include "models/qwen3/qwen3.h"
 #include "tests/models/model_fixture.h"
 
 namespace xirang {
@@ -33,9 +34,11 @@ ModelDims gpt2_dims(int d_model = 32, int vocab = 50) {
                    .vocab_size = vocab, .vocab_multiple = 16};
 }
 
-ModelDims llama_dims(bool tied) {
-  ModelDims d{.arch = "llama", .n_layer = 2, .n_head = 4, .n_kv_head = 2, .d_model = 32, .ffn_hidden = 40,
-              .max_seq_len = 12, .vocab_size = 37, .vocab_multiple = 16};
+// Qwen3: heads 10 wide where d_model / n_head is 8, and a q/k norm.
+ModelDims llama_dims(bool tied, bool qwen3 = false) {
+  ModelDims d{.arch = qwen3 ? "qwen3" : "llama", .n_layer = 2, .n_head = 4, .n_kv_head = 2,
+              .head_dim = qwen3 ? 10 : 0, .d_model = 32, .ffn_hidden = 40, .max_seq_len = 12, .vocab_size = 37,
+              .vocab_multiple = 16};
   d.rope = RopeConfig{10000.0, RopeScaling::llama3(4, 1, 2, 8)};
   d.tie_embeddings = tied;
   return d;
@@ -125,6 +128,13 @@ TEST(Decode, LlamaTiedMatchesTrainingForward) {
   check_against_training<Llama>(llama_dims(true), DType::F32, 1e-5, "llama tied f32");
 }
 
+TEST(Decode, Qwen3MatchesTrainingForward) {
+  for (bool tied : {false, true}) {
+    check_against_training<Qwen3>(llama_dims(tied, true), DType::F64, 1e-12, "qwen3 f64");
+    check_against_training<Qwen3>(llama_dims(tied, true), DType::F32, 1e-5, "qwen3 f32");
+  }
+}
+
 // Greedy generation of `n` tokens after a prompt: the tokens, and every step's logits as bytes.
 std::vector<int32_t> greedy(Decoder& dec, std::vector<int32_t> prompt, int n, std::vector<float>* logits_out) {
   dec.reset();
@@ -143,10 +153,9 @@ std::vector<int32_t> greedy(Decoder& dec, std::vector<int32_t> prompt, int n, st
 
 // Large enough that the head's product (1 x 64 x 8192) and the prefill's
 // products run on several BLAS threads.
-TEST(Decode, SameTokensAndLogitsForAnyThreadCount) {
-  const ModelDims dims{.arch = "gpt2", .n_layer = 2, .n_head = 4, .d_model = 64, .max_seq_len = 64,
-                       .vocab_size = 8192, .vocab_multiple = 128};
-  ChunkInArenas<GPT2> m(dims, ChunkPlacement::whole(dims.n_layer), DType::F32, ChunkBatch{1, 1, 1});
+template <class Model>
+void check_thread_counts(const ModelDims& dims) {
+  ChunkInArenas<Model> m(dims, ChunkPlacement::whole(dims.n_layer), DType::F32, ChunkBatch{1, 1, 1});
   randomize_parameters(m.model, 4);
   std::unique_ptr<Decoder> dec = make_decoder(m.model, Device::CPU);
   const std::vector<int32_t> prompt = random_tokens(24, dims.vocab_size, 8);
@@ -171,6 +180,17 @@ TEST(Decode, SameTokensAndLogitsForAnyThreadCount) {
   std::map<int32_t, int> seen;
   for (int32_t t : tokens[1]) seen[t]++;
   EXPECT_GT(seen.size(), 1u);
+}
+
+TEST(Decode, SameTokensAndLogitsForAnyThreadCount) {
+  check_thread_counts<GPT2>(ModelDims{.arch = "gpt2", .n_layer = 2, .n_head = 4, .d_model = 64, .max_seq_len = 64,
+                                      .vocab_size = 8192, .vocab_multiple = 128});
+}
+
+TEST(Decode, Qwen3SameTokensAndLogitsForAnyThreadCount) {
+  check_thread_counts<Qwen3>(ModelDims{.arch = "qwen3", .n_layer = 2, .n_head = 4, .n_kv_head = 2, .head_dim = 32,
+                                       .d_model = 64, .ffn_hidden = 160, .max_seq_len = 64, .vocab_size = 8192,
+                                       .vocab_multiple = 128, .norm_eps = 1e-6});
 }
 
 TEST(Decode, SamplingRules) {

@@ -23,9 +23,10 @@ ModelDims dims_of(const std::string& arch) {
   if (arch == "gpt2")
     return ModelDims{.arch = "gpt2", .n_layer = 4, .n_head = 2, .d_model = 16, .max_seq_len = 8, .vocab_size = 23,
                      .vocab_multiple = 8};
-  ModelDims d{.arch = "llama", .n_layer = 4, .n_head = 4, .n_kv_head = 2, .d_model = 16, .ffn_hidden = 24,
-              .max_seq_len = 8, .vocab_size = 23, .vocab_multiple = 8};
-  d.tie_embeddings = false;
+  // Qwen3: LLaMA's shape with heads 6 wide and a q/k norm.
+  ModelDims d{.arch = arch, .n_layer = 4, .n_head = 4, .n_kv_head = 2, .head_dim = arch == "qwen3" ? 6 : 0,
+              .d_model = 16, .ffn_hidden = 24, .max_seq_len = 8, .vocab_size = 23, .vocab_multiple = 8};
+  d.tie_embeddings = arch == "qwen3";
   return d;
 }
 
@@ -152,13 +153,15 @@ INSTANTIATE_TEST_SUITE_P(Models, RecomputeIsBitwise,
                          ::testing::Values(Case{"gpt2", DType::F32, 1}, Case{"gpt2", DType::F32, 2},
                                            Case{"gpt2", DType::BF16, 2}, Case{"gpt2", DType::F16, 1},
                                            Case{"llama", DType::F32, 1}, Case{"llama", DType::F32, 2},
-                                           Case{"llama", DType::BF16, 2}, Case{"llama", DType::F16, 1}),
+                                           Case{"llama", DType::BF16, 2}, Case{"llama", DType::F16, 1},
+                                           Case{"qwen3", DType::F32, 1}, Case{"qwen3", DType::F32, 2},
+                                           Case{"qwen3", DType::BF16, 2}, Case{"qwen3", DType::F16, 1}),
                          case_name);
 
 // Full keeps less than selective, selective less than none, per microbatch
 // (the difference between two- and one-slot layouts).
 TEST(Recompute, EachModeKeepsLessPerMicrobatch) {
-  for (const std::string arch : {"gpt2", "llama"}) {
+  for (const std::string arch : {"gpt2", "llama", "qwen3"}) {
     const ModelDims d = dims_of(arch);
     auto per_slot = [&](Recompute r) {
       size_t used[2];
