@@ -8,6 +8,7 @@
 #   llama_hf_roundtrip_eval  a llama_debug checkpoint (step 4) exported as LlamaForCausalLM safetensors and
 #                         imported back evaluates to the identical val_loss; imported at tp=2 it evaluates
 #                         under mpirun -np 2 to the same val_loss (1e-5) and trains; a GPT-2 config is refused
+#   qwen3_hf_roundtrip_eval  the same for qwen3_debug as Qwen3ForCausalLM (q/k norm weights, head_dim 16)
 # Usage: ckpt_convert_test.sh XIRANG_BINARY SOURCE_DIR WORK_DIR CASE
 set -uo pipefail
 xirang=$1 src=$2 work=$3 case=$4
@@ -37,6 +38,45 @@ prepare() {
 loss_of() { grep "\"step\":$2," "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
 
 mpi=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe)
+
+# family_roundtrip ARCH CONFIG HF_CLASS TENSORS KV_ROWS FIELD: a checkpoint of a LLaMA-family
+# debug config (step 4) exported as HF_CLASS safetensors (TENSORS tensors,
+# k_proj KV_ROWS x 64, FIELD in config.json), imported back: the identical
+# val_loss; imported at tp=2: the same val_loss (1e-5) under mpirun -np 2,
+# and it trains; a GPT-2 config is refused.
+family_roundtrip() {
+  local arch=$1 fcfg=$2 hf_class=$3 tensors=$4 kv_rows=$5 field=$6
+  prepare_data
+  rm -rf "ck_$arch" "hf_$arch" "${arch}_back" "${arch}_tp2"
+  "$xirang" train "$fcfg" "${data[@]}" --set train.steps=6 --set train.stop_after=4 --set checkpoint.dir=ck_$arch \
+    --set checkpoint.every=4 >/dev/null 2>train.err || die "$arch training failed: $(tail -3 train.err)"
+  "$xirang" ckpt convert ck_$arch hf_$arch/model.safetensors >out.txt 2>err.txt || die "export failed: $(cat err.txt)"
+  grep -q "wrote .*hf_$arch/model.safetensors ($tensors tensors" out.txt || die "unexpected summary: $(cat out.txt)"
+  grep -q "\"model_type\": \"$arch\"" hf_$arch/config.json || die "config.json: $(cat hf_$arch/config.json)"
+  grep -q "$field" hf_$arch/config.json || die "no $field: $(cat hf_$arch/config.json)"
+  head -c 20000 hf_$arch/model.safetensors | grep -q '"model.layers.7.self_attn.k_proj.weight":{"data_offsets":\[[0-9]*,[0-9]*\],"dtype":"F32","shape":\['"$kv_rows"',64\]}' ||
+    die "no k_proj of ($kv_rows, 64) in the header"
+  "$xirang" ckpt convert hf_$arch/model.safetensors ${arch}_back --config "$fcfg" >/dev/null 2>err.txt ||
+    die "import failed: $(cat err.txt)"
+  "$xirang" eval "$fcfg" "${data[@]}" --checkpoint ck_$arch >a.txt 2>a.err || die "eval of ck_$arch failed: $(cat a.err)"
+  "$xirang" eval "$fcfg" "${data[@]}" --checkpoint ${arch}_back >b.txt 2>b.err || die "eval of the import failed: $(cat b.err)"
+  grep -qE '^val_loss [0-9]+\.[0-9]{12,}$' a.txt || die "unexpected eval output: $(cat a.txt)"
+  cmp -s a.txt b.txt || die "val_loss differs: $(cat a.txt) vs $(cat b.txt)"
+  "$xirang" ckpt convert hf_$arch/model.safetensors ${arch}_tp2 --config "$fcfg" --layout tp=2 >/dev/null 2>err.txt ||
+    die "import at tp=2 failed: $(cat err.txt)"
+  "${mpi[@]}" "$xirang" eval "$fcfg" "${data[@]}" --set parallel.tp=2 --checkpoint ${arch}_tp2 >c.txt 2>c.err ||
+    die "eval at tp=2 failed: $(tail -3 c.err)"
+  awk -v a="$(cut -d' ' -f2 a.txt)" -v c="$(cut -d' ' -f2 c.txt)" \
+    'BEGIN { d = a - c; exit !(a > 0 && (d < 0 ? -d : d) < 1e-5) }' || die "val_loss at tp=2 $(cat c.txt), $(cat a.txt) on one rank"
+  # The tp=2 import trains under mpirun -np 2, its optimizer state starting fresh.
+  "${mpi[@]}" "$xirang" train "$fcfg" "${data[@]}" --set parallel.tp=2 --set train.steps=1 --set checkpoint.dir=${arch}_tp2 \
+    >out.txt 2>err.txt || die "training from the tp=2 import failed: $(tail -3 err.txt)"
+  grep -q "resumed from .*step_00000000 at step 0" err.txt || die "did not resume at step 0: $(head -5 err.txt)"
+  grep -q "trained to step 1 of 1" out.txt || die "did not train: $(cat out.txt)"
+  expect_error 1 "data error: .*hf_$arch/config.json': architectures is \[\"$hf_class\"\], a model other than the config's: model.arch=gpt2" -- \
+    ckpt convert hf_$arch/model.safetensors out_dir --config "$cfg"
+  echo "ok [$case]: $(cat a.txt) for the $arch checkpoint and its safetensors round trip; tp=2 $(cat c.txt)"
+}
 
 case $case in
   hf_roundtrip_eval)
@@ -126,36 +166,8 @@ case $case in
     [ -f taken/step_00000004/meta.json ] && [ ! -e taken/step_00000001 ] || die "--force did not replace taken/"
     echo "ok [$case]" ;;
   llama_hf_roundtrip_eval)
-    prepare_data
-    lcfg=$src/configs/llama_debug.yaml
-    rm -rf ck_llama hf_llama llama_back llama_tp2
-    "$xirang" train "$lcfg" "${data[@]}" --set train.steps=6 --set train.stop_after=4 --set checkpoint.dir=ck_llama \
-      --set checkpoint.every=4 >/dev/null 2>train.err || die "llama training failed: $(tail -3 train.err)"
-    "$xirang" ckpt convert ck_llama hf_llama/model.safetensors >out.txt 2>err.txt || die "export failed: $(cat err.txt)"
-    grep -q "wrote .*hf_llama/model.safetensors (75 tensors" out.txt || die "unexpected summary: $(cat out.txt)"
-    grep -q '"model_type": "llama"' hf_llama/config.json || die "config.json: $(cat hf_llama/config.json)"
-    grep -q '"rope_type": "llama3"' hf_llama/config.json || die "no rope_scaling: $(cat hf_llama/config.json)"
-    head -c 20000 hf_llama/model.safetensors | grep -q '"model.layers.7.self_attn.k_proj.weight":{"data_offsets":\[[0-9]*,[0-9]*\],"dtype":"F32","shape":\[32,64\]}' ||
-      die "no k_proj of (n_kv_head x 8, 64) in the header"
-    "$xirang" ckpt convert hf_llama/model.safetensors llama_back --config "$lcfg" >/dev/null 2>err.txt ||
-      die "import failed: $(cat err.txt)"
-    "$xirang" eval "$lcfg" "${data[@]}" --checkpoint ck_llama >a.txt 2>a.err || die "eval of ck_llama failed: $(cat a.err)"
-    "$xirang" eval "$lcfg" "${data[@]}" --checkpoint llama_back >b.txt 2>b.err || die "eval of the import failed: $(cat b.err)"
-    grep -qE '^val_loss [0-9]+\.[0-9]{12,}$' a.txt || die "unexpected eval output: $(cat a.txt)"
-    cmp -s a.txt b.txt || die "val_loss differs: $(cat a.txt) vs $(cat b.txt)"
-    "$xirang" ckpt convert hf_llama/model.safetensors llama_tp2 --config "$lcfg" --layout tp=2 >/dev/null 2>err.txt ||
-      die "import at tp=2 failed: $(cat err.txt)"
-    "${mpi[@]}" "$xirang" eval "$lcfg" "${data[@]}" --set parallel.tp=2 --checkpoint llama_tp2 >c.txt 2>c.err ||
-      die "eval at tp=2 failed: $(tail -3 c.err)"
-    awk -v a="$(cut -d' ' -f2 a.txt)" -v c="$(cut -d' ' -f2 c.txt)" \
-      'BEGIN { d = a - c; exit !(a > 0 && (d < 0 ? -d : d) < 1e-5) }' || die "val_loss at tp=2 $(cat c.txt), $(cat a.txt) on one rank"
-    # The tp=2 import trains under mpirun -np 2, its optimizer state starting fresh.
-    "${mpi[@]}" "$xirang" train "$lcfg" "${data[@]}" --set parallel.tp=2 --set train.steps=1 --set checkpoint.dir=llama_tp2 \
-      >out.txt 2>err.txt || die "training from the tp=2 import failed: $(tail -3 err.txt)"
-    grep -q "resumed from .*step_00000000 at step 0" err.txt || die "did not resume at step 0: $(head -5 err.txt)"
-    grep -q "trained to step 1 of 1" out.txt || die "did not train: $(cat out.txt)"
-    expect_error 1 "data error: .*hf_llama/config.json': architectures is \[\"LlamaForCausalLM\"\], a model other than the config's: model.arch=gpt2" -- \
-      ckpt convert hf_llama/model.safetensors out_dir --config "$cfg"
-    echo "ok [$case]: $(cat a.txt) for the llama checkpoint and its safetensors round trip; tp=2 $(cat c.txt)" ;;
+    family_roundtrip llama "$src/configs/llama_debug.yaml" LlamaForCausalLM 75 32 '"rope_type": "llama3"' ;;
+  qwen3_hf_roundtrip_eval)
+    family_roundtrip qwen3 "$src/configs/qwen3_debug.yaml" Qwen3ForCausalLM 90 64 '"head_dim": 16' ;;
   *) die "unknown case" ;;
 esac

@@ -1,6 +1,7 @@
 // LLaMA's file adapter (models/llama/llama_files.h), without files: the
 // Hugging Face names, the row blocks of the fused q/k/v and gate/up
-// projections, config.json and its checks, the llm.c refusal.
+// projections, config.json and its checks, the llm.c refusal; Qwen3's
+// (models/qwen3/qwen3_files.h), the same adapter for another family member.
 #include "models/llama/llama_files.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "models/llama/llama.h"
+#include "models/qwen3/qwen3.h"
+#include "models/qwen3/qwen3_files.h"
 #include "tests/core/expect_error.h"
 
 namespace xirang {
@@ -167,6 +170,68 @@ TEST(LlamaFiles, LlmcHasNoLlamaForm) {
             "llm.c model files hold GPT-2 only; model.arch=llama is imported from Hugging Face safetensors instead");
   expect_error([&] { llama_file_adapter().llmc_tensors(LlmcHeader{}, one_rank(d), d); }, ErrorKind::Data,
                {"llm.c", "GPT-2 only"});
+}
+
+// Qwen3: the dims above with heads 6 wide (q 24, k and v 12 rows of 16) and a tied head.
+ModelDims qwen3_dims() {
+  ModelDims d = dims(true);
+  d.arch = "qwen3";
+  d.head_dim = 6;
+  d.rope = RopeConfig{1000000.0, {}};
+  return d;
+}
+
+TEST(Qwen3Files, NamesAndShapesWithTheQkNorm) {
+  EXPECT_EQ(model_arch("qwen3").files, &qwen3_file_adapter());
+  const ModelDims d = qwen3_dims();
+  const ModelFileAdapter& a = qwen3_file_adapter();
+  EXPECT_EQ(a.model_name(), "Qwen3");
+  const std::vector<Parameter> ps = model_arch("qwen3").parameters(d, ChunkPlacement::whole(d.n_layer), 1, 0);
+  const std::vector<ForeignTensor> qkv = a.hf_tensors(param(ps, "layers.1.self_attn.qkv_proj.weight"), d);
+  ASSERT_EQ(qkv.size(), 3u);
+  EXPECT_EQ(qkv[0].names[0], "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_EQ(qkv[0].shape, (Shape{24, 16}));
+  EXPECT_EQ(qkv[1].names[0], "model.layers.1.self_attn.k_proj.weight");
+  EXPECT_EQ(qkv[1].row_begin, 24);
+  EXPECT_EQ(qkv[2].row_end, 48);
+  const std::vector<ForeignTensor> qn = a.hf_tensors(param(ps, "layers.0.self_attn.q_norm.weight"), d);
+  ASSERT_EQ(qn.size(), 1u);
+  EXPECT_EQ(qn[0].names, (std::vector<std::string>{"model.layers.0.self_attn.q_norm.weight",
+                                                   "layers.0.self_attn.q_norm.weight"}));
+  EXPECT_EQ(qn[0].shape, (Shape{6}));
+  EXPECT_EQ(a.hf_tensors(param(ps, "layers.1.self_attn.o_proj.weight"), d)[0].shape, (Shape{16, 24}));
+}
+
+TEST(Qwen3Files, ConfigJsonAndItsChecks) {
+  const ModelFileAdapter& a = qwen3_file_adapter();
+  const ModelDims d = qwen3_dims();
+  const std::string ours = a.hf_config_json(d, DType::BF16);
+  const nlohmann::json c = nlohmann::json::parse(ours);
+  const nlohmann::json want = nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 16, "intermediate_size": 48,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "head_dim": 6, "vocab_size": 250,
+    "max_position_embeddings": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000, "rope_scaling": null,
+    "tie_word_embeddings": true, "hidden_act": "silu", "attention_bias": false, "use_sliding_window": false,
+    "attention_dropout": 0.0, "initializer_range": 0.02, "torch_dtype": "bfloat16"})");
+  EXPECT_EQ(c, want) << c.dump(2);
+  EXPECT_EQ(a.hf_config_problem(ours, d), "");
+  auto with = [&](const std::string& pointer, nlohmann::json value) {
+    nlohmann::json j = nlohmann::json::parse(ours);
+    j[nlohmann::json::json_pointer(pointer)] = value;
+    return a.hf_config_problem(j.dump(), d);
+  };
+  EXPECT_EQ(with("/head_dim", 4), "head_dim is 4 but the config has model.head_dim=6");
+  EXPECT_EQ(with("/use_sliding_window", true),
+            "use_sliding_window is true; model.arch=qwen3 has full attention in every layer");
+  EXPECT_EQ(with("/attention_bias", true), "attention_bias is true; model.arch=qwen3 has bias-free projections");
+  EXPECT_EQ(with("/architectures", {"LlamaForCausalLM"}),
+            "architectures is [\"LlamaForCausalLM\"], a model other than the config's: model.arch=qwen3 reads "
+            "Qwen3ForCausalLM");
+  EXPECT_EQ(with("/model_type", "qwen2"),
+            "model_type is \"qwen2\", a model other than the config's: model.arch=qwen3 reads \"qwen3\"");
+  // A LLaMA's config.json is not a Qwen3's, and the other way round.
+  EXPECT_NE(llama_file_adapter().hf_config_problem(ours, dims(true)), "");
+  EXPECT_NE(a.hf_config_problem(llama_file_adapter().hf_config_json(dims(true), DType::F32), d), "");
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
+#include "models/qwen3/qwen3.h"
 #include "tests/models/model_fixture.h"
 
 namespace xirang {
@@ -44,6 +45,12 @@ void check_layers(int n_layer, bool sequence_parallel) {
     shape = ModelDims{.arch = "llama", .n_layer = n_layer, .n_head = 8, .n_kv_head = 4, .d_model = 32,
                       .ffn_hidden = 48, .max_seq_len = 8, .vocab_size = 50, .vocab_multiple = 64};
     shape.rope = RopeConfig{10000.0, RopeScaling::llama3(4, 1, 2, 4)};
+  }
+  if constexpr (std::is_same_v<Arch, Qwen3>) {
+    // LLaMA's shape with heads 6 wide and a q/k norm whose weight gradients sum over the ranks' heads.
+    shape = ModelDims{.arch = "qwen3", .n_layer = n_layer, .n_head = 8, .n_kv_head = 4, .head_dim = 6,
+                      .d_model = 32, .ffn_hidden = 48, .max_seq_len = 8, .vocab_size = 50, .vocab_multiple = 64,
+                      .norm_eps = 1e-6};
   }
   const ChunkBatch batch{2, 8, 1};
   std::vector<int32_t> tokens(16), targets(16);
@@ -91,6 +98,8 @@ TEST(TensorParallelLayers, ColumnAndRowParallelBlockSequenceParallel) { check_la
 TEST(TensorParallelLayers, TwoBlocksSequenceParallel) { check_layers(2, true); }
 TEST(TensorParallelLayers, LlamaBlock) { check_layers<Llama>(1, false); }
 TEST(TensorParallelLayers, LlamaBlockSequenceParallel) { check_layers<Llama>(1, true); }
+TEST(TensorParallelLayers, Qwen3Block) { check_layers<Qwen3>(1, false); }
+TEST(TensorParallelLayers, Qwen3BlocksSequenceParallel) { check_layers<Qwen3>(2, true); }
 
 }  // namespace
 }  // namespace xirang
