@@ -12,7 +12,7 @@
 # 420 s; a check that would not fit in what is left is reported "not run"):
 #
 #   kernels    cuda_tests: every CUDA kernel against the CPU op in float64
-#   parity     gpt2_debug and llama_debug, 20 steps in fp32 and bf16 on the GPU
+#   parity     gpt2_debug, llama_debug and qwen3_debug, 20 steps in fp32 and bf16 on the GPU
 #              and on the CPU from the same data and seed; fp32 losses within
 #              1e-4 relative at every step, bf16 within 2e-2
 #   nccl_paths gpt2_debug with NCCL groups of one (comm.nccl_alone), with and
@@ -233,11 +233,11 @@ train() {
     --set metrics.jsonl="$out/$name.jsonl" --set metrics.log_every=1 "$@"
 }
 
-if want parity 150; then
+if want parity 200; then
   if ! prepare_data; then
     record parity FAIL "data prepare failed: $(tail -1 "$out/prepare.log")"
   else
-    for model in gpt2_debug llama_debug; do
+    for model in gpt2_debug llama_debug qwen3_debug; do
       for dtype in fp32 bf16; do
         train_cap=40 train "${model}_${dtype}_gpu" "$model.yaml" "$gpu" "$dtype" "$parity_steps" ||
           tail -5 "$out/${model}_${dtype}_gpu.log"
@@ -254,7 +254,7 @@ def losses(name):
     except OSError:
         return []
 bad = 0
-for model in ("gpt2_debug", "llama_debug"):
+for model in ("gpt2_debug", "llama_debug", "qwen3_debug"):
     for dtype, tol in (("fp32", 1e-4), ("bf16", 2e-2)):
         g, c = losses(f"{model}_{dtype}_gpu"), losses(f"{model}_{dtype}_cpu")
         if len(g) != n or len(c) != n:

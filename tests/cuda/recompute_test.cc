@@ -1,4 +1,4 @@
-// Activation recomputation on the device: GPT-2 and LLaMA chunks in
+// Activation recomputation on the device: GPT-2, LLaMA and Qwen3 chunks in
 // device arenas, two microbatches in flight, train.recompute selective and
 // full against none in each storage dtype. The recomputation re-runs the
 // same CUDA kernels (cuBLASLt products, flash attention, GELU, SwiGLU) on
@@ -21,9 +21,10 @@ ModelDims device_dims(const std::string& arch) {
   if (arch == "gpt2")
     return ModelDims{.arch = "gpt2", .n_layer = 3, .n_head = 2, .d_model = 64, .max_seq_len = 32, .vocab_size = 101,
                      .vocab_multiple = 8};
-  ModelDims d{.arch = "llama", .n_layer = 3, .n_head = 4, .n_kv_head = 2, .d_model = 64, .ffn_hidden = 96,
-              .max_seq_len = 32, .vocab_size = 101, .vocab_multiple = 8};
-  d.tie_embeddings = false;
+  // Qwen3: heads 32 wide where d_model / n_head is 16, and the q/k norm kernels.
+  ModelDims d{.arch = arch, .n_layer = 3, .n_head = 4, .n_kv_head = 2, .head_dim = arch == "qwen3" ? 32 : 0,
+              .d_model = 64, .ffn_hidden = 96, .max_seq_len = 32, .vocab_size = 101, .vocab_multiple = 8};
+  d.tie_embeddings = arch == "qwen3";
   return d;
 }
 
@@ -67,7 +68,7 @@ class RecomputeOnDevice : public CudaDTypeTest {};
 
 TEST_P(RecomputeOnDevice, LossesAndGradientsBitwiseEqualNone) {
   const DType dt = GetParam();
-  for (const std::string arch : {"gpt2", "llama"}) {
+  for (const std::string arch : {"gpt2", "llama", "qwen3"}) {
     const DeviceRun none = run(ctx(), arch, dt, Recompute::None);
     EXPECT_GT(none.loss, 0.0) << arch;
     for (Recompute r : {Recompute::Selective, Recompute::Full}) {
