@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `xirang generate` from the command line, on checkpoints of the debug GPT-2
-# and LLaMA trained for 4 steps on the byte tokenizer's data:
+# LLaMA and Qwen3 trained for 4 steps on the byte tokenizer's data:
 #   gpt2_greedy      temperature 0 prints the prompt and its continuation, the same twice, and the same
 #                    for 1 and 2 OpenMP/BLAS threads; a tp=2 reshard of the checkpoint generates the same (greedy
 #                    and sampled), the step-2 checkpoint other text;
 #                    bf16 storage generates too
-#   llama_sampling   the same seed gives the same text at temperature 0.9 with top-k 20, for 1 and 2
+#   llama_sampling   the same seed gives the same text at temperature 0.9 with top-k 20, for 1, 2 and 3
 #                    threads; other seeds give other texts; greedy repeats too
+#   qwen3_sampling   the same for the debug Qwen3
 #   context_full     generation stops when the sequence fills model.seq_len, and says so on stderr
 #   one_rank         under mpirun -np 2 it refuses with one line from rank 0 (77: no mpirun)
 #   bad_input        one error line and a non-zero exit for each bad input
@@ -20,6 +21,7 @@ cd "$work" || exit 1
 
 gpt2=$src/configs/gpt2_debug.yaml
 llama=$src/configs/llama_debug.yaml
+qwen3=$src/configs/qwen3_debug.yaml
 data=(--set data.train=data/debug/train)
 # A checkpoint of CONFIG after 4 steps in DIR (shared by the cases).
 prepare() {
@@ -42,6 +44,33 @@ gen() {
 
 # threads N CMD...: CMD (a function of this script too) with N OpenMP and BLAS threads.
 threads() { (export OMP_NUM_THREADS=$1 OPENBLAS_NUM_THREADS=$1; "${@:2}") || exit 1; }
+
+# sampling CONFIG CKPT: the same seed gives the same text at temperature 0.9
+# with top-k 20 for 1, 2 and 3 threads, other seeds other texts; greedy
+# repeats for 1, 2 and 3 threads.
+sampling() {
+  prepare "$1" "$2"
+  args=("$1" "${data[@]}" --checkpoint "$2" --prompt "Once upon a time" --max-new-tokens 40)
+  gen s1 "${args[@]}" --temperature 0.9 --top-k 20 --seed 7
+  gen s2 "${args[@]}" --temperature 0.9 --top-k 20 --seed 7
+  threads 2 gen s3 "${args[@]}" --temperature 0.9 --top-k 20 --seed 7
+  threads 3 gen s4 "${args[@]}" --temperature 0.9 --top-k 20 --seed 7
+  cmp -s s1.out s2.out || die "the same seed gave '$(cat s1.out)' and '$(cat s2.out)'"
+  cmp -s s1.out s3.out || die "1 and 2 threads differ: '$(cat s1.out)' vs '$(cat s3.out)'"
+  cmp -s s1.out s4.out || die "1 and 3 threads differ: '$(cat s1.out)' vs '$(cat s4.out)'"
+  differ=0
+  for seed in 8 9 10; do
+    gen o$seed "${args[@]}" --temperature 0.9 --top-k 20 --seed $seed
+    cmp -s s1.out o$seed.out || differ=$((differ + 1))
+  done
+  [ $differ -ge 2 ] || die "other seeds give the same text: $(cat s1.out)"
+  gen g1 "${args[@]}" --temperature 0
+  threads 2 gen g2 "${args[@]}" --temperature 0
+  threads 3 gen g3 "${args[@]}" --temperature 0
+  cmp -s g1.out g2.out || die "greedy differs for 1 and 2 threads: '$(cat g1.out)' vs '$(cat g2.out)'"
+  cmp -s g1.out g3.out || die "greedy differs for 1 and 3 threads: '$(cat g1.out)' vs '$(cat g3.out)'"
+  echo "ok [$case]: $(cat s1.out) | greedy: $(cat g1.out)"
+}
 
 case $case in
   gpt2_greedy)
@@ -72,24 +101,8 @@ case $case in
       --set precision.dtype=bf16
     grep -q "generated 40 tokens" e.err || die "bf16: $(cat e.err)"
     echo "ok [$case]: $(cat a.out)" ;;
-  llama_sampling)
-    prepare "$llama" ck_llama
-    args=("$llama" "${data[@]}" --checkpoint ck_llama --prompt "Once upon a time" --max-new-tokens 40)
-    gen s1 "${args[@]}" --temperature 0.9 --top-k 20 --seed 7
-    gen s2 "${args[@]}" --temperature 0.9 --top-k 20 --seed 7
-    threads 2 gen s3 "${args[@]}" --temperature 0.9 --top-k 20 --seed 7
-    cmp -s s1.out s2.out || die "the same seed gave '$(cat s1.out)' and '$(cat s2.out)'"
-    cmp -s s1.out s3.out || die "1 and 2 threads differ: '$(cat s1.out)' vs '$(cat s3.out)'"
-    differ=0
-    for seed in 8 9 10; do
-      gen o$seed "${args[@]}" --temperature 0.9 --top-k 20 --seed $seed
-      cmp -s s1.out o$seed.out || differ=$((differ + 1))
-    done
-    [ $differ -ge 2 ] || die "other seeds give the same text: $(cat s1.out)"
-    gen g1 "${args[@]}" --temperature 0
-    threads 2 gen g2 "${args[@]}" --temperature 0
-    cmp -s g1.out g2.out || die "greedy differs for 1 and 2 threads: '$(cat g1.out)' vs '$(cat g2.out)'"
-    echo "ok [$case]: $(cat s1.out) | greedy: $(cat g1.out)" ;;
+  llama_sampling) sampling "$llama" ck_llama ;;
+  qwen3_sampling) sampling "$qwen3" ck_qwen3 ;;
   context_full)
     prepare "$gpt2" ck_gpt2
     prompt=$(printf 'a%.0s' $(seq 1 60))  # 60 byte tokens of model.seq_len=64
