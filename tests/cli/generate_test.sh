@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `xirang generate` from the command line, on checkpoints of the debug GPT-2
+# `xirang generate` from the command line, on checkpoints of the debug GPT-2,
 # LLaMA and Qwen3 trained for 4 steps on the byte tokenizer's data:
 #   gpt2_greedy      temperature 0 prints the prompt and its continuation, the same twice, and the same
 #                    for 1 and 2 OpenMP/BLAS threads; a tp=2 reshard of the checkpoint generates the same (greedy
