@@ -36,8 +36,10 @@ void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor&
 void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
 
 // dx (N, in) = dy w (overwritten or accumulated per dx_mode; skipped when dx is undefined);
-// dw (out, in) += dy^T x;  dbias (out) += sum over rows of dy (skipped when undefined);
-// dw and dbias may be F32 when the activations are 16-bit.
+// dw (out, in) += dy^T x (skipped when undefined);  dbias (out) += sum over rows of dy (skipped when undefined);
+// dw and dbias may be F32 when the activations are 16-bit. The three
+// results are computed independently, so a call for dx and dbias and a
+// later one for dw (a split backward pass) give bitwise those of one call.
 void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& w, GradMode dx_mode);
 

@@ -96,6 +96,9 @@ struct ChunkBatch {
   int seq_len = 64;          // tokens per sequence (T)
   int activation_slots = 1;  // microbatches whose activations are alive at once
   Recompute recompute = Recompute::None;
+  // Lay out what a backward split into its input- and weight-gradient
+  // parts keeps between them (BackwardPart; chunks that splits_backward()).
+  bool split_backward = false;
 };
 
 struct TensorParallel {
@@ -148,7 +151,12 @@ class ModelChunk {
   // Backward of the microbatch in `slot`; parameter gradients accumulate. A
   // chunk without the head takes the gradient of its output (stage_output's
   // shape) from the next chunk; afterwards input_grad() holds the gradient
-  // of its input. `part` other than Full needs splits_backward().
+  // of its input. `part` other than Full needs splits_backward(): InputGrad
+  // computes input_grad() (and the bias and norm gradients) and keeps the
+  // weight-gradient products' operands; WeightGrad of the same slot, before
+  // the slot's next forward, runs them and the gradient-ready calls (the
+  // hook fires from WeightGrad; `phase` is InputGrad's). InputGrad then
+  // WeightGrad gives bitwise Full's gradients.
   virtual void backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase = GradPhase::Final,
                         const Tensor& output_grad = Tensor(), BackwardPart part = BackwardPart::Full) = 0;
   virtual bool splits_backward() const { return false; }

@@ -135,14 +135,14 @@ void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbia
   int64_t N = x.size(0), in = x.size(1), out = w.size(0);
   check_shape(op, "dy", dy, {N, out});
   check_shape(op, "w", w, {out, in});
-  check_shape(op, "dw", dw, {out, in});
+  if (dw.defined()) check_shape(op, "dw", dw, {out, in});
   if (dx.defined()) check_shape(op, "dx", dx, {N, in});
   if (dbias.defined()) check_shape(op, "dbias", dbias, {out});
   const DType s = dy.dtype();
   check_dtype(op, "x", x, s);
   check_dtype(op, "w", w, s);
   if (dx.defined()) check_dtype(op, "dx", dx, s);
-  cpu::check_grad_dtype(op, "dw", dw, s);
+  if (dw.defined()) cpu::check_grad_dtype(op, "dw", dw, s);
   if (dbias.defined()) cpu::check_grad_dtype(op, "dbias", dbias, s);
   dispatch_storage(s, op, [&](auto tag) {
     using T = decltype(tag);
@@ -152,16 +152,17 @@ void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbia
         cpu::gemm_16bit_best<T, T>(false, false, N, in, out, 1.0f, pdy, out, w.data<T>(), in,
                                    dx_mode == GradMode::Accumulate ? 1.0f : 0.0f, dx.data<T>(), in, nullptr);
       // An F32 dw is summed into in place (beta 1): no 16-bit rounding at all.
-      cpu::dispatch_grad<T>(dw.dtype(), [&](auto gtag) {
-        using G = decltype(gtag);
-        cpu::gemm_16bit_best<T, G>(true, false, out, in, N, 1.0f, pdy, out, x.data<T>(), in, 1.0f, dw.data<G>(), in,
-                                   nullptr);
-      });
+      if (dw.defined())
+        cpu::dispatch_grad<T>(dw.dtype(), [&](auto gtag) {
+          using G = decltype(gtag);
+          cpu::gemm_16bit_best<T, G>(true, false, out, in, N, 1.0f, pdy, out, x.data<T>(), in, 1.0f, dw.data<G>(),
+                                     in, nullptr);
+        });
     } else {
       if (dx.defined())
         gemm<T>(false, false, N, in, out, T(1), pdy, out, w.data<T>(), in, dx_mode == GradMode::Accumulate ? T(1) : T(0),
                 dx.data<T>(), in);
-      gemm<T>(true, false, out, in, N, T(1), pdy, out, x.data<T>(), in, T(1), dw.data<T>(), in);
+      if (dw.defined()) gemm<T>(true, false, out, in, N, T(1), pdy, out, x.data<T>(), in, T(1), dw.data<T>(), in);
     }
     if (dbias.defined())
       cpu::dispatch_grad<T>(dbias.dtype(), [&](auto gtag) {

@@ -440,10 +440,12 @@ void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbia
   const DType S = x.dtype();
   check_shape(op, "dy", dy, {N, out});
   check_shape(op, "w", w, {out, in});
-  check_shape(op, "dw", dw, {out, in});
   check_dtype(op, "dy", dy, S);
   check_dtype(op, "w", w, S);
-  check_grad_dtype(op, "dw", dw, S);
+  if (dw.defined()) {
+    check_shape(op, "dw", dw, {out, in});
+    check_grad_dtype(op, "dw", dw, S);
+  }
   if (dx.defined()) {
     check_shape(op, "dx", dx, {N, in});
     check_dtype(op, "dx", dx, S);
@@ -466,7 +468,7 @@ void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbia
       gemm(ctx, g, op);
     }
   }
-  if (N > 0 && out > 0 && in > 0) {
+  if (dw.defined() && N > 0 && out > 0 && in > 0) {
     Gemm g;  // dw (out, in) += dy^T (out, N) x (N, in)
     g.a = dy.raw(), g.b = x.raw(), g.out = dw.raw();
     g.ab_dtype = S, g.out_dtype = dw.dtype();
@@ -517,8 +519,10 @@ void linear_gelu_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor
   const int64_t N = x.size(0), in = x.size(1), out = w.size(0);
   // linear_backward checks these again; checking first means a bad call
   // fails before dpre is written.
-  check_shape(op, "dw", dw, {out, in});
-  check_grad_dtype(op, "dw", dw, x.dtype());
+  if (dw.defined()) {
+    check_shape(op, "dw", dw, {out, in});
+    check_grad_dtype(op, "dw", dw, x.dtype());
+  }
   if (dx.defined()) check_shape(op, "dx", dx, {N, in});
   check_shape(op, "dy", dy, {N, out});
   check_shape(op, "pre", pre, {N, out});

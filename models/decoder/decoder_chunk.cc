@@ -159,8 +159,19 @@ ActList DecoderChunk::block_activations(size_t l, BlockActs& a) const {
 
 void DecoderChunk::layout_slot(Arena& acts, SlotActs& s) {
   const int64_t C = dims_.d_model, P = tp_.size(), N = tp_.rows(), R = tp_.local_rows();
-  auto alloc = [&](const ActSpec& a) { *a.tensor = acts.alloc(a.shape, a.wide ? wide_dtype_ : dtype_, a.what); };
+  // The slot's tensors are carved one after another: [begin, end) holds them all.
+  auto note = [&](const Tensor& t) {
+    const char* p = static_cast<const char*>(t.raw());
+    if (!p) return;
+    if (!s.begin || p < s.begin) s.begin = p;
+    if (!s.end || p + t.bytes() > s.end) s.end = p + t.bytes();
+  };
+  auto alloc = [&](const ActSpec& a) {
+    *a.tensor = acts.alloc(a.shape, a.wide ? wide_dtype_ : dtype_, a.what);
+    note(*a.tensor);
+  };
   s.input = acts.alloc({R, C}, dtype_, "stage input");
+  note(s.input);
   s.blocks.resize(layers_.blocks.size());
   for (size_t l = 0; l < s.blocks.size(); ++l)
     for (const ActSpec& a : block_activations(l, s.blocks[l]))
@@ -171,7 +182,32 @@ void DecoderChunk::layout_slot(Arena& acts, SlotActs& s) {
     for (const ActSpec& a : list) alloc(a);
     s.logits = acts.alloc({N, dims_.padded_vocab() / P}, dtype_, "logits");
     s.losses = acts.alloc({N}, wide_dtype_, "losses");
+    note(s.logits);
+    note(s.losses);
   }
+}
+
+int64_t DecoderChunk::weight_queue_bytes() const {
+  const int64_t C = dims_.d_model, N = tp_.rows();
+  const int64_t e = int64_t(dtype_size(dtype_));
+  std::vector<int64_t> pieces;
+  for (size_t l = 0; l < layers_.blocks.size(); ++l) {
+    // Every product's output gradient and input, as if none lay in the slot:
+    // qkv (dqkv, x), proj (dy, y), up (dpre, x), down (dy, post).
+    BlockActs shapes;
+    for (const ActSpec& a : block_activations(l, shapes)) {
+      if (a.tensor == &shapes.attn.qkv || a.tensor == &shapes.attn.y || a.tensor == &shapes.ffn.pre ||
+          a.tensor == &shapes.ffn.post)
+        pieces.push_back(a.shape.numel() * e);
+    }
+    for (int i = 0; i < 4; ++i) pieces.push_back(N * C * e);  // qkv's and up's inputs, proj's and down's dy
+  }
+  if (placement_.has_head) pieces.push_back(N * C * e);  // the head's input (dlogits stay in the slot)
+  if (placement_.has_embedding) {
+    pieces.push_back(N * C * e);                     // the embedding's dy
+    pieces.push_back(N * int64_t(sizeof(int32_t)));  // its tokens
+  }
+  return WeightGradQueue::bytes_for(pieces);
 }
 
 void DecoderChunk::layout_activations(Arena& acts) {
@@ -204,6 +240,10 @@ void DecoderChunk::layout_activations(Arena& acts) {
   if (layers_.head) layers_.head->layout(acts, tp_, wide_dtype_);
   if (placement_.has_head) loss_sum_ = acts.alloc({1}, DType::F64, "loss sum");
   loss_pending_ = false;
+  later_.assign(batch_.split_backward ? slots_.size() : 0, {});
+  for (size_t i = 0; i < later_.size(); ++i)
+    later_[i].bind(acts.alloc({weight_queue_bytes() / 4}, DType::I32, "weight-gradient operands"), slots_[i].begin,
+                   slots_[i].end);
 }
 
 DecoderChunk::BlockActs DecoderChunk::block_acts(SlotActs& s, size_t l) const {
@@ -303,23 +343,24 @@ void DecoderChunk::forward(const KernelContext& ctx, int slot, const Tensor& tok
 
 // Residual adds need no op: the gradient passes through d_res_ and the norm
 // backward passes accumulate into it. Each layer's backward computes its
-// input gradient and its weight gradients together (Linear::backward); a
-// zero-bubble split would run the latter in a second pass over the same
-// saved activations, from block_backward's same order.
+// input gradient and its weight gradients together (Linear::backward), or,
+// in a split backward's input part, its input gradient, bias and norm
+// gradients, and leaves the weight products to the slot's WeightGradQueue
+// (models/layers/weight_grads.h) for the weight part.
 void DecoderChunk::block_backward(const KernelContext& ctx, const DecoderLayers::Block& b, const Tensor& x,
-                                  BlockActs& a, GradPhase phase) {
+                                  BlockActs& a, GradPhase phase, WeightGradQueue* later) {
   const int64_t N = tp_.rows(), Y = a.attn.y.size(2), Q = a.attn.qkv.size(2);
   const Tensor flat = d_big_.flat();
   const Tensor dy_attn = flat.flat_range(0, N * Y).view({N, Y});                // (N, H D/P)
   const Tensor dqkv = flat.flat_range(N * Y, N * (Y + Q)).view(a.attn.qkv.shape());  // (B, T, qkv width)
 
   Tensor dy = tp_.full_rows(d_res_);
-  b.ffn->backward(ctx, tp_, d_big_, dy, a.ffn, tp_.gathered(a.norm2.y));
+  b.ffn->backward(ctx, tp_, d_big_, dy, a.ffn, tp_.gathered(a.norm2.y), later);
   b.norm2.backward(ctx, d_res_, ColumnParallelLinear::input_grad(tp_, d_c_), a.res2, a.norm2.mean, a.norm2.rstd);
 
   dy = tp_.full_rows(d_res_);
-  b.attn.proj().backward(ctx, dy_attn, dy, a.attn.y.flat2d());
-  b.attn.backward(ctx, tp_, dqkv, dy_attn.view(a.attn.y.shape()), a.attn, tp_.gathered(a.norm1.y), rope());
+  b.attn.proj().backward(ctx, dy_attn, dy, a.attn.y.flat2d(), later);
+  b.attn.backward(ctx, tp_, dqkv, dy_attn.view(a.attn.y.shape()), a.attn, tp_.gathered(a.norm1.y), rope(), later);
   b.norm1.backward(ctx, d_res_, ColumnParallelLinear::input_grad(tp_, d_c_), x, a.norm1.mean, a.norm1.rstd);
   if (phase == GradPhase::Final) {
     b.attn.reduce_grads(tp_);
@@ -328,11 +369,11 @@ void DecoderChunk::block_backward(const KernelContext& ctx, const DecoderLayers:
   }
 }
 
-void DecoderChunk::head_backward(const KernelContext& ctx, SlotActs& s, GradPhase phase) {
+void DecoderChunk::head_backward(const KernelContext& ctx, SlotActs& s, GradPhase phase, WeightGradQueue* later) {
   // The training forward left dlogits in s.logits.
   const Tensor& last = layers_.blocks.empty() ? s.input : s.blocks.back().res3;
   const NormActs& f = s.final_norm;
-  layers_.head->backward(ctx, tp_, layers_.head_table(), s.logits, tp_.gathered(f.y));
+  layers_.head->backward(ctx, tp_, layers_.head_table(), s.logits, tp_.gathered(f.y), later);
   Tensor dnorm = tp_.partial();
   if (tp_.split()) {
     tp_.reduce_rows(tp_.partial(), tp_.sequence_parallel() ? d_c_ : tp_.partial());
@@ -348,17 +389,35 @@ Tensor DecoderChunk::stage_output(int slot) {
   return layers_.blocks.empty() ? s.input : s.blocks.back().res3;
 }
 
+void DecoderChunk::embedding_backward(const KernelContext& ctx, const Tensor& dy_full, const Tensor& tokens) const {
+  layers_.embed->backward(ctx, tp_, dy_full, tokens);
+  if (layers_.positions) layers_.positions->backward(ctx, dy_full, batch_.seq_len);
+}
+
 void DecoderChunk::backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase,
                             const Tensor& output_grad, BackwardPart part) {
-  XR_CHECK(part == BackwardPart::Full, layers_.spec.name,
-           " runs the whole backward pass in one part (splits_backward() is false)");
+  XR_CHECK(part == BackwardPart::Full || splits_backward(), layers_.spec.name,
+           ": a split backward needs a chunk laid out with ChunkBatch::split_backward");
   XR_CHECK(tp_.can_run(), layers_.spec.name, ": a chunk laid out without its tensor-parallel group cannot run");
+  if (part == BackwardPart::WeightGrad) {
+    later_.at(size_t(slot)).run(ctx, [this](int layer) { grad_ready(layer); });
+    return;
+  }
+  WeightGradQueue* later = part == BackwardPart::InputGrad ? &later_.at(size_t(slot)) : nullptr;
+  XR_CHECK(!later || !later->pending(), layers_.spec.name, ": slot ", slot,
+           "'s weight-gradient part has not run since its last input-gradient part");
+  // Where the fused pass calls grad_ready, a split one marks the place in the queue.
+  const bool final_pass = phase == GradPhase::Final;
+  auto ready = [&](int layer) {
+    if (!final_pass) return;
+    if (later) later->layer_done(layer);
+    else grad_ready(layer);
+  };
   tp_.begin_pass(ctx);
   SlotActs& s = slots_.at(size_t(slot));
-  const bool final_pass = phase == GradPhase::Final;
   if (placement_.has_head) {
-    head_backward(ctx, s, phase);
-    if (final_pass) grad_ready(dims_.n_layer);
+    head_backward(ctx, s, phase, later);
+    ready(dims_.n_layer);
   } else {
     check_shape((layers_.spec.name + "::backward").c_str(), "output_grad", output_grad, d_res_.shape());
     copy_tensor(d_res_, output_grad, ctx.cuda_stream, false);  // in stream order on a device
@@ -367,15 +426,19 @@ void DecoderChunk::backward(const KernelContext& ctx, int slot, const Tensor& to
     const Tensor& x = l == 0 ? s.input : s.blocks[size_t(l - 1)].res3;
     BlockActs a = block_acts(s, size_t(l));
     recompute(ctx, size_t(l), x, a);
-    block_backward(ctx, layers_.blocks[size_t(l)], x, a, phase);
-    if (final_pass) grad_ready(placement_.first_layer + l);
+    block_backward(ctx, layers_.blocks[size_t(l)], x, a, phase, later);
+    ready(placement_.first_layer + l);
   }
   if (placement_.has_embedding) {
     // Every rank needs the gradient of all N rows: its table shard serves tokens from any row.
     const Tensor dy = tp_.full_rows(d_res_);
-    layers_.embed->backward(ctx, tp_, dy, tokens);
-    if (layers_.positions) layers_.positions->backward(ctx, dy, batch_.seq_len);
-    if (final_pass) grad_ready(-1);
+    if (later) {
+      const Tensor dy_kept = later->keep(ctx, dy), tokens_kept = later->keep(ctx, tokens);
+      later->later([this, dy_kept, tokens_kept](const KernelContext& c) { embedding_backward(c, dy_kept, tokens_kept); });
+    } else {
+      embedding_backward(ctx, dy, tokens);
+    }
+    ready(-1);
   }
 }
 

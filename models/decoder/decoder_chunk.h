@@ -8,8 +8,10 @@
 // parameter names and init rules; the chunk owns everything else: the
 // activation layout (from the layers' activation lists), recomputation, the
 // forward and backward loops, the head and loss, the pipeline boundaries
-// and the gradient-ready calls. An architecture is then its spec
-// (models/gpt2/gpt2.cc, models/llama/llama.cc).
+// and the gradient-ready calls, and the backward split into its input- and
+// weight-gradient parts (BackwardPart) for the zero-bubble schedules. An
+// architecture is then its spec (models/gpt2/gpt2.cc, models/llama/llama.cc,
+// models/qwen3/qwen3.cc).
 //
 // A chunk is a contiguous range of blocks, plus the embedding on the first
 // chunk and the final norm, head and loss on the last (one rank holds
@@ -35,6 +37,7 @@
 #include "models/layers/loss.h"
 #include "models/layers/mlp.h"
 #include "models/layers/norm.h"
+#include "models/layers/weight_grads.h"
 #include "models/model.h"
 
 namespace xirang {
@@ -121,6 +124,8 @@ class DecoderChunk : public ModelChunk {
   // A chunk without the head takes the (R, C) gradient of its output.
   void backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase = GradPhase::Final,
                 const Tensor& output_grad = Tensor(), BackwardPart part = BackwardPart::Full) override;
+  // With ChunkBatch::split_backward: a WeightGradQueue per activation slot.
+  bool splits_backward() const override { return batch_.split_backward; }
   // (R, C) each: R = B*T token rows, or B*T/P with sequence parallelism.
   Tensor stage_input(int slot) override { return slots_.at(size_t(slot)).input; }
   Tensor stage_output(int slot) override;
@@ -149,6 +154,8 @@ class DecoderChunk : public ModelChunk {
     NormActs final_norm;            // (R, C), (R), (R)
     Tensor logits;                  // (N, Vp/P); holds dlogits after a training forward
     Tensor losses;                  // (N)
+    const void* begin = nullptr;    // the slot's tensors lie in [begin, end)
+    const void* end = nullptr;
   };
 
   // Block l's activation list (shapes, and what recomputation keeps) over `a`.
@@ -164,11 +171,15 @@ class DecoderChunk : public ModelChunk {
   // whole = false stops before the feed-forward's down projection (full recomputation needs no block output).
   void block_forward(const KernelContext& ctx, const DecoderLayers::Block& b, const Tensor& x, BlockActs& a,
                      bool whole = true);
-  // On entry d_res_ holds d(block output) for the local rows; on exit d(block input).
+  // On entry d_res_ holds d(block output) for the local rows; on exit
+  // d(block input). `later`: the weight products are left to it.
   void block_backward(const KernelContext& ctx, const DecoderLayers::Block& b, const Tensor& x, BlockActs& a,
-                      GradPhase phase);
+                      GradPhase phase, WeightGradQueue* later);
   void head_forward(const KernelContext& ctx, SlotActs& s, const Tensor& x, const Tensor& targets, double dloss);
-  void head_backward(const KernelContext& ctx, SlotActs& s, GradPhase phase);
+  void head_backward(const KernelContext& ctx, SlotActs& s, GradPhase phase, WeightGradQueue* later);
+  void embedding_backward(const KernelContext& ctx, const Tensor& dy_full, const Tensor& tokens) const;
+  // Bytes a slot's weight-gradient queue may copy: each product operand that does not lie in the slot.
+  int64_t weight_queue_bytes() const;
 
   TpComm tp_;  // before layers_: they are built for its size
   DecoderLayers layers_;
@@ -183,6 +194,7 @@ class DecoderChunk : public ModelChunk {
   Tensor d_c_;       // (R, C) reduced gradient of a norm output
   Tensor d_big_;     // (N, .) backward scratch: the feed-forward's, or attention output and qkv gradients
   Tensor loss_sum_;  // (1) F64: the mean losses of the forwards since take_loss()
+  std::vector<WeightGradQueue> later_;  // per slot, with split_backward
   bool loss_pending_ = false;  // loss_sum_ holds a sum (else it is reset at the next forward)
 };
 

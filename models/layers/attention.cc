@@ -81,13 +81,14 @@ void CausalSelfAttention::attend(const KernelContext& ctx, const Tensor& qkv, Te
 }
 
 void CausalSelfAttention::backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy,
-                                   const AttnActs& a, const Tensor& x_full, const RotaryTables* rope) const {
+                                   const AttnActs& a, const Tensor& x_full, const RotaryTables* rope,
+                                   WeightGradQueue* later) const {
   flash_attention_backward(ctx, dqkv, dy, a.qkv, a.y, a.lse, local_heads_, local_kv_heads_);
   if (rope) rope_qkv_backward(ctx, dqkv, rope->cos, rope->sin, local_heads_, local_kv_heads_, rope->seq_len, 0);
   if (options_.qk_norm)  // in place: dqkv becomes the gradient of the projection's output
     qk_rmsnorm_backward(ctx, dqkv, q_norm_->grad, k_norm_->grad, dqkv, a.qkv_raw, q_norm_->value, k_norm_->value,
                         a.qk_rstd, local_heads_, local_kv_heads_, GradMode::Overwrite);
-  qkv_.backward(ctx, tp.partial(), dqkv.flat2d(), x_full);
+  qkv_.backward(ctx, tp.partial(), dqkv.flat2d(), x_full, later);
 }
 
 void CausalSelfAttention::reduce_grads(TpComm& tp) const {

@@ -99,8 +99,9 @@ class CausalSelfAttention {
   void attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y) const;
   // From dy (B, T, H head_dim / P): dqkv (qkv's shape), then this rank's partial input gradient in
   // tp.partial() (ColumnParallelLinear::input_grad reduces it).
+  // `later`: the q/k/v projection's weight product is left to it (weight_grads.h).
   void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const AttnActs& a,
-                const Tensor& x_full, const RotaryTables* rope) const;
+                const Tensor& x_full, const RotaryTables* rope, WeightGradQueue* later = nullptr) const;
   // Sums the q/k norm weight gradients over the group (each rank saw its own heads); a no-op without.
   void reduce_grads(TpComm& tp) const;
 

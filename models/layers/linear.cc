@@ -37,13 +37,17 @@ void ColumnParallelLinear::forward_gelu(const KernelContext& ctx, Tensor y, Tens
   linear_gelu_forward(ctx, y, pre, x, w_->value, bias_value());
 }
 
-void ColumnParallelLinear::backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x) const {
-  linear_backward(ctx, dx, w_->grad, bias_grad(), dy, x, w_->value, GradMode::Overwrite);
+void ColumnParallelLinear::backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x,
+                                    WeightGradQueue* later) const {
+  linear_backward(ctx, dx, later ? Tensor() : w_->grad, bias_grad(), dy, x, w_->value, GradMode::Overwrite);
+  if (later) later->product(ctx, w_->grad, w_->value, dy, x);
 }
 
 void ColumnParallelLinear::backward_gelu(const KernelContext& ctx, Tensor dx, Tensor dpre, const Tensor& dy,
-                                         const Tensor& pre, const Tensor& x) const {
-  linear_gelu_backward(ctx, dx, w_->grad, bias_grad(), dpre, dy, pre, x, w_->value, GradMode::Overwrite);
+                                         const Tensor& pre, const Tensor& x, WeightGradQueue* later) const {
+  linear_gelu_backward(ctx, dx, later ? Tensor() : w_->grad, bias_grad(), dpre, dy, pre, x, w_->value,
+                       GradMode::Overwrite);
+  if (later) later->product(ctx, w_->grad, w_->value, dpre, x);
 }
 
 Tensor ColumnParallelLinear::input_grad(TpComm& tp, Tensor local) {
@@ -81,8 +85,11 @@ void RowParallelLinear::forward_unsplit(const KernelContext& ctx, Tensor y, cons
   linear_forward(ctx, y, x, w_->value, b_ ? b_->value : Tensor());
 }
 
-void RowParallelLinear::backward(const KernelContext& ctx, Tensor dx, const Tensor& dy_full, const Tensor& x) const {
-  linear_backward(ctx, dx, w_->grad, b_ ? b_->grad : Tensor(), dy_full, x, w_->value, GradMode::Overwrite);
+void RowParallelLinear::backward(const KernelContext& ctx, Tensor dx, const Tensor& dy_full, const Tensor& x,
+                                 WeightGradQueue* later) const {
+  linear_backward(ctx, dx, later ? Tensor() : w_->grad, b_ ? b_->grad : Tensor(), dy_full, x, w_->value,
+                  GradMode::Overwrite);
+  if (later) later->product(ctx, w_->grad, w_->value, dy_full, x);
 }
 
 }  // namespace xirang

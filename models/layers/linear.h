@@ -28,6 +28,7 @@
 #include "kernels/context.h"
 #include "models/layers/param_list.h"
 #include "models/layers/tp_comm.h"
+#include "models/layers/weight_grads.h"
 
 namespace xirang {
 
@@ -45,11 +46,13 @@ class ColumnParallelLinear {
   void forward(const KernelContext& ctx, Tensor y, const Tensor& x) const;
   // y = gelu(pre), pre = x W^T + b, fused.
   void forward_gelu(const KernelContext& ctx, Tensor y, Tensor pre, const Tensor& x) const;
-  // dx (N, in) = dy W (this rank's partial sum); dW, db overwritten.
-  void backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x) const;
+  // dx (N, in) = dy W (this rank's partial sum); dW, db accumulate.
+  // `later`: dW's product is left to it (a split backward: weight_grads.h).
+  void backward(const KernelContext& ctx, Tensor dx, const Tensor& dy, const Tensor& x,
+                WeightGradQueue* later = nullptr) const;
   // Through the GELU too: dpre and dx from dy = d gelu(pre).
   void backward_gelu(const KernelContext& ctx, Tensor dx, Tensor dpre, const Tensor& dy, const Tensor& pre,
-                     const Tensor& x) const;
+                     const Tensor& x, WeightGradQueue* later = nullptr) const;
   // The partial input gradient (N, in) in tp.partial() reduced to the local
   // rows: into `local` (R, in) under sequence parallelism, else in place.
   static Tensor input_grad(TpComm& tp, Tensor local);
@@ -73,8 +76,10 @@ class RowParallelLinear {
   // Without a split: y (N, out) = x W^T + b, the bias fused in the product
   // (the caller adds the residual, e.g. fused into the next norm).
   void forward_unsplit(const KernelContext& ctx, Tensor y, const Tensor& x) const;
-  // dx (N, in/P) = dy W from the gradient of all N rows; dW, db overwritten.
-  void backward(const KernelContext& ctx, Tensor dx, const Tensor& dy_full, const Tensor& x) const;
+  // dx (N, in/P) = dy W from the gradient of all N rows; dW, db accumulate
+  // (`later`: dW's product is left to it).
+  void backward(const KernelContext& ctx, Tensor dx, const Tensor& dy_full, const Tensor& x,
+                WeightGradQueue* later = nullptr) const;
 
  private:
   ParamRef w_ref_, b_ref_;

@@ -30,8 +30,10 @@ void VocabParallelLoss::forward(const KernelContext& ctx, TpComm& tp, const Para
 }
 
 void VocabParallelLoss::backward(const KernelContext& ctx, TpComm& tp, Parameter& table, const Tensor& dlogits,
-                                 const Tensor& x_full) const {
-  linear_backward(ctx, tp.partial(), table.grad, Tensor(), dlogits, x_full, table.value, GradMode::Overwrite);
+                                 const Tensor& x_full, WeightGradQueue* later) const {
+  linear_backward(ctx, tp.partial(), later ? Tensor() : table.grad, Tensor(), dlogits, x_full, table.value,
+                  GradMode::Overwrite);
+  if (later) later->product(ctx, table.grad, table.value, dlogits, x_full);
 }
 
 }  // namespace xirang

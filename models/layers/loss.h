@@ -14,6 +14,7 @@
 #include "kernels/context.h"
 #include "models/parameter.h"
 #include "models/layers/tp_comm.h"
+#include "models/layers/weight_grads.h"
 
 namespace xirang {
 
@@ -28,9 +29,10 @@ class VocabParallelLoss {
   void forward(const KernelContext& ctx, TpComm& tp, const Parameter& table, Tensor logits, Tensor losses,
                const Tensor& x_full, const Tensor& targets, double dloss) const;
   // From the dlogits forward left in `logits`: the table's gradient, and
-  // this rank's partial input gradient (N, C) in tp.partial().
+  // this rank's partial input gradient (N, C) in tp.partial() (`later`:
+  // the table's product is left to it).
   void backward(const KernelContext& ctx, TpComm& tp, Parameter& table, const Tensor& dlogits,
-                const Tensor& x_full) const;
+                const Tensor& x_full, WeightGradQueue* later = nullptr) const;
 
  private:
   int vocab_, padded_;

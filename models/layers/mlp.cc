@@ -30,10 +30,10 @@ void Mlp::forward_hidden(const KernelContext& ctx, FfnActs& a, const Tensor& x_f
 void Mlp::recompute(const KernelContext& ctx, FfnActs& a) const { gelu_forward(ctx, a.post, a.pre); }
 
 void Mlp::backward(const KernelContext& ctx, TpComm& tp, Tensor scratch, const Tensor& dy_full, const FfnActs& a,
-                   const Tensor& x_full) const {
+                   const Tensor& x_full, WeightGradQueue* later) const {
   const Tensor dh = scratch.flat().flat_range(0, a.pre.numel()).view(a.pre.shape());  // (N, F/P)
-  down_.backward(ctx, dh, dy_full, a.post);
-  up_.backward_gelu(ctx, tp.partial(), dh, dh, a.pre, x_full);
+  down_.backward(ctx, dh, dy_full, a.post, later);
+  up_.backward_gelu(ctx, tp.partial(), dh, dh, a.pre, x_full, later);
 }
 
 void GatedMlp::declare(ParamList& list, const std::string& gate_up_name, const std::string& down_name, int64_t width,
@@ -61,14 +61,14 @@ void GatedMlp::forward_hidden(const KernelContext& ctx, FfnActs& a, const Tensor
 void GatedMlp::recompute(const KernelContext& ctx, FfnActs& a) const { swiglu_packed_forward(ctx, a.post, a.pre); }
 
 void GatedMlp::backward(const KernelContext& ctx, TpComm& tp, Tensor scratch, const Tensor& dy_full,
-                        const FfnActs& a, const Tensor& x_full) const {
+                        const FfnActs& a, const Tensor& x_full, WeightGradQueue* later) const {
   const int64_t N = a.post.size(0), Fp = a.post.size(1);
   const Tensor flat = scratch.flat();
   const Tensor dgu = flat.flat_range(0, N * 2 * Fp).view({N, 2 * Fp});
   const Tensor dh = flat.flat_range(N * 2 * Fp, N * 3 * Fp).view({N, Fp});
-  down_.backward(ctx, dh, dy_full, a.post);
+  down_.backward(ctx, dh, dy_full, a.post, later);
   swiglu_packed_backward(ctx, dgu, dh, a.pre);
-  gate_up_.backward(ctx, tp.partial(), dgu, x_full);
+  gate_up_.backward(ctx, tp.partial(), dgu, x_full, later);
 }
 
 std::unique_ptr<FeedForward> make_feed_forward(FfnKind kind) {

@@ -62,9 +62,10 @@ class FeedForward {
   virtual void recompute(const KernelContext& ctx, FfnActs& a) const = 0;
   // From the gradient of all N output rows, through scratch (N x
   // scratch_width), this rank's partial input gradient in tp.partial()
-  // (ColumnParallelLinear::input_grad reduces it).
+  // (ColumnParallelLinear::input_grad reduces it). `later`: the weight
+  // products are left to it (weight_grads.h).
   virtual void backward(const KernelContext& ctx, TpComm& tp, Tensor scratch, const Tensor& dy_full,
-                        const FfnActs& a, const Tensor& x_full) const = 0;
+                        const FfnActs& a, const Tensor& x_full, WeightGradQueue* later = nullptr) const = 0;
   // Single-rank path of down(): out = post W_down^T + b, then skip added by the caller.
   const RowParallelLinear& down() const { return down_; }
 
@@ -88,7 +89,7 @@ class Mlp final : public FeedForward {
   void forward_hidden(const KernelContext& ctx, FfnActs& a, const Tensor& x_full) const override;
   void recompute(const KernelContext& ctx, FfnActs& a) const override;
   void backward(const KernelContext& ctx, TpComm& tp, Tensor scratch, const Tensor& dy_full, const FfnActs& a,
-                const Tensor& x_full) const override;
+                const Tensor& x_full, WeightGradQueue* later) const override;
 
  private:
   ColumnParallelLinear up_;
@@ -106,7 +107,7 @@ class GatedMlp final : public FeedForward {
   void forward_hidden(const KernelContext& ctx, FfnActs& a, const Tensor& x_full) const override;
   void recompute(const KernelContext& ctx, FfnActs& a) const override;
   void backward(const KernelContext& ctx, TpComm& tp, Tensor scratch, const Tensor& dy_full, const FfnActs& a,
-                const Tensor& x_full) const override;
+                const Tensor& x_full, WeightGradQueue* later) const override;
 
  private:
   ColumnParallelLinear gate_up_;

@@ -33,9 +33,10 @@ struct DeviceRun {
   std::vector<std::vector<uint8_t>> grads;
 };
 
-DeviceRun run(const KernelContext& ctx, const std::string& arch, DType dt, Recompute r) {
+// `split`: each backward as its input-gradient part, then every weight-gradient part.
+DeviceRun run(const KernelContext& ctx, const std::string& arch, DType dt, Recompute r, bool split = false) {
   const ModelDims d = device_dims(arch);
-  const ChunkBatch batch{2, 32, 2, r};
+  const ChunkBatch batch{2, 32, 2, r, split};
   auto chunk = model_arch(arch).make_chunk(d, ChunkPlacement::whole(d.n_layer), dt, batch, {});
   Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
   chunk->layout_parameters(mp, mg);
@@ -55,7 +56,11 @@ DeviceRun run(const KernelContext& ctx, const std::string& arch, DType dt, Recom
   DeviceRun out;
   out.loss = chunk->take_loss(ctx);
   // The later microbatch first: the shared recomputation buffers hold the other one's values.
-  for (int m = 1; m >= 0; --m) chunk->backward(ctx, m, tok[size_t(m)], GradPhase::Final);
+  const BackwardPart part = split ? BackwardPart::InputGrad : BackwardPart::Full;
+  for (int m = 1; m >= 0; --m) chunk->backward(ctx, m, tok[size_t(m)], GradPhase::Final, Tensor(), part);
+  if (split)
+    for (int m = 1; m >= 0; --m)
+      chunk->backward(ctx, m, tok[size_t(m)], GradPhase::Final, Tensor(), BackwardPart::WeightGrad);
   for (const Parameter& p : chunk->parameters()) {
     const HostTensor h = to_host(p.grad);
     const auto* b = static_cast<const uint8_t*>(h.tensor().raw());
@@ -82,6 +87,25 @@ TEST_P(RecomputeOnDevice, LossesAndGradientsBitwiseEqualNone) {
 }
 
 XR_INSTANTIATE_STORAGE_DTYPES(RecomputeOnDevice);
+
+// The backward split into its input- and weight-gradient parts (the
+// operands of the deferred products copied on the stream) gives the fused
+// backward's gradients bit for bit.
+class SplitBackwardOnDevice : public CudaDTypeTest {};
+
+TEST_P(SplitBackwardOnDevice, InputThenWeightPartsEqualTheFusedBackward) {
+  const DType dt = GetParam();
+  for (const std::string arch : {"gpt2", "llama", "qwen3"})
+    for (Recompute r : {Recompute::None, Recompute::Full}) {
+      SCOPED_TRACE(arch + " " + recompute_name(r));
+      const DeviceRun fused = run(ctx(), arch, dt, r), split = run(ctx(), arch, dt, r, true);
+      EXPECT_EQ(std::memcmp(&split.loss, &fused.loss, sizeof(double)), 0);
+      ASSERT_EQ(split.grads.size(), fused.grads.size());
+      for (size_t i = 0; i < split.grads.size(); ++i) EXPECT_TRUE(split.grads[i] == fused.grads[i]) << "parameter " << i;
+    }
+}
+
+XR_INSTANTIATE_STORAGE_DTYPES(SplitBackwardOnDevice);
 
 }  // namespace
 }  // namespace xirang::test

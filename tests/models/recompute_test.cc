@@ -1,8 +1,15 @@
-// Activation recomputation (ChunkBatch::recompute): for GPT-2 and LLaMA, in
-// fp32, bf16 and fp16, one chunk or a two-chunk pipeline with two
+// Activation recomputation (ChunkBatch::recompute): for GPT-2, LLaMA and
+// Qwen3, in fp32, bf16 and fp16, one chunk or a two-chunk pipeline with two
 // microbatches in flight, `selective` and `full` give the losses, every
 // parameter gradient and the input gradients bitwise equal to `none`, and
 // keep fewer activation bytes.
+//
+// The backward split into its input- and weight-gradient parts
+// (BackwardPart, ChunkBatch::split_backward), in every recompute mode, with
+// each microbatch's weight part right after its input part or all input
+// parts first: the same losses, gradients, input gradients and
+// gradient-ready calls (in the same order, all from the weight parts) as
+// the fused backward.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -30,7 +37,12 @@ ModelDims dims_of(const std::string& arch) {
   return d;
 }
 
+// How backward runs: fused, or split with each microbatch's weight part
+// right after its input part, or every input part first.
+enum class Split { Fused, EachThenWeights, AllInputsFirst };
+
 struct Outcome {
+  std::vector<int> ready;                  // the gradient-ready calls, chunk by chunk: 1000 g + layer
   std::vector<double> losses;              // per step: the sum of the microbatches' mean losses
   std::vector<std::vector<uint8_t>> grads;  // every parameter's gradient bytes, chunk by chunk
   std::vector<uint8_t> boundary_grad;      // the gradient the last chunk hands back (two chunks)
@@ -70,15 +82,20 @@ Built build(const std::string& arch, DType dt, int chunks, int g, const ChunkBat
 // Two steps of two microbatches through `chunks` pipeline chunks in mode `r`.
 // Backward runs the later microbatch first, so the recomputed buffers shared
 // by the slots hold the other microbatch's values when a backward starts.
-Outcome train(const std::string& arch, DType dt, int chunks, Recompute r) {
+Outcome train(const std::string& arch, DType dt, int chunks, Recompute r, Split split = Split::Fused) {
   const ModelDims d = dims_of(arch);
-  const ChunkBatch batch{2, 7, 2, r};
+  const ChunkBatch batch{2, 7, 2, r, split != Split::Fused};
   const int micro = 2;
   std::vector<Built> cs;
   Outcome out;
+  bool in_input_part = false;
   for (int g = 0; g < chunks; ++g) {
     cs.push_back(build(arch, dt, chunks, g, batch));
     out.activation_bytes += cs.back().acts.used();
+    cs.back().chunk->set_grad_ready_hook([&out, &in_input_part, g](int layer) {
+      EXPECT_FALSE(in_input_part) << "the gradient-ready hook fired from an input-gradient part";
+      out.ready.push_back(1000 * g + layer);
+    });
   }
   const int64_t n = int64_t(batch.micro_batch) * batch.seq_len;
   std::vector<std::vector<int32_t>> tokens(micro), targets(micro);
@@ -101,15 +118,25 @@ Outcome train(const std::string& arch, DType dt, int chunks, Recompute r) {
         c.forward(ctx, m, tok[size_t(m)], tgt[size_t(m)], 1.0 / double(n * micro));
       }
     out.losses.push_back(last.take_loss(ctx));
+    const BackwardPart part = split == Split::Fused ? BackwardPart::Full : BackwardPart::InputGrad;
+    auto weights = [&](int m) {
+      for (int g = chunks - 1; g >= 0; --g)
+        cs[size_t(g)].chunk->backward(ctx, m, tok[size_t(m)], GradPhase::Final, Tensor(), BackwardPart::WeightGrad);
+    };
     for (int m = micro - 1; m >= 0; --m) {
       Tensor grad;
+      in_input_part = part == BackwardPart::InputGrad;
       for (int g = chunks - 1; g >= 0; --g) {
         ModelChunk& c = *cs[size_t(g)].chunk;
-        c.backward(ctx, m, tok[size_t(m)], GradPhase::Final, grad);
+        c.backward(ctx, m, tok[size_t(m)], GradPhase::Final, grad, part);
         grad = c.input_grad();
         if (g == chunks - 1 && chunks > 1 && step == 1 && m == 0) out.boundary_grad = bytes_of(grad);
       }
+      in_input_part = false;
+      if (split == Split::EachThenWeights) weights(m);
     }
+    if (split == Split::AllInputsFirst)
+      for (int m = micro - 1; m >= 0; --m) weights(m);
   }
   for (auto& b : cs)
     for (const Parameter& p : b.chunk->parameters()) out.grads.push_back(bytes_of(p.grad));
@@ -157,6 +184,52 @@ INSTANTIATE_TEST_SUITE_P(Models, RecomputeIsBitwise,
                                            Case{"qwen3", DType::F32, 1}, Case{"qwen3", DType::F32, 2},
                                            Case{"qwen3", DType::BF16, 2}, Case{"qwen3", DType::F16, 1}),
                          case_name);
+
+class SplitBackwardIsBitwise : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SplitBackwardIsBitwise, InputThenWeightPartsEqualTheFusedBackward) {
+  const Case& c = GetParam();
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    const Outcome fused = train(c.arch, c.dtype, c.chunks, r);
+    ASSERT_FALSE(fused.ready.empty());
+    for (Split split : {Split::EachThenWeights, Split::AllInputsFirst}) {
+      SCOPED_TRACE(std::string(recompute_name(r)) + (split == Split::EachThenWeights ? ", B W B W" : ", B B W W"));
+      const Outcome o = train(c.arch, c.dtype, c.chunks, r, split);
+      ASSERT_EQ(o.losses.size(), fused.losses.size());
+      for (size_t i = 0; i < o.losses.size(); ++i)
+        EXPECT_EQ(std::memcmp(&o.losses[i], &fused.losses[i], sizeof(double)), 0) << "step " << i;
+      ASSERT_EQ(o.grads.size(), fused.grads.size());
+      for (size_t i = 0; i < o.grads.size(); ++i) EXPECT_TRUE(o.grads[i] == fused.grads[i]) << "parameter " << i;
+      EXPECT_TRUE(o.boundary_grad == fused.boundary_grad);
+      EXPECT_EQ(o.ready, fused.ready);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SplitBackwardIsBitwise,
+                         ::testing::Values(Case{"gpt2", DType::F32, 1}, Case{"gpt2", DType::F32, 2},
+                                           Case{"gpt2", DType::BF16, 2}, Case{"llama", DType::F32, 2},
+                                           Case{"llama", DType::F16, 1}, Case{"qwen3", DType::F32, 2},
+                                           Case{"qwen3", DType::BF16, 1}),
+                         case_name);
+
+// A split backward is refused without its layout, and an input part may
+// not overwrite a slot's weight part that has not run.
+TEST(SplitBackward, IsCheckedAgainstTheLayout) {
+  Built plain = build("llama", DType::F32, 1, 0, ChunkBatch{1, 4, 1});
+  EXPECT_FALSE(plain.chunk->splits_backward());
+  Built split = build("llama", DType::F32, 1, 0, ChunkBatch{1, 4, 1, Recompute::None, true});
+  EXPECT_TRUE(split.chunk->splits_backward());
+  std::vector<int32_t> ids(4, 3);
+  const Tensor tok(ids.data(), {1, 4}, DType::I32);
+  KernelContext ctx;
+  EXPECT_THROW(plain.chunk->backward(ctx, 0, tok, GradPhase::Final, Tensor(), BackwardPart::InputGrad), Error);
+  split.chunk->forward(ctx, 0, tok, tok, 0.25);
+  split.chunk->backward(ctx, 0, tok, GradPhase::Final, Tensor(), BackwardPart::InputGrad);
+  EXPECT_THROW(split.chunk->backward(ctx, 0, tok, GradPhase::Final, Tensor(), BackwardPart::InputGrad), Error);
+  split.chunk->backward(ctx, 0, tok, GradPhase::Final, Tensor(), BackwardPart::WeightGrad);
+  split.chunk->backward(ctx, 0, tok, GradPhase::Final, Tensor(), BackwardPart::InputGrad);
+}
 
 // Full keeps less than selective, selective less than none, per microbatch
 // (the difference between two- and one-slot layouts).

@@ -35,8 +35,11 @@ struct Model {
   }
 };
 
+// `split`: the sharded model's backward runs as its input-gradient part and
+// then its weight-gradient part (BackwardPart), which must also equal a
+// fused sharded backward bit for bit.
 template <class Arch = GPT2>
-void check_layers(int n_layer, bool sequence_parallel) {
+void check_layers(int n_layer, bool sequence_parallel, bool split = false) {
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   ModelDims shape{.n_layer = n_layer, .n_head = 4, .d_model = 16, .max_seq_len = 8, .vocab_size = 50, .vocab_multiple = 64};
@@ -52,7 +55,7 @@ void check_layers(int n_layer, bool sequence_parallel) {
                       .d_model = 32, .ffn_hidden = 48, .max_seq_len = 8, .vocab_size = 50, .vocab_multiple = 64,
                       .norm_eps = 1e-6};
   }
-  const ChunkBatch batch{2, 8, 1};
+  const ChunkBatch batch{2, 8, 1, Recompute::None, split};
   std::vector<int32_t> tokens(16), targets(16);
   for (int i = 0; i < 16; ++i) {
     tokens[size_t(i)] = int32_t(rng_below(3, 1, uint64_t(i), 50));
@@ -70,7 +73,21 @@ void check_layers(int n_layer, bool sequence_parallel) {
   Model<Arch> shard(shape, batch, {&grid->tp(), sequence_parallel});
   shard.m.forward(ctx, 0, tk, tg, 1.0 / 16);
   const double loss = shard.m.take_loss(ctx);
-  shard.m.backward(ctx, 0, tk);
+  if (split) {
+    shard.m.backward(ctx, 0, tk, GradPhase::Final, Tensor(), BackwardPart::InputGrad);
+    shard.m.backward(ctx, 0, tk, GradPhase::Final, Tensor(), BackwardPart::WeightGrad);
+    Model<Arch> fused(shape, ChunkBatch{2, 8, 1}, {&grid->tp(), sequence_parallel});
+    fused.m.forward(ctx, 0, tk, tg, 1.0 / 16);
+    fused.m.take_loss(ctx);
+    fused.m.backward(ctx, 0, tk);
+    for (size_t k = 0; k < fused.m.parameters().size(); ++k) {
+      const Tensor& a = shard.m.parameters()[k].grad;
+      const Tensor& b = fused.m.parameters()[k].grad;
+      EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.bytes()), 0) << shard.m.parameters()[k].name << ": split vs fused";
+    }
+  } else {
+    shard.m.backward(ctx, 0, tk);
+  }
   EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss));
 
   std::vector<Parameter>& ps = shard.m.parameters();
@@ -99,6 +116,9 @@ TEST(TensorParallelLayers, TwoBlocksSequenceParallel) { check_layers(2, true); }
 TEST(TensorParallelLayers, LlamaBlock) { check_layers<Llama>(1, false); }
 TEST(TensorParallelLayers, LlamaBlockSequenceParallel) { check_layers<Llama>(1, true); }
 TEST(TensorParallelLayers, Qwen3Block) { check_layers<Qwen3>(1, false); }
+TEST(TensorParallelLayers, SplitBackwardSequenceParallel) { check_layers(2, true, true); }
+TEST(TensorParallelLayers, Qwen3SplitBackward) { check_layers<Qwen3>(1, false, true); }
+TEST(TensorParallelLayers, Qwen3SplitBackwardSequenceParallel) { check_layers<Qwen3>(2, true, true); }
 TEST(TensorParallelLayers, Qwen3BlocksSequenceParallel) { check_layers<Qwen3>(2, true); }
 
 }  // namespace
