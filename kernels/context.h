@@ -20,6 +20,7 @@
 //   16-bit, else S.
 #pragma once
 
+#include "core/step_clock.h"
 #include "core/tensor.h"
 #include "core/timeline.h"
 
@@ -34,6 +35,9 @@ struct KernelContext {
   // Where ops add their time under metrics.op_profile, and the runtime its
   // spans under metrics.trace (core/timeline.h); null: nothing is recorded.
   Timeline* timeline = nullptr;
+  // The step's clock (core/step_clock.h): layers open the parts they run
+  // inside a pass (tensor-parallel collectives); null: none.
+  StepClock* clock = nullptr;
 };
 
 // Whether a gradient output is overwritten or added to. Parameter gradients

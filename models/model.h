@@ -51,14 +51,12 @@
 
 namespace xirang {
 
-// A pass's tensor-parallel communication: the host time inside its calls
-// (on the CPU the collectives themselves; on a device launching and joining
-// them), and on a device the collectives, whose device time is known once
-// they have completed (Work::duration_ms).
 class Decoder;  // models/decode.h
 
+// A pass's tensor-parallel collectives on a device, whose device time is
+// known once they have completed (Work::duration_ms). Their host time is
+// the step clock's TpComm part (core/step_clock.h).
 struct TpCommTime {
-  double host_ms = 0;
   std::vector<WorkPtr> device_work;
 };
 

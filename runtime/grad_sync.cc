@@ -126,26 +126,25 @@ void GradSync::begin_step() {
     b.pending = int(b.params.size());
     b.work.reset();
   }
-  comm_ms_ = exposed_ms_ = device_exposed_ms_ = 0;
+  comm_ms_ = device_exposed_ms_ = 0;
   first_launch_ = 0;
   settled_ = false;
 }
 
 void GradSync::launch(Bucket& b) {
+  // Read before the part opens: the step's exposed time lies inside [first launch, last completion].
   b.launched_at = now_seconds();
   if (first_launch_ == 0) first_launch_ = b.launched_at;
+  StepClock::Scope part(clock_, StepPart::DpCommExposed);  // the launch holds the caller
   Tensor grads = flat_grads_.flat_range(b.begin, b.end);
   if (opts_.zero)
     b.work = dp_.reduce_scatter_async(
         grads, shard_grads_.flat_range(b.shard_offset, b.shard_offset + (b.chunk_end - b.chunk_begin)), ReduceOp::Sum);
   else
     b.work = dp_.all_reduce_async(grads, ReduceOp::Sum);
-  // The launch holds the caller (inside backward, or finish()): exposed.
-  exposed_ms_ += (now_seconds() - b.launched_at) * 1e3;
 }
 
-double GradSync::exposed_ms() {
-  if (!stream_) return exposed_ms_;
+double GradSync::device_exposed_ms() {
 #ifdef XIRANG_HAVE_CUDA
   // Read once the stream has passed the joins (grad_norm synchronized it).
   if (waits_ && waits_->buckets && waits_->after.query()) {
@@ -180,29 +179,30 @@ void GradSync::finish(void* stream) {
   }
   // On the host each join waits; on a device the stream waits for every
   // bucket and the host goes on (settle() waits once, with the timeout).
-  const double t0 = now_seconds();
-  SpanScope span(tl_, "dp_wait", Track::Main);
+  {
+    SpanScope span(tl_, "dp_wait", Track::Main);
+    StepClock::Scope part(clock_, StepPart::DpCommExposed);
 #ifdef XIRANG_HAVE_CUDA
-  if (stream) {
-    if (!waits_) waits_ = std::make_unique<DeviceWaits>();
-    waits_->before.record(static_cast<cudaStream_t>(stream));
-  }
+    if (stream) {
+      if (!waits_) waits_ = std::make_unique<DeviceWaits>();
+      waits_->before.record(static_cast<cudaStream_t>(stream));
+    }
 #endif
-  for (auto& b : buckets_) b.work->join(stream);
+    for (auto& b : buckets_) b.work->join(stream);
 #ifdef XIRANG_HAVE_CUDA
-  if (stream) {
-    waits_->after.record(static_cast<cudaStream_t>(stream));
-    waits_->buckets = true;
-  }
+    if (stream) {
+      waits_->after.record(static_cast<cudaStream_t>(stream));
+      waits_->buckets = true;
+    }
 #endif
-  joined_at_ = now_seconds();
-  exposed_ms_ += (joined_at_ - t0) * 1e3;
+  }
+  joined_at_ = now_seconds();  // after the part closed: the communication lasts at least this long
   if (!stream) settle();
 }
 
 void GradSync::settle() {
   if (settled_) return;
-  Stopwatch sw;
+  StepClock::Scope part(stream_ ? clock_ : nullptr, StepPart::DpCommExposed);  // on the host finish() waited
   // A bucket's completion is its launch plus its duration; the span to the
   // last one is the communication time (operations overlap one another).
   // On the host the communication lasts at least until the waits for it
@@ -217,7 +217,6 @@ void GradSync::settle() {
            (b.end - b.begin) * int64_t(dtype_size(flat_grads_.dtype())));
   }
   comm_ms_ += (last_done - first_launch_) * 1e3;
-  if (stream_) exposed_ms_ += sw.ms();  // on the host, finish() already counted the waits
   // A device's ZeRO gather of the previous step completed before these buckets (same channel).
   if (!gathers_.empty()) {
     double end = gather_start_;
@@ -233,8 +232,9 @@ void GradSync::settle() {
 
 void GradSync::gather_parameters() {
   if (!opts_.zero) return;
+  gather_start_ = now_seconds();  // before the part opens, as a launch's time
+  StepClock::Scope part(clock_, StepPart::DpCommExposed);
   SpanScope span(stream_ ? nullptr : tl_, "dp_wait", Track::Main);  // on the host a blocking gather
-  gather_start_ = now_seconds();
   gathers_.clear();
   for (auto& b : buckets_)
     gathers_.push_back(dp_.all_gather_async(flat_params_.flat_range(b.chunk_begin, b.chunk_end),
@@ -260,9 +260,8 @@ void GradSync::gather_parameters() {
   if (stream_) return;
   for (size_t i = 0; i < gathers_.size(); ++i)
     record(gathers_[i], OpKind::DpAllGather, gather_start_, int(i), gather_bytes(buckets_[i], dtype_size(flat_params_.dtype())));
-  const double ms = (now_seconds() - gather_start_) * 1e3;  // a blocking gather: all of it exposed
-  comm_ms_ += ms;
-  exposed_ms_ += ms;
+  part.end();
+  comm_ms_ += (now_seconds() - gather_start_) * 1e3;  // a blocking gather: all of it exposed
   gathers_.clear();
 }
 
@@ -276,9 +275,11 @@ double GradSync::grad_norm(const KernelContext& ctx, const AdamW& opt) {
   sum_squares_group(ctx, norm_sum_, norm_grads_, norm_table_);
   settle();
   double s = 0;
-  const double drain_start = now_seconds();
-  copy_bytes(&s, Device::CPU, norm_sum_.raw(), norm_sum_.device(), sizeof(double), ctx.cuda_stream, true);
-  if (norm_sum_.device() != Device::CPU) device_drain_ms_ += (now_seconds() - drain_start) * 1e3;
+  {
+    // On a device the read waits for the stream to run the step's queued passes: their time is the device's.
+    StepClock::Scope wait(norm_sum_.device() != Device::CPU ? clock_ : nullptr, StepPart::DeviceWait);
+    copy_bytes(&s, Device::CPU, norm_sum_.raw(), norm_sum_.device(), sizeof(double), ctx.cuda_stream, true);
+  }
   if (tp_split) s = tp_->all_reduce_sum(s);
   if (pp_ && pp_->size() > 1) s = pp_->all_reduce_sum(s);
   if (opts_.zero) s = dp_host_->all_reduce_sum(s);

@@ -63,6 +63,9 @@ class GradSync {
   // Where the reductions go on the timeline (spans on its DpComm track,
   // per-op times); null: nowhere. Set before begin_step().
   void set_timeline(Timeline* tl) { tl_ = tl; }
+  // The step clock whose DpCommExposed part launches and waits are (and
+  // DeviceWait the norm's wait for a device); null: none.
+  void set_clock(StepClock* clock) { clock_ = clock; }
   void begin_step();
   // The gradients of `layer` (-1 embeddings, n_layer final norm) are final.
   void layer_done(int layer);
@@ -82,24 +85,16 @@ class GradSync {
   double grad_norm(const KernelContext& ctx, const AdamW& opt);
 
   // Time dp communication was in flight this step (from the first launch to
-  // the last completion, per phase: gradients, then ZeRO parameter gather)
-  // and the time the step was held by it. On the host: launching buckets
-  // (inside backward, or in finish()) and waiting for them, and the span
-  // lasts at least until the waits returned, so exposed <= comm. On a
-  // device: the time the compute stream waited for the buckets after its
-  // backward work (a pair of timing events around finish()'s joins, read
-  // once the stream has passed them: after grad_norm), and for the previous
-  // step's ZeRO gather, which completes behind the host and is counted in
-  // the next step like its communication time.
+  // the last completion, per phase: gradients, then ZeRO parameter gather).
+  // On the host it lasts at least until the waits for it returned.
   double comm_ms() const { return comm_ms_; }
-  double exposed_ms();
-  // The host's time held by dp communication this step: launches and waits
-  // (on a device the one host wait for the buckets in grad_norm).
-  double host_held_ms() const { return exposed_ms_; }
-  // On a device: the host's wait in grad_norm for the stream to finish the
-  // step's passes (their time is already forward_ms and backward_ms), summed
-  // over the run; 0 on the CPU.
-  double device_drain_ms() const { return device_drain_ms_; }
+  // The time the step was held by dp communication on a device: the time
+  // the compute stream waited for the buckets after its backward work (a
+  // pair of timing events around finish()'s joins, read once the stream has
+  // passed them: after grad_norm), and for the previous step's ZeRO gather,
+  // which completes behind the host and is counted in the next step like
+  // its communication time. On the host it is the clock's DpCommExposed.
+  double device_exposed_ms();
   int num_buckets() const { return int(buckets_.size()); }
   int64_t shard_elements() const { return shard_elems_; }
 
@@ -133,9 +128,8 @@ class GradSync {
   std::vector<int> bucket_of_;       // parameter -> bucket
   Tensor shard_grads_;               // (shard_elems_) ZeRO
   int64_t shard_elems_ = 0;
-  double comm_ms_ = 0, exposed_ms_ = 0;
+  double comm_ms_ = 0;
   double device_exposed_ms_ = 0;  // the compute stream's waits, read from timing events
-  double device_drain_ms_ = 0;    // see device_drain_ms()
   double first_launch_ = 0;  // seconds; 0 before the first launch of the step
   double joined_at_ = 0;     // seconds; when finish()'s host waits returned (null stream)
   void* stream_ = nullptr;   // finish()'s stream: null on the host
@@ -148,6 +142,7 @@ class GradSync {
   struct DeviceWaits;  // timing events around the compute stream's joins (CUDA builds)
   std::unique_ptr<DeviceWaits> waits_;
   Timeline* tl_ = nullptr;
+  StepClock* clock_ = nullptr;
 };
 
 }  // namespace xirang

@@ -109,6 +109,7 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"pp_bubble_ms", m.pp_bubble_ms},
                       {"pp_comm_exposed_ms", m.pp_comm_exposed_ms},
                       {"ckpt_stall_ms", m.ckpt_stall_ms},
+                      {"unaccounted_ms", m.unaccounted_ms},
                       {"loss_scale", m.loss_scale},
                       {"skipped", m.skipped},
                       {"peak_tflops", peak_.flops / 1e12},

@@ -53,6 +53,9 @@ struct StepMetrics {
   double pp_bubble_ms = 0;        // time this stage waited for a neighbour's activation or gradient, or the drain
   double pp_comm_exposed_ms = 0;  // time it waited for its own pipeline sends and the tied-embedding reduction
   double ckpt_stall_ms = 0;       // time the step was stopped to save a checkpoint
+  // What no part claimed (the step's own bookkeeping between the parts): on
+  // the CPU the parts and this add up to step_ms (core/step_clock.h).
+  double unaccounted_ms = 0;
   // Time the step's main thread was ready to run but waited for a core
   // (other processes, or more threads than cores); not one of the parts
   // above: it is inside whichever part was running. Unset where the kernel

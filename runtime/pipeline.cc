@@ -42,15 +42,13 @@ void ComputeSpans::begin(void* stream) {
     }
     e.stream = static_cast<cudaStream_t>(stream);
     e.pool[2 * e.used].record(static_cast<cudaStream_t>(stream));
-    return;
   }
-#endif
+#else
   (void)stream;
-  host_start_ = now_seconds();
+#endif
 }
 
-void ComputeSpans::end(void* stream, Kind kind, double host_comm_ms, int microbatch, int chunk,
-                       std::vector<WorkPtr> tp_work) {
+void ComputeSpans::end(void* stream, Kind kind, int microbatch, int chunk, std::vector<WorkPtr> tp_work) {
 #ifdef XIRANG_HAVE_CUDA
   if (stream) {
     Events& e = *ev_;
@@ -58,17 +56,13 @@ void ComputeSpans::end(void* stream, Kind kind, double host_comm_ms, int microba
     e.labels[e.used] = {microbatch, chunk};
     e.tp_work[e.used] = std::move(tp_work);
     e.kinds[e.used++] = kind;
-    return;
   }
+#else
+  (void)stream, (void)kind, (void)microbatch, (void)chunk, (void)tp_work;
 #endif
-  (void)stream, (void)microbatch, (void)chunk, (void)tp_work;
-  host_ms_[kind] += (now_seconds() - host_start_) * 1e3 - host_comm_ms;
 }
 
-void ComputeSpans::take(PipelineStats& stats, Timeline* tl) {
-  stats.forward_ms += host_ms_[Forward];
-  stats.backward_ms += host_ms_[Backward];
-  host_ms_[Forward] = host_ms_[Backward] = 0;
+void ComputeSpans::take(DeviceTimes& times, Timeline* tl) {
 #ifdef XIRANG_HAVE_CUDA
   Events& e = *ev_;
   if (e.used == 0) return;
@@ -88,8 +82,8 @@ void ComputeSpans::take(PipelineStats& stats, Timeline* tl) {
     for (const WorkPtr& w : e.tp_work[i]) tp_ms += w->duration_ms();
     e.tp_work[i].clear();
     tp_ms = std::min(tp_ms, double(ms));
-    (e.kinds[i] == Forward ? stats.forward_ms : stats.backward_ms) += ms - tp_ms;
-    stats.tp_comm_ms += tp_ms;
+    (e.kinds[i] == Forward ? times.forward_ms : times.backward_ms) += ms - tp_ms;
+    times.tp_comm_ms += tp_ms;
     busy += ms;
     if (trace) {
       const double t1 = ref_s - elapsed_ms(e.pool[2 * i + 1], *e.reference) / 1e3;
@@ -97,10 +91,10 @@ void ComputeSpans::take(PipelineStats& stats, Timeline* tl) {
                e.labels[i].first, e.labels[i].second);
     }
   }
-  stats.bubble_ms += std::max(0.0, elapsed_ms(e.pool[0], e.pool[2 * e.used - 1]) - busy);
+  times.bubble_ms += std::max(0.0, elapsed_ms(e.pool[0], e.pool[2 * e.used - 1]) - busy);
   e.used = 0;
 #else
-  (void)tl;
+  (void)times, (void)tl;
 #endif
 }
 
@@ -164,23 +158,26 @@ void PipelineExecutor::layout(Arena& a) {
   }
 }
 
-int PipelineExecutor::take_slot(Chunk& c, PipelineStats& stats) {
+void PipelineExecutor::join_send(WorkPtr& w, int chunk) {
+  SpanScope span(tl_, "wait_send", Track::Main, -1, chunk);
+  StepClock::Scope part(clock_, StepPart::PpCommExposed);
+  w->join(stream_);
+}
+
+int PipelineExecutor::take_slot(Chunk& c) {
   XR_CHECK(!c.free_slots.empty(), "pipeline: no free activation slot on model chunk ", c.g);
   const int s = c.free_slots.back();
   c.free_slots.pop_back();
   // The slot's previous activation may still be on its way to the next stage.
   if (c.slot_send[size_t(s)]) {
-    SpanScope span(tl_, "wait_send", Track::Main, -1, c.g);
-    Stopwatch sw;
-    c.slot_send[size_t(s)]->join(stream_);
-    stats.comm_exposed_ms += sw.ms();
+    join_send(c.slot_send[size_t(s)], c.g);
     c.slot_send[size_t(s)].reset();
   }
   return s;
 }
 
 // Posts, in list order, the next receives whose destination buffer is free.
-void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t from, PipelineStats& stats) {
+void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t from) {
   post_cursor_ = std::max(post_cursor_, from);
   int ahead = 0;
   for (const auto& [key, w] : posted_) (void)key, ++ahead;
@@ -189,7 +186,7 @@ void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t 
     if (in.op == PipeOp::RecvActivation) {
       Chunk& c = chunks_[size_t(in.chunk)];
       if (c.free_slots.empty()) return;  // posted once a backward frees a slot
-      const int s = take_slot(c, stats);
+      const int s = take_slot(c);
       c.slot_of[in.microbatch] = s;
       const double t0 = now_seconds();
       WorkPtr w = ch_.act_recv->recv_async(c.model->stage_input(s), (rank_ + p_ - 1) % p_, tag(0, in.microbatch, c.g));
@@ -212,46 +209,43 @@ void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t 
   }
 }
 
-void PipelineExecutor::wait_recv(PipeOp op, int mb, int chunk, PipelineStats& stats) {
+void PipelineExecutor::wait_recv(PipeOp op, int mb, int chunk) {
   auto it = posted_.find({op == PipeOp::RecvActivation ? 0 : 1, mb, chunk});
   XR_CHECK(it != posted_.end(), "pipeline: ", pipe_op_name(op), " of microbatch ", mb, " was not posted");
   SpanScope span(tl_, op == PipeOp::RecvActivation ? "wait_activation" : "wait_gradient", Track::Main, mb,
                  chunks_[size_t(chunk)].g);
-  Stopwatch sw;
+  StepClock::Scope part(clock_, StepPart::PpBubble);
   it->second->join(stream_);
-  stats.bubble_ms += sw.ms();
   posted_.erase(it);
 }
 
 void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr>& list, const Feed& feed,
-                           double dloss, PipelineStats& stats) {
+                           double dloss) {
   posted_.clear();
   post_cursor_ = 0;
   stream_ = ctx.cuda_stream;
   tl_ = ctx.timeline;
+  clock_ = ctx.clock;
   in_flight_.clear();
   transfers_.clear();
   for (size_t i = 0; i < list.size(); ++i) {
-    post_receives(list, i, stats);
+    post_receives(list, i);
     const PipeInstr& in = list[i];
     if (in.op == PipeOp::ReduceGradients || in.op == PipeOp::OptimizerStep) break;
     Chunk& c = chunks_[size_t(in.chunk)];
     switch (in.op) {
       case PipeOp::RecvActivation:
-      case PipeOp::RecvGradient: receive(list, i, stats); break;
-      case PipeOp::Forward: forward(ctx, c, in.microbatch, feed, dloss, stats); break;
+      case PipeOp::RecvGradient: receive(list, i); break;
+      case PipeOp::Forward: forward(ctx, c, in.microbatch, feed, dloss); break;
       case PipeOp::SendActivation: send_activation(c, in.microbatch); break;
-      case PipeOp::Backward: backward(ctx, c, in.microbatch, stats); break;
-      case PipeOp::SendGradient: send_gradient(ctx, c, in.microbatch, stats); break;
+      case PipeOp::Backward: backward(ctx, c, in.microbatch); break;
+      case PipeOp::SendGradient: send_gradient(ctx, c, in.microbatch); break;
       default: break;
     }
   }
-  join_sends(stats);
+  join_sends();
   XR_CHECK(posted_.empty(), "pipeline: ", posted_.size(), " receive(s) left posted at the end of the step");
-  if (!stream_) {
-    spans_.take(stats);
-    record_transfers();
-  }
+  if (!stream_) record_transfers();
 }
 
 void PipelineExecutor::note_transfer(const WorkPtr& w, const char* name, Track track, OpKind kind, int mb, int chunk,
@@ -270,41 +264,38 @@ void PipelineExecutor::record_transfers() {
   transfers_.clear();
 }
 
-void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i, PipelineStats& stats) {
+void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i) {
   const PipeInstr& in = list[i];
   // Normally posted ahead; a receive is posted here at the latest.
   if (!posted_.count({in.op == PipeOp::RecvActivation ? 0 : 1, in.microbatch, in.chunk})) {
     post_cursor_ = i;
-    post_receives(list, i, stats);
+    post_receives(list, i);
   }
-  wait_recv(in.op, in.microbatch, in.chunk, stats);
+  wait_recv(in.op, in.microbatch, in.chunk);
 }
 
 template <class Pass>
-void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, int mb, PipelineStats& stats, Pass&& pass) {
+void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, int mb, Pass&& pass) {
   // The host span: on a device the time the host took to queue the pass.
   SpanScope span(tl_, kind == ComputeSpans::Forward ? "forward" : "backward", Track::Main, mb, c.g);
+  StepClock::Scope part(clock_, kind == ComputeSpans::Forward ? StepPart::Forward : StepPart::Backward);
   spans_.begin(stream_);
   pass();
-  TpCommTime tp = c.model->take_tp_comm();
-  spans_.end(stream_, kind, tp.host_ms, mb, c.g, std::move(tp.device_work));
-  if (!stream_) stats.tp_comm_ms += tp.host_ms;  // a device's come from take_device_times
+  spans_.end(stream_, kind, mb, c.g, c.model->take_tp_comm().device_work);
 }
 
-void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss,
-                               PipelineStats& stats) {
-  if (c.first) c.slot_of[mb] = take_slot(c, stats);
+void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss) {
+  if (c.first) c.slot_of[mb] = take_slot(c);
   const int s = c.slot_of.at(mb);
   Tensor tokens = c.first ? c.tokens[size_t(s)] : Tensor();
   Tensor targets = c.last ? c.targets[size_t(s)] : Tensor();
   if (c.first || c.last) {
     // The feed fills the slot wherever it lives (a device slot through the loader's staging upload).
     SpanScope span(tl_, "data_wait", Track::Main, mb, c.g);
-    Stopwatch sw;
+    StepClock::Scope part(clock_, StepPart::DataWait);
     feed(mb, tokens, targets);
-    stats.data_ms += sw.ms();
   }
-  timed_pass(c, ComputeSpans::Forward, mb, stats, [&] { c.model->forward(ctx, s, tokens, targets, dloss); });
+  timed_pass(c, ComputeSpans::Forward, mb, [&] { c.model->forward(ctx, s, tokens, targets, dloss); });
 }
 
 void PipelineExecutor::send_activation(Chunk& c, int mb) {
@@ -315,7 +306,7 @@ void PipelineExecutor::send_activation(Chunk& c, int mb) {
                 c.model->stage_output(s), t0);
 }
 
-void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats) {
+void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb) {
   const int s = c.slot_of.at(mb);
   Tensor out_grad;
   int gb = -1;
@@ -325,7 +316,7 @@ void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, Pipe
   }
   // Backwards run in microbatch order per chunk, so the last one makes the gradients final.
   const GradPhase phase = mb == m_ - 1 ? GradPhase::Final : GradPhase::Accumulate;
-  timed_pass(c, ComputeSpans::Backward, mb, stats,
+  timed_pass(c, ComputeSpans::Backward, mb,
              [&] { c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad); });
   if (gb >= 0) {
     c.grad_of.erase(mb);
@@ -335,15 +326,10 @@ void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, Pipe
   c.free_slots.push_back(s);
 }
 
-void PipelineExecutor::send_gradient(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats) {
+void PipelineExecutor::send_gradient(const KernelContext& ctx, Chunk& c, int mb) {
   const size_t b = size_t(c.next_send);
   c.next_send = (c.next_send + 1) % int(c.send_bufs.size());
-  if (c.send_work[b]) {
-    SpanScope span(tl_, "wait_send", Track::Main, -1, c.g);
-    Stopwatch sw;
-    c.send_work[b]->join(stream_);
-    stats.comm_exposed_ms += sw.ms();
-  }
+  if (c.send_work[b]) join_send(c.send_work[b], c.g);
   // Copied on the compute stream; the send's input-ready wait orders it after the copy.
   copy_tensor(c.send_bufs[b], c.model->input_grad(), ctx.cuda_stream, false);
   const double t0 = now_seconds();
@@ -353,9 +339,9 @@ void PipelineExecutor::send_gradient(const KernelContext& ctx, Chunk& c, int mb,
 
 // Every send must be delivered before its buffer is written again: on the
 // host the step waits for them; on a device the compute stream does.
-void PipelineExecutor::join_sends(PipelineStats& stats) {
+void PipelineExecutor::join_sends() {
   SpanScope span(p_ > 1 ? tl_ : nullptr, "wait_send", Track::Main);
-  Stopwatch sw;
+  StepClock::Scope part(clock_, StepPart::PpCommExposed);
   in_flight_.clear();
   for (Chunk& c : chunks_) {
     for (auto* list : {&c.slot_send, &c.send_work})
@@ -366,7 +352,6 @@ void PipelineExecutor::join_sends(PipelineStats& stats) {
           w.reset();
         }
   }
-  stats.comm_exposed_ms += sw.ms();
 }
 
 }  // namespace xirang

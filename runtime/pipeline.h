@@ -6,11 +6,13 @@
 // instruction that needs them (activations straight into the activation
 // slot the forward will use), sends never block compute (an activation is
 // sent from its slot, which stays untouched until that microbatch's
-// backward; an input gradient from a small pool of send buffers), and time
-// spent waiting is measured: waiting for a neighbour's activation or
-// gradient is pipeline bubble, waiting for one of our own sends to finish is
-// exposed pipeline communication. The channels are communicators of their
-// own, so their transfers never queue behind data-parallel buckets.
+// backward; an input gradient from a small pool of send buffers). Each
+// instruction runs in its part of the step clock (KernelContext::clock,
+// core/step_clock.h): passes are forward or backward, the feed data wait,
+// waiting for a neighbour's activation or gradient pipeline bubble, waiting
+// for one of our own sends to finish exposed pipeline communication. The
+// channels are communicators of their own, so their transfers never queue
+// behind data-parallel buckets.
 //
 // Every wait is a Work::join on the compute stream: a host wait on the CPU
 // backend; on a device the compute stream waits for the transfer and the
@@ -31,7 +33,8 @@
 //
 //   PipelineExecutor exec(chunks, PipeChannels::shared(grid.pp()), p, rank, v, m);  // MPI: tags keep them apart
 //   exec.layout(arena);                         // measuring, then real
-//   exec.run(ctx, list, feed, dloss, stats);
+//   exec.run(ctx, list, feed, dloss);             // host time: ctx.clock's parts
+//   exec.take_device_times(device);               // on a device, after the step's host wait
 #pragma once
 
 #include <functional>
@@ -66,49 +69,40 @@ inline int pipe_edge_color(int e, int p) { return p % 2 == 1 && e == p - 1 ? 2 :
 PipeChannels colored_pipe_channels(int rank, int p, const std::vector<Communicator*>& act,
                                    const std::vector<Communicator*>& grad);
 
-// The step's time in the executor, each part measured once: on the CPU the
-// passes' times leave out the tensor-parallel collectives inside them.
-struct PipelineStats {
-  double forward_ms = 0;      // forward passes (CPU: less their tensor-parallel communication)
-  double backward_ms = 0;     // backward passes, likewise
-  double tp_comm_ms = 0;      // tensor-parallel communication inside the passes (device: the collectives' device time)
-  double data_ms = 0;         // the feed: waiting for the loader and copying a microbatch in
-  double bubble_ms = 0;       // waiting for a neighbour's activation or gradient
-  double comm_exposed_ms = 0; // waiting for our own sends to complete
+// The step's compute on a device, from the stream's timing events (on the
+// CPU the passes run in the host's time: the step clock's parts).
+struct DeviceTimes {
+  double forward_ms = 0;   // forward passes, less the tensor-parallel collectives inside them
+  double backward_ms = 0;  // backward passes, likewise
+  double tp_comm_ms = 0;   // the collectives' device time
+  double bubble_ms = 0;    // the stream idle between the step's first and last pass
 };
 
-// The time of each forward and backward pass. On the CPU a pass runs during
-// the call, so its span is the call's wall time. On a device the call only
-// queues it: a span is a pair of timing events on the compute stream, read
-// once the step's work has completed, and the stream's idle time between the
-// step's first and last span (waiting for a neighbour's transfer or an
-// upload) is the device's pipeline bubble.
+// The device time of each forward and backward pass: on a device the call
+// only queues a pass, so its span is a pair of timing events on the compute
+// stream, read once the step's work has completed, and the stream's idle
+// time between the step's first and last span (waiting for a neighbour's
+// transfer or an upload) is the device's pipeline bubble. On the host (a
+// null stream) nothing is recorded.
 class ComputeSpans {
  public:
   enum Kind { Forward, Backward };
   ComputeSpans();
   ~ComputeSpans();
   void begin(void* stream);
-  // `host_comm_ms`: host time inside the span spent in communication (the
-  // pass's blocking tensor-parallel collectives); on the CPU it is left
-  // out of the span. A device span is device time and keeps it.
   // `microbatch` and `chunk` label the span in a trace. `tp_work`: the
-  // pass's tensor-parallel collectives on a device, whose device time
-  // take() moves from the pass to tp_comm_ms.
-  void end(void* stream, Kind kind, double host_comm_ms = 0, int microbatch = -1, int chunk = -1,
-           std::vector<WorkPtr> tp_work = {});
-  // Adds the spans since the last call to stats (forward_ms, backward_ms;
-  // on a device also tp_comm_ms, and the idle time to bubble_ms) and starts over. On a
-  // device, only after the spans' work has completed; when `tl` is tracing,
-  // the device spans go to its Device track, placed on the host clock by
-  // a reference event recorded (and waited for) now.
-  void take(PipelineStats& stats, Timeline* tl = nullptr);
+  // pass's tensor-parallel collectives, whose device time take() moves
+  // from the pass to tp_comm_ms.
+  void end(void* stream, Kind kind, int microbatch = -1, int chunk = -1, std::vector<WorkPtr> tp_work = {});
+  // Adds the spans since the last call to `times` and starts over; only
+  // after the spans' work has completed. When `tl` is tracing, the spans go
+  // to its Device track, placed on the host clock by a reference event
+  // recorded (and waited for) now.
+  void take(DeviceTimes& times, Timeline* tl = nullptr);
 
  private:
   struct Events;  // the device's timing events (a pool reused every step)
   std::unique_ptr<Events> ev_;
-  double host_start_ = 0;
-  double host_ms_[2] = {0, 0};
 };
 
 class PipelineExecutor {
@@ -127,13 +121,11 @@ class PipelineExecutor {
   // Runs `list` up to ReduceGradients. The microbatch losses collect in the
   // head chunk's loss sum (ModelChunk::take_loss). Final backward passes fire the
   // chunks' gradient-ready hooks.
-  void run(const KernelContext& ctx, const std::vector<PipeInstr>& list, const Feed& feed, double dloss,
-           PipelineStats& stats);
-  // On a device run() leaves the forward and backward times out of `stats`
-  // (the passes are only queued): this adds them once the step's work has
-  // completed (after the step's host wait).
-  void take_device_times(PipelineStats& stats) {
-    spans_.take(stats, tl_);
+  void run(const KernelContext& ctx, const std::vector<PipeInstr>& list, const Feed& feed, double dloss);
+  // On a device run() only queues the passes: this adds their device times
+  // once the step's work has completed (after the step's host wait).
+  void take_device_times(DeviceTimes& times) {
+    spans_.take(times, tl_);
     record_transfers();
   }
   // On a device: waits on the host, with each channel's timeout, for the
@@ -175,19 +167,20 @@ class PipelineExecutor {
   // Adds the step's finished transfers to the timeline (spans, per-op times).
   void record_transfers();
   // One per instruction kind.
-  void receive(const std::vector<PipeInstr>& list, size_t i, PipelineStats& stats);
-  void forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss, PipelineStats& stats);
+  void receive(const std::vector<PipeInstr>& list, size_t i);
+  void forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss);
   void send_activation(Chunk& c, int mb);
-  void backward(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats);
-  // Runs one pass of `c` between a span's begin and end, with its
-  // tensor-parallel communication counted apart.
+  void backward(const KernelContext& ctx, Chunk& c, int mb);
+  // Runs one pass of `c` in its part of the step clock, between a device span's begin and end.
   template <class Pass>
-  void timed_pass(Chunk& c, ComputeSpans::Kind kind, int mb, PipelineStats& stats, Pass&& pass);
-  void send_gradient(const KernelContext& ctx, Chunk& c, int mb, PipelineStats& stats);
-  void join_sends(PipelineStats& stats);
-  int take_slot(Chunk& c, PipelineStats& stats);
-  void post_receives(const std::vector<PipeInstr>& list, size_t from, PipelineStats& stats);
-  void wait_recv(PipeOp op, int mb, int chunk, PipelineStats& stats);
+  void timed_pass(Chunk& c, ComputeSpans::Kind kind, int mb, Pass&& pass);
+  void send_gradient(const KernelContext& ctx, Chunk& c, int mb);
+  void join_sends();
+  // Joins a send of ours in flight: exposed pipeline communication.
+  void join_send(WorkPtr& w, int chunk);
+  int take_slot(Chunk& c);
+  void post_receives(const std::vector<PipeInstr>& list, size_t from);
+  void wait_recv(PipeOp op, int mb, int chunk);
   int tag(int dir, int mb, int dest_model_chunk) const { return (mb * p_ * v_ + dest_model_chunk) * 2 + dir; }
 
   std::vector<Chunk> chunks_;
@@ -196,6 +189,7 @@ class PipelineExecutor {
   ComputeSpans spans_;
   std::vector<WorkPtr> in_flight_;  // the step's last sends, joined on a device (wait_sends)
   Timeline* tl_ = nullptr;          // the step's timeline (null: none)
+  StepClock* clock_ = nullptr;      // the step's clock (null: none)
   std::vector<Transfer> transfers_; // the step's transfers, for the timeline
   int p_, rank_, v_, m_;
   int B_ = 0, T_ = 0;

@@ -54,43 +54,41 @@ TrainResult Trainer::run() {
     StepMetrics m;
     m.step = step + 1;
     trace_->before_step(m.step, timeline_);
-    const double step_start = now_seconds();
-    Stopwatch sw;
+    clock_.start();
     const RunQueueWait cpu_wait;
     const EnergySpan energy(energy_.get());  // the GPU's joules over the step (none on the CPU)
     zero_gradients();
     sync_->begin_step();
-    accumulate_gradients(step, m);  // forward and backward of every microbatch, buckets reduced as they fill
+    accumulate_gradients(step);  // forward and backward of every microbatch, buckets reduced as they fill
     sync_->finish(ctx_.cuda_stream);
     wait_step_transfers();
     if (faults_->poisons_gradient(step + 1)) inject_nan_grad(step + 1);
-    // The optimizer's part leaves out the host's waits for data-parallel
-    // communication (ZeRO's parameter gather; on a device the buckets'
-    // host wait in grad_norm): on the CPU they are dp_comm_exposed_ms (on a
-    // device that is the compute stream's wait, from timing events).
-    const double dp_waits = sync_->host_held_ms(), drained = sync_->device_drain_ms();
-    Stopwatch ow;
-    SpanScope optimizer_span(ctx_.timeline, "optimizer");
-    const double scale = loss_scale_.scale();
-    m.loss_scale = scale;
-    // The step's one host wait (on a device): the norm decides clipping and skipping.
-    m.grad_norm = sync_->grad_norm(ctx_, *opt_) / scale;
-    const double local_loss = take_local_loss();
-    take_device_times(m);
-    m.lr = lr_at(cfg_.train, step);
-    m.skipped = skip_step(m.step, m.grad_norm, local_loss);
-    if (!m.skipped) update_parameters(m.lr, m.grad_norm, scale);
-    // On a device the norm's read waits for the stream to run the passes
-    // queued so far: device time already in forward_ms and backward_ms.
-    m.optimizer_ms = ow.ms() - (sync_->host_held_ms() - dp_waits) - (sync_->device_drain_ms() - drained);
-    optimizer_span.end();
+    double local_loss = 0;
+    {
+      StepClock::Scope optimizer(&clock_, StepPart::Optimizer);
+      SpanScope optimizer_span(ctx_.timeline, "optimizer");
+      const double scale = loss_scale_.scale();
+      m.loss_scale = scale;
+      // The step's one host wait (on a device): the norm decides clipping and skipping.
+      m.grad_norm = sync_->grad_norm(ctx_, *opt_) / scale;
+      local_loss = take_local_loss();
+      device_times_ = {};
+      if (device_ != Device::CPU) exec_->take_device_times(device_times_);
+      m.lr = lr_at(cfg_.train, step);
+      m.skipped = skip_step(m.step, m.grad_norm, local_loss);
+      if (!m.skipped) update_parameters(m.lr, m.grad_norm, scale);
+    }
     m.loss = global_loss(local_loss);
-    take_comm_times(m);
     if (ckpt_->due(m.step, last)) save_checkpoint(m);  // its stall is part of step_ms
-    take_rates(m, sw.ms());
+    clock_.stop();
+    take_parts(m);
+    take_rates(m, clock_.step_ms());
     m.cpu_wait_ms = cpu_wait.ms();
     m.energy = energy.take(tokens_per_replica());
-    add_span(ctx_.timeline, "step", Track::Main, step_start, step_start + m.step_ms / 1e3, -1, -1, m.step);
+    // The span is the clock's own interval: what the step holds (a checkpoint
+    // save) nests in it, however the thread is scheduled.
+    add_span(ctx_.timeline, "step", Track::Main, clock_.started_at(), clock_.started_at() + m.step_ms / 1e3, -1, -1,
+             m.step);
     if (eval_due(m.step)) {
       // Evaluation is no step's: its ops stay out of the step's profile.
       SpanScope span(ctx_.timeline, "eval", Track::Main, -1, -1, m.step);
@@ -156,28 +154,20 @@ void Trainer::zero_gradients() {
 void Trainer::reduce_tied(Parameter& p) {
   // On a device the compute stream waits for the sum; the host goes on (and
   // waits with the timeout at the end of the step).
-  Stopwatch sw;
+  StepClock::Scope part(&clock_, StepPart::PpCommExposed);
   SpanScope span(ctx_.timeline, "tied_all_reduce");
   WorkPtr w = comm_->embedding().all_reduce_async(p.grad, ReduceOp::Sum);
   w->join(ctx_.cuda_stream);
   if (ctx_.timeline) ctx_.timeline->add_op_later(OpKind::TiedAllReduce, [w] { return w->duration_ms(); });
   tied_work_.push_back(std::move(w));
-  own_comm_.tied_ms += sw.ms();
 }
 
-void Trainer::launch_buckets(int layer) {
-  Stopwatch sw;
-  sync_->layer_done(layer);
-  own_comm_.launch_ms += sw.ms();
-}
-
-void Trainer::accumulate_gradients(int step, StepMetrics& m) {
+void Trainer::accumulate_gradients(int step) {
   const int micro = cfg_.microbatches();
   const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
   // d(mean loss of the global batch) / d(per-token loss): every microbatch has B*T tokens.
   // Under fp16 it is scaled up so that small gradients survive 16-bit storage.
   const double dloss = loss_scale_.scale() / (double(B) * T * micro * cfg_.parallel.dp);
-  PipelineStats st;
   const auto feed = [&](int mb, const Tensor& tk, const Tensor& tg) { loader_->next(step, mb, tk, tg, ctx_.cuda_stream); };
   // faults.kind=slow_rank: a slow device, seen as a longer first forward. Before
   // the schedule, so that the neighbours wait for it where they would wait for
@@ -185,39 +175,25 @@ void Trainer::accumulate_gradients(int step, StepMetrics& m) {
   // compute (a tied gradient's reduction runs inside the first stage's backward).
   {
     SpanScope span(cfg_.faults.kind == FaultKind::SlowRank ? ctx_.timeline : nullptr, "fault_delay");
-    st.forward_ms += faults_->delay_compute(step + 1);
+    StepClock::Scope part(&clock_, StepPart::Forward);
+    faults_->delay_compute(step + 1);
   }
-  own_comm_ = {};
-  exec_->run(ctx_, schedule_, feed, dloss, st);
-  const StepCommTimes in_passes = own_comm_;
+  exec_->run(ctx_, schedule_, feed, dloss);
   // A tied copy (the last stage's token table) is final once its head
   // passes are done. Its reduction waits for the original's chunk to
   // finish, and so does the barrier after it on every stage: a stage that
   // finished its list early idles here until the pipeline has drained,
-  // which is bubble too.
-  Stopwatch drain;
-  SpanScope drain_span(cfg_.parallel.pp > 1 ? ctx_.timeline : nullptr, "pipeline_drain");
+  // which is bubble too (the reductions and bucket launches in it are
+  // their own parts).
+  const bool pipelined = cfg_.parallel.pp > 1;
+  SpanScope drain_span(pipelined ? ctx_.timeline : nullptr, "pipeline_drain");
+  StepClock::Scope drain(pipelined ? &clock_ : nullptr, StepPart::PpBubble);
   for (Parameter* t : tied_copies_) {
     reduce_tied(*t);
-    launch_buckets(t->layer);
+    sync_->layer_done(t->layer);
   }
   // (On a device the host has only queued the work: no barrier, the streams order it.)
-  if (cfg_.parallel.pp > 1 && device_ == Device::CPU) grid_->pp().barrier();
-  drain_span.end();
-  const double drain_comm_ms = (own_comm_.tied_ms - in_passes.tied_ms) + (own_comm_.launch_ms - in_passes.launch_ms);
-  // Each part once. The gradient-ready hook ran inside the backward passes:
-  // its waits for the tied reduction are pipeline communication (the
-  // embedding group joins the first and last stage), its bucket launches
-  // data-parallel communication (GradSync's exposed time). On a device
-  // take_device_times replaces the passes' times with the device's.
-  m.forward_ms = st.forward_ms;
-  m.backward_ms = st.backward_ms - in_passes.tied_ms - in_passes.launch_ms;
-  m.tp_comm_ms = st.tp_comm_ms;
-  // Getting the input: blocked on the loader, and copying (on a device, queuing the upload of) each microbatch.
-  m.data_wait_ms = st.data_ms;
-  m.data_prefetch_depth = loader_ ? loader_->depth() : 0;
-  m.pp_bubble_ms = st.bubble_ms + drain.ms() - drain_comm_ms;
-  m.pp_comm_exposed_ms = st.comm_exposed_ms + own_comm_.tied_ms;
+  if (pipelined && device_ == Device::CPU) grid_->pp().barrier();
 }
 
 void Trainer::wait_step_transfers() {
@@ -236,15 +212,27 @@ double Trainer::take_local_loss() {
   return local_loss / cfg_.microbatches();
 }
 
-void Trainer::take_device_times(StepMetrics& m) {
+void Trainer::take_parts(StepMetrics& m) const {
+  m.forward_ms = clock_.ms(StepPart::Forward);
+  m.backward_ms = clock_.ms(StepPart::Backward);
+  m.optimizer_ms = clock_.ms(StepPart::Optimizer);
+  m.data_wait_ms = clock_.ms(StepPart::DataWait);
+  m.data_prefetch_depth = loader_ ? loader_->depth() : 0;
+  m.tp_comm_ms = clock_.ms(StepPart::TpComm);
+  m.dp_comm_ms = sync_->comm_ms();
+  m.dp_comm_exposed_ms = clock_.ms(StepPart::DpCommExposed);
+  m.pp_bubble_ms = clock_.ms(StepPart::PpBubble);
+  m.pp_comm_exposed_ms = clock_.ms(StepPart::PpCommExposed);
+  m.ckpt_stall_ms = clock_.ms(StepPart::CkptStall);
+  m.unaccounted_ms = clock_.unaccounted_ms();
   if (device_ == Device::CPU) return;
-  // The passes have run by now: their device times replace the launch times.
-  PipelineStats dev;
-  exec_->take_device_times(dev);
-  m.forward_ms = dev.forward_ms + faults_->compute_delay_ms(m.step);  // the host's slow_rank sleep
-  m.backward_ms = dev.backward_ms;
-  m.tp_comm_ms = dev.tp_comm_ms;
-  m.pp_bubble_ms += dev.bubble_ms;
+  // On a device the host only queued the passes (its time in them, and its
+  // wait for the stream, are the clock's): their times are the stream's.
+  m.forward_ms = device_times_.forward_ms + faults_->compute_delay_ms(m.step);  // the host's slow_rank sleep
+  m.backward_ms = device_times_.backward_ms;
+  m.tp_comm_ms = device_times_.tp_comm_ms;
+  m.pp_bubble_ms += device_times_.bubble_ms;
+  m.dp_comm_exposed_ms = sync_->device_exposed_ms();
 }
 
 // Every precision: one vote over the world, so that every rank skips the
@@ -332,16 +320,10 @@ double Trainer::global_loss(double local_loss) {
   return grid_->dp().all_reduce_sum(stage_loss) / cfg_.parallel.dp;
 }
 
-void Trainer::take_comm_times(StepMetrics& m) {
-  m.dp_comm_ms = sync_->comm_ms();
-  m.dp_comm_exposed_ms = sync_->exposed_ms();
-}
-
 void Trainer::save_checkpoint(StepMetrics& m) {
-  Stopwatch cs;
+  StepClock::Scope part(&clock_, StepPart::CkptStall);
   SpanScope span(ctx_.timeline, "checkpoint_save", Track::Main, -1, -1, m.step);
   ckpt_->save(m.step, ctx_.cuda_stream, ctx_.timeline);
-  m.ckpt_stall_ms = cs.ms();
   m.checkpoint_saved = true;
 }
 

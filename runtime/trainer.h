@@ -129,14 +129,13 @@ class Trainer {
   // The step, in the order run() calls them.
   void zero_gradients();
   // Runs the step's schedule (its losses collect in the head chunk's loss
-  // sum), then the tied copies' reductions and the pipeline drain; fills
-  // the step's pipeline and data timings.
-  void accumulate_gradients(int step, StepMetrics& m);
+  // sum), then the tied copies' reductions and the pipeline drain, each in
+  // its part of the step clock.
+  void accumulate_gradients(int step);
   // On a device: timed host waits for the transfers the compute stream
   // joined, before the step's untimed stream synchronization.
   void wait_step_transfers();
   double take_local_loss();
-  void take_device_times(StepMetrics& m);
   // Whether the step makes no update: its loss or gradient norm is not
   // finite on some rank (a vote over the world; under loss scaling it updates
   // the scale). Stops the run after train.max_nonfinite_steps in a row.
@@ -153,7 +152,6 @@ class Trainer {
   void inject_nan_grad(int step);
   void update_parameters(double lr, double grad_norm, double scale);
   double global_loss(double local_loss);
-  void take_comm_times(StepMetrics& m);
   void save_checkpoint(StepMetrics& m);
   void take_rates(StepMetrics& m, double step_ms) const;
   bool eval_due(int step) const;
@@ -165,8 +163,8 @@ class Trainer {
   // Sums a tied parameter's gradient over the chunks that hold it (the
   // pipeline's embedding group: first and last stage).
   void reduce_tied(Parameter& p);
-  // Launches the data-parallel buckets that `layer`'s final gradients complete.
-  void launch_buckets(int layer);
+  // The step's parts from the clock (on a device, the compute parts from the stream).
+  void take_parts(StepMetrics& m) const;
   void print_run() const;
   int last_step() const;
   double tokens_per_step() const { return double(cfg_.train.global_batch) * cfg_.seq_len(); }
@@ -203,14 +201,9 @@ class Trainer {
   std::vector<Parameter*> tied_;         // parameters another pipeline chunk also holds (originals)
   std::vector<Parameter*> tied_copies_;  // their copies on this rank (tied_copy)
   std::vector<WorkPtr> tied_work_;       // the step's reductions of tied gradients
-  // Host time the trainer's own communication took during the step's passes
-  // and drain: the gradient-ready hook runs inside a backward pass, so this
-  // is taken out of backward_ms and counted as communication instead.
-  struct StepCommTimes {
-    double tied_ms = 0;    // tied gradients' reductions (on the CPU: their waits): pipeline communication
-    double launch_ms = 0;  // GradSync::layer_done, whose bucket launches GradSync counts as exposed dp time
-  };
-  StepCommTimes own_comm_;
+  // The step's parts (core/step_clock.h); ctx_.clock points here.
+  StepClock clock_;
+  DeviceTimes device_times_;  // on a device, the step's compute from the stream
   std::unique_ptr<PipelineExecutor> exec_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GradSync> sync_;

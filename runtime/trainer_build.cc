@@ -99,6 +99,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   device_ = comm_->device();
   ctx_ = comm_->kernel_context();
   if (cfg_.metrics.op_profile || !cfg_.metrics.trace.empty()) ctx_.timeline = &timeline_;
+  ctx_.clock = &clock_;
   timeline_.set_profiling(cfg_.metrics.op_profile);
   trace_ = std::make_unique<TraceWindow>(cfg_.metrics, *grid_);
   faults_ = std::make_unique<FaultInjector>(cfg_.faults, *grid_, device_);
@@ -200,6 +201,7 @@ void Trainer::build_optimizer(Arena& measure_shard, Arena& measure_state) {
       &grid_->dp());
   opt_ = std::make_unique<AdamW>(cfg_.train);
   sync_->set_timeline(ctx_.timeline);
+  sync_->set_clock(&clock_);
   sync_->layout(measure_shard);
   opt_->set_segments(sync_->optimizer_segments());
   opt_->layout_state(measure_state);
@@ -278,7 +280,7 @@ void Trainer::init_parameters() {
       // A tied original's gradient is final here: add its copies' contributions first.
       for (Parameter* t : tied_)
         if (t->layer == l) reduce_tied(*t);
-      launch_buckets(l);
+      sync_->layer_done(l);
     });
   }
   opt_->init_master(ctx_);

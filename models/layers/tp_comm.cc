@@ -31,7 +31,6 @@ void TpComm::layout(Arena& acts, int64_t width, DType dtype) {
 void TpComm::join(const WorkPtr& w, OpKind kind, double t0) {
   w->join(stream_);
   const double t1 = now_seconds();
-  ms_ += (t1 - t0) * 1e3;
   if (stream_) device_work_.push_back(w);
   if (!timeline_) return;
   add_span(timeline_, op_kind_name(kind), Track::Main, t0, t1);
@@ -41,12 +40,14 @@ void TpComm::join(const WorkPtr& w, OpKind kind, double t0) {
 
 void TpComm::all_reduce(Tensor t, ReduceOp op) {
   if (size_ == 1) return;
+  StepClock::Scope part(clock_, StepPart::TpComm);
   const double t0 = now_seconds();
   join(group_->all_reduce_async(t, op), OpKind::TpAllReduce, t0);
 }
 
 Tensor TpComm::gathered(const Tensor& local) {
   if (!sp_) return local;
+  StepClock::Scope part(clock_, StepPart::TpComm);
   const double t0 = now_seconds();
   join(group_->all_gather_async(local, gather_), OpKind::TpAllGather, t0);
   return gather_;
@@ -54,6 +55,7 @@ Tensor TpComm::gathered(const Tensor& local) {
 
 void TpComm::reduce_rows(Tensor partial, Tensor out) {
   if (size_ == 1) return;
+  StepClock::Scope part(clock_, StepPart::TpComm);
   const double t0 = now_seconds();
   if (sp_) join(group_->reduce_scatter_async(partial, out, ReduceOp::Sum), OpKind::TpReduceScatter, t0);
   else join(group_->all_reduce_async(partial, ReduceOp::Sum), OpKind::TpAllReduce, t0);
@@ -61,14 +63,14 @@ void TpComm::reduce_rows(Tensor partial, Tensor out) {
 
 Tensor TpComm::full_rows(Tensor local) {
   if (!sp_) return local;
+  StepClock::Scope part(clock_, StepPart::TpComm);
   const double t0 = now_seconds();
   join(group_->all_gather_async(local, grad_), OpKind::TpAllGather, t0);
   return grad_;
 }
 
 TpCommTime TpComm::take() {
-  TpCommTime t{ms_, std::move(device_work_)};
-  ms_ = 0;
+  TpCommTime t{std::move(device_work_)};
   device_work_.clear();
   return t;
 }

@@ -13,7 +13,7 @@
 //
 //   TpComm tp(TensorParallel{&grid.tp(), true}, /*rows=*/B * T);
 //   tp.layout(acts, C, dtype);
-//   tp.begin_pass(ctx);                          // its stream and timeline
+//   tp.begin_pass(ctx);                          // its stream, timeline and step clock
 //   Tensor full = tp.gathered(ln_out);           // (R, C) -> (N, C)
 //   tp.reduce_rows(tp.partial(), residual);      // (N, C) partial sums -> (R, C)
 #pragma once
@@ -42,11 +42,13 @@ class TpComm {
   // Carves the (N, width) scratch: partial sums, and under sequence
   // parallelism a gathered activation and a gathered gradient.
   void layout(Arena& acts, int64_t width, DType dtype);
-  // The compute stream the pass's collectives join (null on the host), and
-  // the timeline that records them (trace spans, per-op times).
+  // The compute stream the pass's collectives join (null on the host), the
+  // timeline that records them (trace spans, per-op times) and the step
+  // clock whose TpComm part each collective is.
   void begin_pass(const KernelContext& ctx) {
     stream_ = ctx.cuda_stream;
     timeline_ = ctx.timeline;
+    clock_ = ctx.clock;
   }
 
   // (N, width): row-parallel outputs and column-parallel input gradients before their reduction.
@@ -63,8 +65,7 @@ class TpComm {
   Tensor full_rows(Tensor local);
   void all_reduce(Tensor t, ReduceOp op);
 
-  // The tensor-parallel calls since the last call: their host time (on a
-  // device, launch and join only) and, on a device, the collectives.
+  // On a device, the collectives since the last call.
   TpCommTime take();
 
  private:
@@ -75,13 +76,13 @@ class TpComm {
   Tensor partial_;  // (N, width)
   Tensor gather_;   // (N, width) an activation gathered for one product (sequence parallel)
   Tensor grad_;     // (N, width) a gathered residual gradient (sequence parallel)
-  // Joins `w` to the pass's stream, counting its time (and recording it on the timeline as `kind`).
+  // Joins `w` to the pass's stream (recording it on the timeline as `kind`, launched at t0).
   void join(const WorkPtr& w, OpKind kind, double t0);
 
-  double ms_ = 0;
   std::vector<WorkPtr> device_work_;  // the collectives joined to a device stream since take()
   void* stream_ = nullptr;
   Timeline* timeline_ = nullptr;
+  StepClock* clock_ = nullptr;
 };
 
 }  // namespace xirang
