@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     sets.push_back("train.micro_batch=" + std::to_string(batch));
     sets.push_back("train.seq_len=" + std::to_string(seq));
     const Config cfg = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/" + file, sets);
-    const ModelDims dims = model_dims(cfg.model);
+    const ModelDims& dims = cfg.model;
     const DType dt = model_dtype_of(cfg.precision.dtype);
     std::vector<Built> runs;
     for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) runs.push_back(build(cfg, dims, dt, r));

@@ -49,10 +49,11 @@ namespace xirang {
 struct RopeScaling {
   enum class Type { None, Llama3 };
   Type type = Type::None;
-  double factor = 1.0;
+  // Read only under Llama3; the defaults are Llama 3.1's.
+  double factor = 8.0;
   double low_freq_factor = 1.0;
-  double high_freq_factor = 1.0;
-  double original_max_position_embeddings = 0.0;
+  double high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192.0;
 
   static RopeScaling llama3(double factor, double low_freq_factor, double high_freq_factor,
                             double original_max_position_embeddings) {

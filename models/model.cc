@@ -35,6 +35,20 @@ std::string model_arch_names() {
   return names;
 }
 
+const ModelPreset& find_model_preset(const std::string& name) {
+  for (const ModelArch& a : registry())
+    for (const ModelPreset& p : a.presets)
+      if (p.name == name) return p;
+  fail(ErrorKind::Config, "model.preset='", name, "' is not a preset (presets: ", model_preset_names(), ")");
+}
+
+std::string model_preset_names() {
+  std::string names;
+  for (const ModelArch& a : registry())
+    for (const ModelPreset& p : a.presets) names += (names.empty() ? "" : ", ") + p.name;
+  return names;
+}
+
 std::string layout_problem(const ModelDims& m, const ParallelLayout& l) {
   if (m.n_layer < 1 || m.n_head < 1 || m.d_model < 1 || m.max_seq_len < 1 || m.vocab_size < 1 || m.vocab_multiple < 1)
     return "model.n_layer, n_head, d_model, seq_len, vocab_size and vocab_multiple must be >= 1";

@@ -44,6 +44,7 @@
 #include "core/arena.h"
 #include "kernels/context.h"
 #include "kernels/rope.h"
+#include "models/dims.h"
 #include "models/file_adapter.h"
 #include "models/layers/activation.h"
 #include "models/parameter.h"
@@ -58,33 +59,6 @@ class Decoder;  // models/decode.h
 // the step clock's TpComm part (core/step_clock.h).
 struct TpCommTime {
   std::vector<WorkPtr> device_work;
-};
-
-// An architecture's hyperparameters. One struct serves every architecture;
-// each reads the fields it uses (GPT-2: no n_kv_head, ffn_hidden = 4 d_model).
-struct ModelDims {
-  std::string arch = "gpt2";
-  int n_layer = 12;
-  int n_head = 12;
-  int n_kv_head = 0;       // key/value heads (grouped-query attention); 0: n_head
-  int head_dim = 0;        // width of an attention head; 0: d_model / n_head
-  int d_model = 768;
-  int ffn_hidden = 0;      // MLP hidden width; 0: the architecture's default
-  int max_seq_len = 1024;  // the longest sequence (GPT-2: rows of the position table)
-  int vocab_size = 50257;
-  int vocab_multiple = 128;  // the vocabulary is padded to a multiple of this
-  // LLaMA: the MLP width when ffn_hidden is 0 (Meta's rule: 2/3 of 4 d_model,
-  // times ffn_dim_multiplier when > 0, rounded up to a multiple of ffn_multiple_of).
-  int ffn_multiple_of = 256;
-  double ffn_dim_multiplier = 0;
-  RopeConfig rope{};        // LLaMA: rotary theta and frequency scaling
-  double norm_eps = 1e-5;   // LLaMA: RMSNorm epsilon
-  // The head shares the token table. Unset: the architecture's default
-  // (GPT-2 always ties; LLaMA unties).
-  std::optional<bool> tie_embeddings{};
-  int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
-  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
-  int head_size() const { return head_dim > 0 ? head_dim : d_model / n_head; }
 };
 
 // Recompute (train.recompute) lives with the layers' activation lists: models/layers/activation.h.
@@ -275,6 +249,8 @@ struct ModelArch {
   // of this architecture (models/decode.h's make_decoder checks the chunk);
   // null when it has none.
   std::function<std::unique_ptr<Decoder>(ModelChunk&, Device, int logits_rows)> make_decoder;
+  // Published models of this architecture (model.preset), each a full ModelDims.
+  std::vector<ModelPreset> presets;
 };
 
 // The architecture named `name`; a Config error listing the known ones otherwise.
@@ -282,6 +258,10 @@ const ModelArch& model_arch(const std::string& name);
 bool model_arch_known(const std::string& name);
 // Names of every registered architecture, comma-separated ("gpt2, llama").
 std::string model_arch_names();
+// The preset named `name` of any architecture; a Config error listing them otherwise.
+const ModelPreset& find_model_preset(const std::string& name);
+// Every preset's name, comma-separated, in registry order.
+std::string model_preset_names();
 
 // Every rule a layout must meet to hold the model, stated once: the
 // model's own shape, the pipeline's (n_layer % (pp x virtual_stages),

@@ -39,7 +39,7 @@ struct RankModel {
 };
 
 RankModel build_rank(const Config& cfg, RankCoords at, int slots_override) {
-  const ModelDims dims = model_dims(cfg.model);
+  const ModelDims& dims = cfg.model;
   const ModelArch& arch = model_arch(dims.arch);
   const int p = cfg.parallel.pp, v = cfg.parallel.virtual_stages, tp = cfg.parallel.tp;
   const auto kind = parse_schedule(cfg.parallel.schedule, "parallel.schedule");

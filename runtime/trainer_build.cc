@@ -139,7 +139,7 @@ void Trainer::open_data() {
 }
 
 void Trainer::build_chunks() {
-  const ModelDims dims = model_dims(cfg_.model);
+  const ModelDims& dims = cfg_.model;
   const ModelArch& arch = model_arch(dims.arch);
   const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, rank = grid_->coords().pp;
   // Slots: the most microbatches the schedule keeps alive per chunk, plus
@@ -361,7 +361,7 @@ void Trainer::print_run() const {
   if (device_ == Device::CPU) std::fprintf(stderr, "cpu gemm: %s\n", cpu_gemm_path().c_str());
   // The kernels layer owns the dispatch rule, which depends on the head width (model.head_dim).
   std::fprintf(stderr, "attention: %s\n",
-               flash_attention_path_name(device_, model_dtype_, model_dims(cfg_.model).head_size()).c_str());
+               flash_attention_path_name(device_, model_dtype_, cfg_.model.head_size()).c_str());
 }
 
 }  // namespace xirang

@@ -244,7 +244,7 @@ Produced sample_text(Decoder& dec, const KernelContext& ctx, const Tokenizer& to
 
 int generate(const GenerateArgs& args) {
   const Config cfg = load_config(args.config_path, args.overrides);
-  const ModelDims dims = model_dims(cfg.model);
+  const ModelDims& dims = cfg.model;
   check_layout(dims, ParallelLayout{});
   Execution backend;
   use_backend(cfg, backend);

@@ -121,7 +121,7 @@ int run_plan(const PlanArgs& a) {
   if (!a.layout.empty()) {
     const ParallelConfig& pc = cfg.parallel;
     PlanLayout base{std::max(pc.dp, 1), pc.tp, pc.pp, pc.virtual_stages, cfg.train.micro_batch, pc.zero,
-                    pc.sequence_parallel, cfg.train.recompute == Recompute::Full};
+                    pc.sequence_parallel, cfg.train.recompute};
     const PlanLayout l = parse_layout(a.layout, base);
     if (a.gpus > 0 && l.devices() != a.gpus)
       fail(ErrorKind::Config, "--layout ", l.str(), " uses ", l.devices(), " devices, not --gpus ", a.gpus);

@@ -45,6 +45,20 @@ DecoderSpec gpt2_spec(const ModelDims& d) {
   return s;
 }
 
-ModelArch gpt2_arch() { return decoder_arch("gpt2", gpt2_spec, &gpt2_file_adapter()); }
+// OpenAI's four sizes (Hugging Face gpt2, gpt2-medium, gpt2-large, gpt2-xl):
+// 1024 positions, 50257 tokens, the defaults of ModelDims.
+std::vector<ModelPreset> gpt2_presets() {
+  auto gpt2 = [](const char* name, const char* what, int layers, int heads, int width) {
+    return ModelPreset{name, what, {.arch = "gpt2", .preset = name, .n_layer = layers, .n_head = heads, .d_model = width}};
+  };
+  return {gpt2("gpt2_124m", "GPT-2 124M", 12, 12, 768), gpt2("gpt2_350m", "GPT-2 Medium (350M)", 24, 16, 1024),
+          gpt2("gpt2_774m", "GPT-2 Large (774M)", 36, 20, 1280), gpt2("gpt2_1558m", "GPT-2 XL (1.5B)", 48, 25, 1600)};
+}
+
+ModelArch gpt2_arch() {
+  ModelArch a = decoder_arch("gpt2", gpt2_spec, &gpt2_file_adapter());
+  a.presets = gpt2_presets();
+  return a;
+}
 
 }  // namespace xirang

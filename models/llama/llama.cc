@@ -64,6 +64,27 @@ DecoderSpec llama_spec(const ModelDims& d) {
   return s;
 }
 
-ModelArch llama_arch() { return decoder_arch("llama", llama_spec, &llama_file_adapter()); }
+// Meta's models as their Hugging Face config.json files state them.
+std::vector<ModelPreset> llama_presets() {
+  const RopeConfig llama2{10000, {}}, llama3{500000, {}};
+  const RopeConfig llama31{500000, RopeScaling::llama3(8, 1, 4, 8192)}, llama32{500000, RopeScaling::llama3(32, 1, 4, 8192)};
+  auto llama = [](const char* name, const char* what, int layers, int heads, int kv, int width, int ffn, int vocab,
+                  int seq, RopeConfig rope, bool tied) {
+    return ModelPreset{name, what, {.arch = "llama", .preset = name, .n_layer = layers, .n_head = heads,
+                                    .n_kv_head = kv, .d_model = width, .ffn_hidden = ffn, .max_seq_len = seq,
+                                    .vocab_size = vocab, .rope = rope, .norm_eps = 1e-5, .tie_embeddings = tied}};
+  };
+  return {llama("llama2_7b", "Llama 2 7B", 32, 32, 32, 4096, 11008, 32000, 4096, llama2, false),
+          llama("llama3_8b", "Llama 3 8B", 32, 32, 8, 4096, 14336, 128256, 8192, llama3, false),
+          llama("llama3_70b", "Llama 3 70B", 80, 64, 8, 8192, 28672, 128256, 8192, llama3, false),
+          llama("llama3.1_8b", "Llama 3.1 8B", 32, 32, 8, 4096, 14336, 128256, 131072, llama31, false),
+          llama("llama3.2_1b", "Llama 3.2 1B", 16, 32, 8, 2048, 8192, 128256, 131072, llama32, true)};
+}
+
+ModelArch llama_arch() {
+  ModelArch a = decoder_arch("llama", llama_spec, &llama_file_adapter());
+  a.presets = llama_presets();
+  return a;
+}
 
 }  // namespace xirang

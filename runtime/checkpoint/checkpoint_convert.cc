@@ -278,7 +278,7 @@ ConvertResult reshard_checkpoint(const std::string& src, const std::string& dst,
   const fs::path out = clean(dst);
   check_destination(src, dst, o.overwrite, /*root=*/true);
   const CheckpointReader r = CheckpointReader::open(step_dir);
-  const ModelDims dims = model_dims(checkpoint_config(r).model);
+  const ModelDims dims = checkpoint_config(r).model;
   check_checkpoint_model(r, rank_parameters(dims, CheckpointLayout{}, 0));
   const CheckpointLayout layout = o.layout.value_or(r.meta().layout);
   check_checkpoint_layout(dims, layout);
@@ -329,7 +329,7 @@ ConvertResult export_hf_safetensors(const std::string& src, const std::string& d
   check_destination(src, dst, o.overwrite, /*root=*/false);
   check_destination(src, config_json.string(), o.overwrite, /*root=*/false);
   const CheckpointReader r = CheckpointReader::open(step_dir);
-  const ModelDims dims = model_dims(checkpoint_config(r).model);
+  const ModelDims dims = checkpoint_config(r).model;
   const ModelFileAdapter& files = file_adapter(model_arch(dims.arch));
   const std::vector<Parameter> params = rank_parameters(dims, CheckpointLayout{}, 0);
   check_checkpoint_model(r, params);
@@ -353,7 +353,7 @@ ConvertResult import_model_file(const std::string& src, const Config& config, co
   const ModelFormat format = detect_model_format(src);
   if (format == ModelFormat::Checkpoint)
     fail(ErrorKind::Usage, "'", src, "' is a xirang checkpoint, not a model file to import (reshard it instead)");
-  const ModelDims dims = model_dims(config.model);
+  const ModelDims& dims = config.model;
   const ModelFileAdapter& files = file_adapter(model_arch(dims.arch));
   const CheckpointLayout layout = o.layout.value_or(CheckpointLayout{});
   check_checkpoint_layout(dims, layout);

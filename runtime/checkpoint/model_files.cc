@@ -136,9 +136,9 @@ uint64_t st_element_size(const std::string& s) {
 }
 
 // The model's config keys, for shape errors.
-std::string config_hint(const ModelConfig& m) {
+std::string config_hint(const ModelDims& m) {
   return str_cat("the config has model.n_layer=", m.n_layer, ", n_head=", m.n_head, ", d_model=", m.d_model,
-                 ", seq_len=", m.seq_len, ", vocab_size=", m.vocab_size);
+                 ", seq_len=", m.max_seq_len, ", vocab_size=", m.vocab_size);
 }
 
 void init_values(HostModel& m) {
@@ -259,9 +259,8 @@ void match_extra(const std::string& path, const ModelFileAdapter& files, const H
 
 // Every parameter's tensors, by the adapter's names, with their shapes
 // checked against the config before any data is read.
-HfMatch match_hf_tensors(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files,
+HfMatch match_hf_tensors(const std::string& path, const ModelDims& dims, const ModelFileAdapter& files,
                          const HostModel& m, const std::vector<StTensor>& tensors) {
-  const ModelDims dims = model_dims(mc);
   HfMatch match;
   std::map<std::string, std::pair<size_t, size_t>, std::less<>> by_name;  // (parameter, part)
   for (size_t i = 0; i < m.params.size(); ++i) {
@@ -288,7 +287,7 @@ HfMatch match_hf_tensors(const std::string& path, const ModelConfig& mc, const M
   for (const StTensor& t : tensors)
     if (!by_name.count(t.name) && files.hf_extra(t.name).kind == ExtraTensor::Kind::Unknown)
       fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' is no parameter of the ", files.model_name(),
-           " the config describes (", config_hint(mc), ")");
+           " the config describes (", config_hint(dims), ")");
   for (const StTensor& t : tensors) {
     const auto it = by_name.find(t.name);
     if (it == by_name.end()) {
@@ -302,7 +301,7 @@ HfMatch match_hf_tensors(const std::string& path, const ModelConfig& mc, const M
            "' and '", t.name, "'");
     if (!foreign_accepts(want, m.params[i].shard.global, t.shape))
       fail(ErrorKind::Data, "'", path, "': tensor '", t.name, "' has shape ", t.shape.str(), ", expected ",
-           want.shape.str(), " (", config_hint(mc), ")");
+           want.shape.str(), " (", config_hint(dims), ")");
     match.source[i][k] = &t;
   }
   for (size_t i = 0; i < m.params.size(); ++i)
@@ -313,7 +312,7 @@ HfMatch match_hf_tensors(const std::string& path, const ModelConfig& mc, const M
       for (size_t n = 1; n < names.size(); ++n) others += str_cat(n == 1 ? " (nor '" : ", '", names[n], "'");
       if (!others.empty()) others += ")";
       fail(ErrorKind::Data, "'", path, "' has no tensor '", names.at(0), "'", others,
-           ", which the config's model needs (", config_hint(mc), ")");
+           ", which the config's model needs (", config_hint(dims), ")");
     }
   return match;
 }
@@ -321,7 +320,7 @@ HfMatch match_hf_tensors(const std::string& path, const ModelConfig& mc, const M
 // The config.json beside a safetensors file, when there is one, checked
 // against the config: a file of another architecture or other dimensions
 // is named by its config.json field before any tensor is read.
-void check_hf_config(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files) {
+void check_hf_config(const std::string& path, const ModelDims& dims, const ModelFileAdapter& files) {
   const size_t slash = path.find_last_of('/');
   const std::string config_json = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "config.json";
   struct stat st;
@@ -329,7 +328,7 @@ void check_hf_config(const std::string& path, const ModelConfig& mc, const Model
   const InFile f(config_json);
   std::string text(size_t(f.size()), '\0');
   f.read(0, text.data(), f.size(), "config.json");
-  const std::string problem = files.hf_config_problem(text, model_dims(mc));
+  const std::string problem = files.hf_config_problem(text, dims);
   if (!problem.empty()) fail(ErrorKind::Data, "'", config_json, "': ", problem);
 }
 
@@ -393,14 +392,14 @@ std::optional<ModelFormat> sniff_model_file(const std::string& path) {
   return std::nullopt;
 }
 
-void read_hf_safetensors(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files,
+void read_hf_safetensors(const std::string& path, const ModelDims& dims, const ModelFileAdapter& files,
                          HostModel& m) {
   init_values(m);
   InFile f(path);
-  check_hf_config(path, mc, files);
+  check_hf_config(path, dims, files);
   uint64_t data_start = 0;
   const std::vector<StTensor> tensors = read_st_header(f, data_start);
-  const HfMatch match = match_hf_tensors(path, mc, files, m, tensors);
+  const HfMatch match = match_hf_tensors(path, dims, files, m, tensors);
   for (size_t i = 0; i < m.params.size(); ++i)
     for (size_t k = 0; k < match.source[i].size(); ++k) {
       const StTensor& t = *match.source[i][k];
@@ -416,8 +415,7 @@ void read_hf_safetensors(const std::string& path, const ModelConfig& mc, const M
   }
 }
 
-void read_llmc_model(const std::string& path, const ModelConfig& mc, const ModelFileAdapter& files, HostModel& m) {
-  const ModelDims dims = model_dims(mc);
+void read_llmc_model(const std::string& path, const ModelDims& dims, const ModelFileAdapter& files, HostModel& m) {
   init_values(m);
   InFile f(path);
   LlmcHeader h{};

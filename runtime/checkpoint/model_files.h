@@ -51,10 +51,10 @@ std::optional<ModelFormat> sniff_model_file(const std::string& path);
 // parts, must be stored once under one of its adapter names; a tensor the
 // adapter calls a tied copy must equal its parameter, one it ignores is
 // skipped, any other is an error. Padding rows the file lacks are zero.
-void read_hf_safetensors(const std::string& path, const ModelConfig& model, const ModelFileAdapter& files,
+void read_hf_safetensors(const std::string& path, const ModelDims& model, const ModelFileAdapter& files,
                          HostModel& m);
 // Fills m.values from an llm.c model file whose header must match `model`.
-void read_llmc_model(const std::string& path, const ModelConfig& model, const ModelFileAdapter& files, HostModel& m);
+void read_llmc_model(const std::string& path, const ModelDims& model, const ModelFileAdapter& files, HostModel& m);
 
 // Writes `params` (the one-rank list; read_global fills a parameter's global
 // f32 values) as Hugging Face safetensors in `dtype` (f32, bf16, f16) at

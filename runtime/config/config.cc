@@ -62,8 +62,11 @@ struct ResumeRef {
   std::string* path;
 };
 
+// model.tie_embeddings: auto (unset: the architecture's default), true or false.
+using TieRef = std::optional<bool>*;
+
 using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*,
-                              RopeScalingType*, TieEmbeddings*, Recompute*, ResumeRef>;
+                              RopeScaling::Type*, TieRef, Recompute*, ResumeRef>;
 
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
@@ -77,8 +80,7 @@ constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
 std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
 std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
 std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
-std::span<const char* const> spellings(const RopeScalingType*) { return kRopeScalingNames; }
-std::span<const char* const> spellings(const TieEmbeddings*) { return kTieNames; }
+std::span<const char* const> spellings(const RopeScaling::Type*) { return kRopeScalingNames; }
 std::span<const char* const> spellings(const Recompute*) { return kRecomputeNames; }
 
 template <class T>
@@ -95,6 +97,7 @@ template <class E>
 const char* spelling(const E* v) {
   return spellings(v)[size_t(*v)];
 }
+const char* spelling(TieRef t) { return !t->has_value() ? kTieNames[0] : **t ? kTieNames[1] : kTieNames[2]; }
 std::string spelling(const ResumeRef& r) {
   switch (*r.mode) {
     case ResumeMode::Auto: return "auto";
@@ -116,20 +119,21 @@ struct Section {
 
 // The order here is the order of the emitted YAML.
 std::vector<Section> schema(Config& c) {
-  ModelConfig& m = c.model;
+  ModelDims& m = c.model;
+  RopeScaling& rs = m.rope.scaling;
   ParallelConfig& p = c.parallel;
   TrainConfig& t = c.train;
   return {
       {"model",
-       {{"arch", &m.arch}, {"n_layer", &m.n_layer}, {"n_head", &m.n_head}, {"d_model", &m.d_model},
-        {"seq_len", &m.seq_len}, {"vocab_size", &m.vocab_size}, {"vocab_multiple", &m.vocab_multiple},
-        {"n_kv_head", &m.n_kv_head}, {"head_dim", &m.head_dim}, {"ffn_hidden", &m.ffn_hidden}, {"ffn_multiple_of", &m.ffn_multiple_of},
-        {"ffn_dim_multiplier", &m.ffn_dim_multiplier}, {"rope_theta", &m.rope_theta},
-        {"rope_scaling.type", &m.rope_scaling_type}, {"rope_scaling.factor", &m.rope_scaling_factor},
-        {"rope_scaling.low_freq_factor", &m.rope_scaling_low_freq_factor},
-        {"rope_scaling.high_freq_factor", &m.rope_scaling_high_freq_factor},
-        {"rope_scaling.original_max_position_embeddings", &m.rope_scaling_original_max_position_embeddings},
-        {"norm_eps", &m.norm_eps}, {"tie_embeddings", &m.tie_embeddings}}},
+       {{"arch", &m.arch}, {"preset", &m.preset}, {"n_layer", &m.n_layer}, {"n_head", &m.n_head},
+        {"d_model", &m.d_model}, {"seq_len", &m.max_seq_len}, {"vocab_size", &m.vocab_size},
+        {"vocab_multiple", &m.vocab_multiple}, {"n_kv_head", &m.n_kv_head}, {"head_dim", &m.head_dim},
+        {"ffn_hidden", &m.ffn_hidden}, {"ffn_multiple_of", &m.ffn_multiple_of},
+        {"ffn_dim_multiplier", &m.ffn_dim_multiplier}, {"rope_theta", &m.rope.theta},
+        {"rope_scaling.type", &rs.type}, {"rope_scaling.factor", &rs.factor},
+        {"rope_scaling.low_freq_factor", &rs.low_freq_factor}, {"rope_scaling.high_freq_factor", &rs.high_freq_factor},
+        {"rope_scaling.original_max_position_embeddings", &rs.original_max_position_embeddings},
+        {"norm_eps", &m.norm_eps}, {"tie_embeddings", TieRef(&m.tie_embeddings)}}},
       {"parallel",
        {{"dp", &p.dp}, {"tp", &p.tp}, {"pp", &p.pp}, {"zero", &p.zero}, {"bucket_mb", &p.bucket_mb},
         {"overlap_grad_reduce", &p.overlap_grad_reduce}, {"sequence_parallel", &p.sequence_parallel},
@@ -223,8 +227,8 @@ std::string expected_name(const FieldPtr& ptr) {
     std::string operator()(Precision* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(Backend* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(FaultKind* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(RopeScalingType* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(TieEmbeddings* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(RopeScaling::Type* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(TieRef) const { return "one of " + join_names(kTieNames); }
     std::string operator()(Recompute* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
@@ -253,10 +257,16 @@ void parse_resume(const std::string& text, ResumeRef r) {
 // the type. `where` is "file:line" or "override 'a.b=c'".
 void assign(const Field& f, const std::string& dotted, const std::string& text, const std::string& where) {
   if (const ResumeRef* r = std::get_if<ResumeRef>(&f.ptr)) return parse_resume(text, *r);
+  if (const TieRef* t = std::get_if<TieRef>(&f.ptr)) {
+    if (text == kTieNames[0]) **t = std::nullopt;
+    else if (text == kTieNames[1] || text == kTieNames[2]) **t = text == kTieNames[1];
+    else config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_names(kTieNames)));
+    return;
+  }
   bool ok = std::visit(
       [&](auto p) {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, ResumeRef>) {
+        if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef>) {
           return true;  // handled above
         } else if constexpr (std::is_same_v<T, std::string>) {
           *p = text;
@@ -286,8 +296,8 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
 bool takes_text(const FieldPtr& ptr) {
   return std::holds_alternative<std::string*>(ptr) || std::holds_alternative<ResumeRef>(ptr) ||
          std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
-         std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScalingType*>(ptr) ||
-         std::holds_alternative<TieEmbeddings*>(ptr) || std::holds_alternative<Recompute*>(ptr);
+         std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScaling::Type*>(ptr) ||
+         std::holds_alternative<TieRef>(ptr) || std::holds_alternative<Recompute*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {
@@ -405,6 +415,32 @@ void apply_yaml(Config& c, const YAML::Node& root, const std::string& source) {
   }
 }
 
+// model.preset fills every model field before the other keys, wherever it
+// is written: the file's value, then the overrides' in order (the last wins).
+void apply_preset(Config& c, const YAML::Node& root, const std::vector<std::string>& overrides,
+                  const std::string& source) {
+  std::string name, where;
+  if (root.IsMap()) {
+    const YAML::Node model = root["model"];
+    if (model && model.IsMap() && model["preset"] && model["preset"].IsScalar()) {
+      name = model["preset"].Scalar();
+      where = where_of(source, model["preset"]);
+    }
+  }
+  constexpr std::string_view kKey = "model.preset=";
+  for (const std::string& item : overrides)
+    if (item.starts_with(kKey)) {
+      name = item.substr(kKey.size());
+      where = str_cat("override '", item, "'");
+    }
+  if (name.empty()) return;
+  try {
+    c.model = find_model_preset(name).dims;
+  } catch (const Error& e) {
+    config_fail(str_cat(where, ": ", e.what()));
+  }
+}
+
 void apply_override(Config& c, const std::string& item) {
   const std::string where = str_cat("override '", item, "'");
   size_t eq = item.find('=');
@@ -437,7 +473,8 @@ std::string emit_yaml(const Config& config) {
           [&](auto p) {
             using T = std::remove_pointer_t<decltype(p)>;
             // Quoted so that a path spelled "null" or "~" does not read back as unset.
-            if constexpr (std::is_same_v<T, ResumeRef> || is_named_v<T>) out << YAML::DoubleQuoted << spelling(p);
+            if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef> || is_named_v<T>)
+              out << YAML::DoubleQuoted << spelling(p);
             else if constexpr (std::is_same_v<T, double>) out << format_double(*p);
             else if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
             else out << *p;
@@ -465,6 +502,7 @@ Config parse_config(const std::string& yaml_text, const std::vector<std::string>
     config_fail(str_cat(source, ": YAML syntax error at line ", e.mark.line + 1, ", column ", e.mark.column + 1,
                         ": ", e.msg));
   }
+  apply_preset(c, root, overrides, source);
   apply_yaml(c, root, source);
   for (const std::string& item : overrides) apply_override(c, item);
   c.source = source;

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "models/dims.h"
 #include "models/layers/activation.h"
 
 namespace xirang {
@@ -33,44 +34,12 @@ enum class Backend { CPU, CUDA };           // device.backend: cpu, cuda
 enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank, NanGrad, IoError };
 // checkpoint.resume: auto, none, or the path of a step directory
 enum class ResumeMode { Auto, None, Path };
-// model.rope_scaling.type: none, llama3 (Llama 3.1's frequency scaling)
-enum class RopeScalingType { None, Llama3 };
-// model.tie_embeddings: auto (the architecture's default: GPT-2 ties, LLaMA does not), true, false
-enum class TieEmbeddings { Auto, True, False };
 // train.recompute: none, selective, full: models/layers/activation.h's Recompute.
 // The config spelling of a value ("bf16", "cuda", "kill_in_save"), for messages.
 const char* config_name(Precision v);
 const char* config_name(Backend v);
 const char* config_name(FaultKind v);
 const char* config_name(Recompute v);
-
-struct ModelConfig {
-  std::string arch = "gpt2";
-  int n_layer = 12;
-  int n_head = 12;
-  int d_model = 768;
-  int seq_len = 1024;     // maximum context, the size of the position table
-  int vocab_size = 50257; // real tokens; the model pads to padded_vocab()
-  int vocab_multiple = 128;
-  // LLaMA (model.arch=llama); GPT-2 takes n_kv_head 0 and tie_embeddings auto or true only.
-  int n_kv_head = 0;             // key/value heads (grouped-query attention); 0: n_head
-  int head_dim = 0;              // width of an attention head; 0: d_model / n_head
-  int ffn_hidden = 0;            // MLP width; 0: Meta's rule from the two below
-  int ffn_multiple_of = 256;     // the rule rounds 2/3 of 4 d_model (times the multiplier) up to this
-  double ffn_dim_multiplier = 0; // 0: none (Llama 3 8B: 1.3 with multiple_of 1024 gives 14336)
-  double rope_theta = 10000;     // Llama 2: 10000, Llama 3: 500000
-  // rope_scaling: {type, factor, low_freq_factor, high_freq_factor,
-  // original_max_position_embeddings} as in a Hugging Face config.json
-  // (a nested mapping in YAML; model.rope_scaling.type=llama3 as an override).
-  RopeScalingType rope_scaling_type = RopeScalingType::None;
-  double rope_scaling_factor = 8;
-  double rope_scaling_low_freq_factor = 1;
-  double rope_scaling_high_freq_factor = 4;
-  double rope_scaling_original_max_position_embeddings = 8192;
-  double norm_eps = 1e-5;        // RMSNorm epsilon
-  TieEmbeddings tie_embeddings = TieEmbeddings::Auto;
-  int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
-};
 
 struct ParallelConfig {
   int dp = 0;  // 0: inferred as world / (tp * pp)
@@ -223,7 +192,9 @@ struct MemoryConfig {
 };
 
 struct Config {
-  ModelConfig model;
+  // The fields the chunks are built from (models/dims.h); model.preset
+  // fills them first, the other model.* keys after it.
+  ModelDims model;
   ParallelConfig parallel;
   TrainConfig train;
   DataConfig data;
@@ -237,7 +208,7 @@ struct Config {
   std::string source;  // the file it came from, for messages
   std::string yaml;    // the effective config (after overrides) as YAML, for logs and checkpoints
 
-  int seq_len() const { return train.seq_len > 0 ? train.seq_len : model.seq_len; }
+  int seq_len() const { return train.seq_len > 0 ? train.seq_len : model.max_seq_len; }
   // Microbatches per step on each dp rank: global_batch / (micro_batch * dp).
   int microbatches() const { return train.global_batch / (train.micro_batch * parallel.dp); }
 };

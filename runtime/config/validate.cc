@@ -51,13 +51,20 @@ class Validator {
   std::string prefix_;
 };
 
-void check_model(const Validator& v, const ModelConfig& m) {
+void check_model(const Validator& v, const ModelDims& m) {
   if (!model_arch_known(m.arch))
     v.fail_rule(str_cat("model.arch='", m.arch, "' is not supported (supported: ", model_arch_names(), ")"));
+  if (!m.preset.empty()) {
+    // Unknown names stop at parsing (config.cc's apply_preset); a preset belongs to one architecture.
+    const ModelPreset& p = find_model_preset(m.preset);
+    if (p.dims.arch != m.arch)
+      v.fail_rule(str_cat("model.preset=", m.preset, " is a model.arch=", p.dims.arch, " model (", p.what,
+                          "), but model.arch=", m.arch));
+  }
   v.at_least("model.n_layer", m.n_layer, 1);
   v.at_least("model.n_head", m.n_head, 1);
   v.at_least("model.d_model", m.d_model, 1);
-  v.at_least("model.seq_len", m.seq_len, 1);
+  v.at_least("model.seq_len", m.max_seq_len, 1);
   v.at_least("model.vocab_size", m.vocab_size, 1);
   v.at_least("model.vocab_multiple", m.vocab_multiple, 1);
   v.at_least("model.head_dim", m.head_dim, 0, " (0 means model.d_model / model.n_head)");
@@ -65,7 +72,7 @@ void check_model(const Validator& v, const ModelConfig& m) {
   v.at_least("model.n_kv_head", m.n_kv_head, 0, " (0 means model.n_head)");
   // n_kv_head dividing n_head is layout_problem()'s (models/model.cc): every layout needs it.
   // The architecture's own keys (models/model.h's KeyRule): it states the rules, the words are ours.
-  for (const KeyRule& r : model_arch(m.arch).key_rules(model_dims(m))) {
+  for (const KeyRule& r : model_arch(m.arch).key_rules(m)) {
     using K = KeyRule::Kind;
     const char* key = r.key.c_str();
     switch (r.kind) {
@@ -86,13 +93,13 @@ void check_model(const Validator& v, const ModelConfig& m) {
   }
 }
 
-void check_batch(const Validator& v, const TrainConfig& t, const ModelConfig& m) {
+void check_batch(const Validator& v, const TrainConfig& t, const ModelDims& m) {
   v.at_least("train.steps", t.steps, 1);
   v.at_least("train.global_batch", t.global_batch, 1);
   v.at_least("train.micro_batch", t.micro_batch, 1);
   v.at_least("train.seq_len", t.seq_len, 0, " (0 means model.seq_len)");
-  if (t.seq_len > m.seq_len)
-    v.fail_rule(str_cat("train.seq_len=", t.seq_len, " exceeds model.seq_len=", m.seq_len,
+  if (t.seq_len > m.max_seq_len)
+    v.fail_rule(str_cat("train.seq_len=", t.seq_len, " exceeds model.seq_len=", m.max_seq_len,
                         " (the size of the position table)"));
 }
 
@@ -121,7 +128,7 @@ void check_pipeline(const Validator& v, const Config& c) {
   v.at_least("parallel.virtual_stages", p.virtual_stages, 1);
   const ScheduleKind kind = parse_schedule(p.schedule, str_cat(c.source.empty() ? "" : c.source + ": ", "parallel.schedule"));
   // What the layout must split evenly (heads, vocabulary, layers), stated once for every architecture.
-  if (const std::string problem = layout_problem(model_dims(c.model), parallel_layout(p)); !problem.empty())
+  if (const std::string problem = layout_problem(c.model, parallel_layout(p)); !problem.empty())
     v.fail_rule(problem);
   if (kind != ScheduleKind::Interleaved && p.virtual_stages != 1)
     v.fail_rule(str_cat("parallel.virtual_stages=", p.virtual_stages, " needs parallel.schedule=interleaved (got ",

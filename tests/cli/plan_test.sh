@@ -76,7 +76,7 @@ assert tps == sorted(tps, reverse=True), tps
 PY
     echo "ok [$case]" ;;
   explain_recompute)
-    "$xirang" plan "$cfg" --cluster "$a100" --layout dp=2,tp=2,recompute=1 --explain >out.txt 2>err.txt || die "$(cat err.txt)"
+    "$xirang" plan "$cfg" --cluster "$a100" --layout dp=2,tp=2,recompute=full --explain >out.txt 2>err.txt || die "$(cat err.txt)"
     grep -q "recomputation: train.recompute=full" out.txt || die "no recomputation note: $(cat out.txt)"
     echo "ok [$case]" ;;
   memory_one_rank) memory_matches 1 dp=1 --set train.micro_batch=2 ;;
@@ -84,7 +84,7 @@ PY
   memory_pp2) memory_matches 2 dp=1,pp=2 --set parallel.pp=2 ;;
   memory_dp2_zero) memory_matches 2 dp=2,zero=1 --set parallel.zero=1 --set parallel.bucket_mb=0.01 ;;
   memory_tp2_full)
-    memory_matches 2 dp=1,tp=2,recompute=1 --set parallel.tp=2 --set train.recompute=full
+    memory_matches 2 dp=1,tp=2,recompute=full --set parallel.tp=2 --set train.recompute=full
     grep -qE "activations per microbatch: none [0-9.]+ [KMG]?i?B, selective .*, full .* \(train.recompute=full\)" train.txt ||
       die "no per-mode activation line: $(cat train.txt)" ;;
   memory_pp2_selective) memory_matches 2 dp=1,pp=2 --set parallel.pp=2 --set train.recompute=selective ;;
@@ -95,8 +95,9 @@ PY
     "$xirang" plan "$cfg" --cluster fitted.yaml --gpus 2 >out2.txt 2>err.txt || die "fitted cluster unusable: $(cat err.txt)"
     echo "ok [$case]: $(tail -n 1 out.txt)" ;;
   calibrate_live)
-    # A live sweep of this machine (18 two-rank points, every layout, 5
-    # repeats in rounds), then the fit on its even points predicts the odd
+    # A live sweep of this machine (22 two-rank points, every layout and
+    # recomputation mode, 5 repeats in rounds), then the fit on its even
+    # points predicts the odd
     # ones: each within 15%, median under 10% (docs/performance_model.md).
     # Points that waited for a core (other work on the machine; the spec's
     # priority needs root) measure that waiting, not the model: the case is
@@ -115,7 +116,7 @@ PY
 import json, statistics, sys
 j = json.load(open(sys.argv[1]))
 rows = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-assert len(rows) == 18 and all(r["status"] == "ok" for r in rows), [(r["id"], r["status"], r["reason"]) for r in rows]
+assert len(rows) == 22 and all(r["status"] == "ok" for r in rows), [(r["id"], r["status"], r["reason"]) for r in rows]
 if j["contended_points"] > 0:
     waits = {r["id"]: r["host"]["cpu_wait_share"] for r in rows}
     print("SKIP: %d point(s) waited for a core over 10%% of their steps: %s" % (j["contended_points"], waits))

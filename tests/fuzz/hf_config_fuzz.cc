@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
                            "  vocab_size: 10\n  vocab_multiple: 4\n",
                            "model:\n  arch: llama\n  n_layer: 1\n  n_head: 2\n  n_kv_head: 1\n  d_model: 8\n"
                            "  ffn_multiple_of: 8\n  seq_len: 4\n  vocab_size: 10\n  vocab_multiple: 4\n"}) {
-    const ModelDims dims = model_dims(parse_config(yaml).model);
+    const ModelDims dims = parse_config(yaml).model;
     models.push_back({dims, &file_adapter(model_arch(dims.arch))});
   }
   return 0;

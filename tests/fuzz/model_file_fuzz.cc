@@ -85,7 +85,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   for (const char* yaml : {kGpt2, kLlama}) {
     Tiny t;
     t.config = parse_config(yaml);
-    t.dims = model_dims(t.config.model);
+    t.dims = t.config.model;
     t.files = &file_adapter(model_arch(t.dims.arch));
     models.push_back(std::move(t));
   }

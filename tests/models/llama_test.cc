@@ -328,7 +328,7 @@ TEST(Llama, MetasMlpWidthRule) {
 
 TEST(Llama, TheLlama3_8bConfigHasTheRealShape) {
   Config c = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/llama3_8b.yaml");
-  const ModelDims d = model_dims(c.model);
+  const ModelDims& d = c.model;
   EXPECT_EQ(d.arch, "llama");
   EXPECT_EQ(llama_ffn_hidden(d), 14336);
   EXPECT_EQ(d.kv_heads(), 8);
@@ -349,7 +349,7 @@ TEST(Llama, TheLlama3_8bConfigHasTheRealShape) {
 TEST(Llama, DebugConfigsHaveGroupedQueryAttention) {
   for (const char* arch : {"llama", "qwen3"}) {
     Config c = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/" + arch + "_debug.yaml");
-    const ModelDims d = model_dims(c.model);
+    const ModelDims& d = c.model;
     EXPECT_EQ(d.arch, arch);
     EXPECT_LT(d.kv_heads(), d.n_head);
     for (int tp : {1, 2, 4})
@@ -357,7 +357,7 @@ TEST(Llama, DebugConfigsHaveGroupedQueryAttention) {
     EXPECT_EQ(layout_problem(d, ParallelLayout{1, 1, 2, 2}), "");
   }
   // Qwen3's heads are their own width; rotary embeddings need it even.
-  ModelDims q = model_dims(load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/qwen3_debug.yaml").model);
+  ModelDims q = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/qwen3_debug.yaml").model;
   EXPECT_NE(q.head_size() * q.n_head, q.d_model);
   q.head_dim = 7;
   EXPECT_NE(layout_problem(q, ParallelLayout{}).find("model.head_dim=7 is odd"), std::string::npos);

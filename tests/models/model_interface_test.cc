@@ -25,6 +25,39 @@ TEST(ModelRegistry, FindsGpt2AndNamesTheKnownArchitectures) {
   expect_error([] { model_arch("bert"); }, ErrorKind::Config, {"model.arch='bert'", "supported: gpt2, llama"});
 }
 
+// Each preset has the parameter count of the model it names (transformers'
+// num_parameters() of the published checkpoint: the vocabulary unpadded, a
+// tied head counted once), so a wrong width, depth, head count or tie in a
+// preset fails here. Every preset fits one rank and tensor parallelism of 8.
+TEST(ModelPresets, HaveThePublishedParameterCounts) {
+  const std::vector<std::pair<std::string, int64_t>> published = {
+      {"gpt2_124m", 124439808},       {"gpt2_350m", 354823168},       {"gpt2_774m", 774030080},
+      {"gpt2_1558m", 1557611200},     {"llama2_7b", 6738415616},      {"llama3_8b", 8030261248},
+      {"llama3_70b", 70553706496},    {"llama3.1_8b", 8030261248},    {"llama3.2_1b", 1235814400},
+      {"qwen3_0.6b", 596049920},      {"qwen3_1.7b", 1720574976},     {"qwen3_4b", 4022468096},
+      {"qwen3_8b", 8190735360}};
+  std::string names;
+  for (const auto& [name, count] : published) {
+    SCOPED_TRACE(name);
+    names += (names.empty() ? "" : ", ") + name;
+    const ModelPreset& p = find_model_preset(name);
+    const ModelDims& d = p.dims;
+    EXPECT_EQ(d.preset, name);
+    int64_t n = 0;  // less the padding rows of the token table and an untied head
+    for (const Parameter& q : model_arch(d.arch).parameters(d, ChunkPlacement::whole(d.n_layer), 1, 0)) {
+      const Shape& g = q.shard.global;
+      n += g.numel();
+      if (g.rank() == 2 && g[0] == d.padded_vocab()) n -= int64_t(d.padded_vocab() - d.vocab_size) * g[1];
+    }
+    EXPECT_EQ(n, count);
+    EXPECT_EQ(layout_problem(d, ParallelLayout{}), "");
+    if (d.n_head % 8 == 0) EXPECT_EQ(layout_problem(d, ParallelLayout{1, 8, 1, 1}), "");
+  }
+  EXPECT_EQ(model_preset_names(), names);  // every preset is counted above
+  expect_error([] { find_model_preset("llama4"); }, ErrorKind::Config,
+               {"model.preset='llama4' is not a preset (presets: gpt2_124m, gpt2_350m"});
+}
+
 // The storage-free list is the one a chunk trains: same names, shapes,
 // shards, init rules and tie flags, for every tp rank and pipeline chunk.
 TEST(ModelRegistry, ParameterListsMatchTheChunksWithoutACommunicator) {

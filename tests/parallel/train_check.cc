@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
     size_t ref_size = 0;
     {
       const Config one = make_config(args, kOneRank, 1);
-      const ModelDims dims = model_dims(one.model);
+      const ModelDims& dims = one.model;
       for (auto& p : model_arch(dims.arch).parameters(dims, ChunkPlacement::whole(dims.n_layer), 1, 0)) {
         ref_offset[p.name] = ref_size;
         names.push_back(p.name);

@@ -65,7 +65,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.n_layer, b.model.n_layer);
   EXPECT_EQ(a.model.n_head, b.model.n_head);
   EXPECT_EQ(a.model.d_model, b.model.d_model);
-  EXPECT_EQ(a.model.seq_len, b.model.seq_len);
+  EXPECT_EQ(a.model.max_seq_len, b.model.max_seq_len);
   EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
   EXPECT_EQ(a.model.vocab_multiple, b.model.vocab_multiple);
   EXPECT_EQ(a.parallel.dp, b.parallel.dp);
@@ -124,7 +124,7 @@ TEST(ConfigParse, FullConfigSetsEveryField) {
   EXPECT_EQ(c.model.n_layer, 8);
   EXPECT_EQ(c.model.n_head, 4);
   EXPECT_EQ(c.model.d_model, 64);
-  EXPECT_EQ(c.model.seq_len, 64);
+  EXPECT_EQ(c.model.max_seq_len, 64);
   EXPECT_EQ(c.model.vocab_size, 256);
   EXPECT_EQ(c.model.vocab_multiple, 64);
   EXPECT_EQ(c.parallel.dp, 2);
@@ -277,19 +277,19 @@ TEST(ConfigParse, LlamaKeysAndTheNestedRopeScaling) {
   EXPECT_EQ(c.model.arch, "llama");
   EXPECT_EQ(c.model.n_kv_head, 2);
   EXPECT_EQ(c.model.ffn_hidden, 96);
-  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_EQ(c.model.rope.theta, 500000.0);
   EXPECT_EQ(c.model.norm_eps, 1e-6);
-  EXPECT_EQ(c.model.tie_embeddings, TieEmbeddings::True);
-  EXPECT_EQ(c.model.rope_scaling_type, RopeScalingType::Llama3);
-  EXPECT_EQ(c.model.rope_scaling_factor, 16.0);
-  EXPECT_EQ(c.model.rope_scaling_low_freq_factor, 2.0);
-  EXPECT_EQ(c.model.rope_scaling_high_freq_factor, 4.0);  // the default
-  EXPECT_EQ(c.model.rope_scaling_original_max_position_embeddings, 4096.0);
+  EXPECT_EQ(c.model.tie_embeddings, std::optional<bool>(true));
+  EXPECT_EQ(c.model.rope.scaling.type, RopeScaling::Type::Llama3);
+  EXPECT_EQ(c.model.rope.scaling.factor, 16.0);
+  EXPECT_EQ(c.model.rope.scaling.low_freq_factor, 2.0);
+  EXPECT_EQ(c.model.rope.scaling.high_freq_factor, 4.0);  // the default
+  EXPECT_EQ(c.model.rope.scaling.original_max_position_embeddings, 4096.0);
   EXPECT_NE(c.yaml.find("  rope_scaling:\n    type: \"llama3\"\n    factor: 16"), std::string::npos) << c.yaml;
   Config back = parse_config(c.yaml);
   EXPECT_EQ(back.yaml, c.yaml);
-  EXPECT_EQ(back.model.rope_scaling_low_freq_factor, 2.0);
-  EXPECT_EQ(parse_config("").model.tie_embeddings, TieEmbeddings::Auto);
+  EXPECT_EQ(back.model.rope.scaling.low_freq_factor, 2.0);
+  EXPECT_EQ(parse_config("").model.tie_embeddings, std::nullopt);
 
   // An unknown scaling type: one line naming the key, the value and the known types.
   expect_parse_error("model:\n  rope_scaling:\n    type: yarn\n",
@@ -544,13 +544,54 @@ TEST_F(ConfigValidate, EvalDisabledNeedsNoValidationSplit) {
   validate(c, 1);
 }
 
+// model.preset fills every model field first, wherever it is written; the
+// other model keys (file, then overrides) change it; the emitted YAML reads
+// back to the same config.
+TEST_F(ConfigValidate, PresetsFillTheModelAndKeysChangeIt) {
+  Config c = parse_config("model:\n  n_layer: 2\n  preset: qwen3_0.6b\n", {"model.seq_len=128"});
+  EXPECT_EQ(c.model.arch, "qwen3");
+  EXPECT_EQ(c.model.preset, "qwen3_0.6b");
+  EXPECT_EQ(c.model.n_layer, 2);  // the file's key, though written before the preset
+  EXPECT_EQ(c.model.max_seq_len, 128);
+  EXPECT_EQ(c.model.d_model, 1024);
+  EXPECT_EQ(c.model.head_size(), 128);
+  EXPECT_EQ(c.model.rope.theta, 1e6);
+  EXPECT_EQ(c.model.tie_embeddings, std::optional<bool>(true));
+  EXPECT_EQ(parse_config(c.yaml).yaml, c.yaml);
+  // An override's preset replaces the file's, then the keys apply.
+  Config o = parse_config("model:\n  preset: gpt2_124m\n  n_layer: 3\n", {"model.preset=llama3.1_8b"});
+  EXPECT_EQ(o.model.arch, "llama");
+  EXPECT_EQ(o.model.n_layer, 3);
+  EXPECT_EQ(o.model.kv_heads(), 8);
+  EXPECT_EQ(o.model.rope.scaling.type, RopeScaling::Type::Llama3);
+  EXPECT_EQ(o.model.max_seq_len, 131072);
+  // Every preset validates as it is.
+  auto preset = [&](const std::vector<std::string>& overrides) {
+    std::vector<std::string> all = {"data.train=" + dir("train"), "data.val=" + dir("val")};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    return parse_config("train: {steps: 10, global_batch: 8, micro_batch: 1}\n", all, "v.yaml");
+  };
+  for (const std::string& name : {"gpt2_124m", "llama3_70b", "llama3.2_1b", "qwen3_8b"}) {
+    Config p = preset({"model.preset=" + name});
+    EXPECT_EQ(p.model.preset, name);
+    validate(p, 1);
+  }
+  expect_parse_error("model:\n  preset: llama9\n", {"test.yaml:2: model.preset='llama9' is not a preset (presets: ",
+                                                     "qwen3_0.6b"});
+  expect_parse_error("", {"override 'model.preset=gpt3': model.preset='gpt3' is not a preset"},
+                     {"model.preset=gpt3"});
+  Config wrong = preset({"model.preset=llama3_8b", "model.arch=gpt2"});
+  expect_config_error([&] { validate(wrong, 1); },
+                      {"model.preset=llama3_8b is a model.arch=llama model (Llama 3 8B), but model.arch=gpt2"});
+}
+
 // The shipped configs parse, and the debug config fits every layout the
 // multi-rank tests use (dp, tp, pp each up to 4).
 TEST_F(ConfigValidate, ShippedConfigs) {
   const std::string configs = std::string(XIRANG_SOURCE_DIR) + "/configs/";
   const std::vector<std::string> data = {"data.train=" + dir("train"), "data.val=" + dir("val")};
   for (const char* name : {"gpt2_debug.yaml", "gpt2_demo.yaml", "gpt2_124m.yaml", "llama_debug.yaml", "llama_demo.yaml",
-                           "llama3_8b.yaml"}) {
+                           "llama3_8b.yaml", "qwen3_debug.yaml"}) {
     SCOPED_TRACE(name);
     Config c = load_config(configs + name, data);
     validate(c, 1);

@@ -38,7 +38,7 @@ constexpr char kYaml[] =
 constexpr int64_t kL = 4, kC = 32, kT = 16, kV = 250, kVp = 256;
 
 inline Config test_config(const std::vector<std::string>& overrides = {}) { return parse_config(kYaml, overrides, "test.yaml"); }
-inline ModelDims test_shape() { return model_dims(test_config().model); }
+inline ModelDims test_shape() { return test_config().model; }
 
 // Random values in +-[0.1, 1): never zero, so a missed copy shows.
 inline std::vector<float> random_values(int64_t n, uint64_t seed) {
@@ -76,7 +76,7 @@ struct Source {
 // tables are wte.weight, embed_tokens.weight and lm_head.weight.
 inline Source make_source(uint64_t seed, const Config& cfg = test_config()) {
   Source s;
-  const ModelDims dims = model_dims(cfg.model);
+  const ModelDims& dims = cfg.model;
   s.params = rank_parameters(dims, CheckpointLayout{}, 0);
   for (const Parameter& p : s.params) {
     const int64_t n = p.shard.global.numel();

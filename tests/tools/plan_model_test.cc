@@ -33,9 +33,21 @@ TEST(PlanCollectives, RingCosts) {
 }
 
 TEST(PlanLayout, ParsesAndRefuses) {
-  const PlanLayout l = parse_layout("tp=2,pp=4,dp=8,virtual_stages=2,micro_batch=2,zero=1,sequence_parallel=1,recompute=1", {});
+  const PlanLayout l = parse_layout("tp=2,pp=4,dp=8,virtual_stages=2,micro_batch=2,zero=1,sequence_parallel=1,recompute=full", {});
   EXPECT_EQ(l.devices(), 64);
-  EXPECT_TRUE(l.sequence_parallel && l.recompute);
+  EXPECT_TRUE(l.sequence_parallel);
+  EXPECT_EQ(l.recompute, Recompute::Full);
+  EXPECT_EQ(parse_layout("recompute=selective", l).recompute, Recompute::Selective);
+  EXPECT_EQ(parse_layout("recompute=none", l).recompute, Recompute::None);
+  EXPECT_EQ(parse_layout("tp=4", l).recompute, Recompute::Full);  // keys not named keep their value
+  // The config's words, not numbers.
+  try {
+    parse_layout("recompute=1", {});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_EQ(std::string(e.what()), "--layout: recompute=1 is not one of none, selective, full (train.recompute)");
+  }
   EXPECT_EQ(parse_layout(l.str(), {}).str(), l.str());
   EXPECT_THROW(parse_layout("tensor=2", {}), Error);
   EXPECT_THROW(parse_layout("tp=two", {}), Error);
@@ -99,7 +111,7 @@ TEST(PlanTime, BubbleFollowsTheSchedule) {
 TEST(PlanTime, TermsAddUpAndRecomputeCosts) {
   const Workload w = debug_workload();
   const Prediction a = predict_time(w, parse_layout("dp=2,tp=2,pp=2", {}), a100(), {});
-  const Prediction b = predict_time(w, parse_layout("dp=2,tp=2,pp=2,recompute=1", {}), a100(), {});
+  const Prediction b = predict_time(w, parse_layout("dp=2,tp=2,pp=2,recompute=full", {}), a100(), {});
   const StepTime& t = a.time;
   EXPECT_NEAR(t.step_s, t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s + t.pp_bubble_s + t.pp_comm_exposed_s +
                             t.dp_comm_exposed_s + t.optimizer_s + t.data_wait_s, 1e-15);
@@ -107,6 +119,34 @@ TEST(PlanTime, TermsAddUpAndRecomputeCosts) {
   EXPECT_GT(b.time.step_s, a.time.step_s);
   EXPECT_DOUBLE_EQ(a.hardware_tflops, a.model_tflops);
   EXPECT_GT(b.hardware_tflops, 1.2 * b.model_tflops);  // the layers' forward again: a third of their FLOPs
+}
+
+// Selective recomputation runs each layer's attention core again (4 T H D
+// FLOPs per token, the model's own count) and its MLP activation: less than
+// a full forward, more than nothing, and its FLOPs are the core's alone.
+TEST(PlanTime, SelectiveRecomputationCostsTheAttentionCore) {
+  const Workload w = workload_of(load_config(kSrc + "/configs/gpt2_124m.yaml"));
+  const ModelDims& d = w.cfg.model;
+  const double T = w.cfg.seq_len();
+  EXPECT_DOUBLE_EQ(w.attention_flops_per_token, 4.0 * T * d.n_head * d.head_size());
+  EXPECT_DOUBLE_EQ(w.ffn_width, 4.0 * d.d_model);
+  const Prediction none = predict_time(w, parse_layout("dp=16,tp=2,pp=2", {}), a100(), {});
+  const Prediction sel = predict_time(w, parse_layout("dp=16,tp=2,pp=2,recompute=selective", {}), a100(), {});
+  const Prediction full = predict_time(w, parse_layout("dp=16,tp=2,pp=2,recompute=full", {}), a100(), {});
+  EXPECT_GT(sel.time.recompute_s, 0);
+  EXPECT_LT(sel.time.recompute_s, 0.5 * full.time.recompute_s);  // at s = 1024, h = 768 the core is ~ a fifth of a layer's FLOPs
+  EXPECT_GT(sel.time.step_s, none.time.step_s);
+  EXPECT_LT(sel.time.step_s, full.time.step_s);
+  EXPECT_DOUBLE_EQ(sel.time.tp_comm_s, none.time.tp_comm_s);  // no collective is run again
+  // Hardware FLOPs: the model's plus the core's forward, for every token and layer.
+  const double extra = sel.hardware_tflops / sel.model_tflops - 1;
+  EXPECT_NEAR(extra, w.attention_flops_per_token / (w.layer_flops_per_token + w.head_flops_per_token / d.n_layer),
+              1e-9);
+  // The term follows the core's share: four times the sequence, more than four times the recomputation's share.
+  Config longer = w.cfg;
+  longer.model.max_seq_len = longer.train.seq_len = 4 * int(T);
+  const Workload w4 = workload_of(longer);
+  EXPECT_DOUBLE_EQ(w4.attention_flops_per_token, 4 * w.attention_flops_per_token);
 }
 
 // Points measured on this machine (`xirang sweep
@@ -201,9 +241,9 @@ TEST(PlanCalibration, FitsTheComputeOfEveryRow) {
   }
 }
 
-// A row's train.recompute: full is the model's recomputation (and its
-// backward, holding a forward, gives no backward ratio); a value that is
-// none of the three is a Data error naming it.
+// A row's train.recompute is the layout's (and a recomputing backward,
+// holding a forward or its attention core, gives no backward ratio); a
+// value that is none of the three is a Data error naming it.
 TEST(PlanCalibration, ReadsTheRecomputeOfARow) {
   const std::string dir = ::testing::TempDir();
   std::ifstream in(kSrc + "/tests/assets/sweeps/this_machine.jsonl");
@@ -218,14 +258,16 @@ TEST(PlanCalibration, ReadsTheRecomputeOfARow) {
     std::ofstream(dir + "/rc.jsonl") << r << "\n" << r << "\n";  // the reader wants two rows or more
     return read_sweep(dir + "/rc.jsonl");
   };
-  EXPECT_FALSE(with("none").at(0).layout.recompute);
+  EXPECT_EQ(with("none").at(0).layout.recompute, Recompute::None);
   EXPECT_GT(with("none").at(0).backward_ratio, 0);
   const SweepPoint full = with("full").at(0);
-  EXPECT_TRUE(full.layout.recompute);
+  EXPECT_EQ(full.layout.recompute, Recompute::Full);
   EXPECT_LT(full.backward_ratio, 0);
   EXPECT_GT(full.compute_s, 0);
-  EXPECT_LT(with("selective").at(0).backward_ratio, 0);
-  EXPECT_LT(with("selective").at(0).compute_s, 0);  // no selective term in the model to compare it with
+  const SweepPoint selective = with("selective").at(0);
+  EXPECT_EQ(selective.layout.recompute, Recompute::Selective);
+  EXPECT_LT(selective.backward_ratio, 0);
+  EXPECT_GT(selective.compute_s, 0);  // compared with the model's selective term
   try {
     with("sometimes");
     FAIL() << "no error";

@@ -28,7 +28,7 @@ Workload workload(const PublishedRow& r, int seq, int vocab, Precision prec) {
   c.model.n_layer = r.layers;
   c.model.d_model = r.hidden;
   c.model.n_head = r.heads;
-  c.model.seq_len = seq;
+  c.model.max_seq_len = seq;
   c.model.vocab_size = vocab;
   c.train.global_batch = r.global_batch;
   c.precision.dtype = prec;
@@ -53,7 +53,7 @@ Table mcore() {
 }
 
 PlanLayout published_layout(const Table& t, const PublishedRow& r) {
-  return PlanLayout{r.dp, r.tp, r.pp, r.v, r.micro_batch, t.zero, false, t.recompute};
+  return PlanLayout{r.dp, r.tp, r.pp, r.v, r.micro_batch, t.zero, false, t.recompute ? Recompute::Full : Recompute::None};
 }
 
 // The TFLOP/s the table counts: with recomputation's extra forward when the runs recomputed.

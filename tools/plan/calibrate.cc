@@ -29,7 +29,7 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   cfg.model.n_layer = int(field(m, "n_layer", where));
   cfg.model.d_model = int(field(m, "d_model", where));
   cfg.model.n_head = int(field(m, "n_head", where));
-  cfg.model.seq_len = int(field(m, "seq_len", where));
+  cfg.model.max_seq_len = int(field(m, "seq_len", where));
   cfg.model.vocab_size = int(field(m, "vocab_size", where));
   cfg.train.global_batch = int(field(l, "global_batch", where));
   const std::string prec = j.value("precision", std::string("fp32"));
@@ -46,7 +46,7 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   p.layout.micro_batch = int(field(l, "micro_batch", where));
   p.layout.zero = int(l.value("zero", 0));
   p.layout.sequence_parallel = l.value("sequence_parallel", false);
-  p.layout.recompute = cfg.train.recompute == Recompute::Full;
+  p.layout.recompute = cfg.train.recompute;
   p.id = j.value("id", where);
   p.index = int(j.value("point", 0));
   p.step_s = field(j, "step_ms_median", where) / 1e3;
@@ -56,10 +56,10 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   if (j.contains("breakdown_ms") && j["breakdown_ms"].is_object()) {
     const json& b = j["breakdown_ms"];
     const double f = b.value("forward_ms", 0.0), bw = b.value("backward_ms", 0.0);
-    // A recomputing backward holds a forward; selective recomputation has no
-    // term in the model, so its rows' compute is not compared either.
+    // A recomputing backward holds a forward (or its attention core): only
+    // rows without recomputation give the backward's ratio.
     if (f > 0 && bw > 0 && cfg.train.recompute == Recompute::None) p.backward_ratio = bw / f;
-    if (f > 0 && bw > 0 && cfg.train.recompute != Recompute::Selective) p.compute_s = (f + bw) / 1e3;
+    if (f > 0 && bw > 0) p.compute_s = (f + bw) / 1e3;
   }
   p.workload = workload_of(cfg);
   return p;

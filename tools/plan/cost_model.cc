@@ -25,6 +25,10 @@ namespace {
 constexpr double kElemOutside = 10, kElemInside = 16;
 // Bytes per logit the loss reads and writes (fp32 logits, softmax, gradient).
 constexpr double kLossBytesPerLogit = 12;
+// Element-wise traffic of the MLP's activation, in multiples of (tokens x
+// MLP width x element size): SwiGLU reads gate and up and writes their
+// product; GELU reads one and writes one.
+constexpr double kActivationTraffic = 3;
 // With tp_comm_overlap, the share of the collectives hidden behind the GEMMs (when they are long enough).
 constexpr double kTpOverlapHidden = 0.8;
 
@@ -47,6 +51,20 @@ PassCost layer_forward(const Workload& w, const PlanLayout& l, const Cluster& c,
   // Two collectives of the (tokens x d_model) activations: all-reduces, or
   // all-gather + reduce-scatter pairs under sequence parallelism (the same bytes).
   if (l.tp > 1) p.tp_comm = exposed_tp(2 * all_reduce_s(n * h * ds, l.tp, c.intra_node), gemm, f);
+  return p;
+}
+
+// What selective recomputation runs again in one layer's backward, one
+// microbatch: the attention core's forward (its products at the rate the
+// layer's forward gives them, so that the core costs what it costs there)
+// and the MLP's activation (element-wise: its input read, its output
+// written). No collectives: both lie inside the tensor-parallel region.
+PassCost layer_selective(const Workload& w, const PlanLayout& l, const Cluster& c) {
+  const Config& cfg = w.cfg;
+  const double n = double(l.micro_batch) * cfg.seq_len(), ds = dtype_bytes(cfg);
+  PassCost p;
+  p.compute = c.matmul_seconds(n * w.attention_flops_per_token / l.tp, cfg.model.d_model, is_fp32(cfg)) +
+              c.memory_seconds(n * w.ffn_width / l.tp * ds * kActivationTraffic) + c.op_overhead_us * 1e-6;
   return p;
 }
 
@@ -82,9 +100,11 @@ StageCost stage_cost(const Workload& w, const PlanLayout& l, const Cluster& c, c
     // Backward: twice the forward's work (backward_factor of its time), the mirrored collectives.
     s.bwd.compute += c.backward_factor * (layers * lf.compute + e.compute);
     s.bwd.tp_comm += layers * lf.tp_comm + e.tp_comm;
-    if (l.recompute) {
+    if (l.recompute == Recompute::Full) {
       s.rc.compute += layers * lf.compute;
       s.rc.tp_comm += layers * lf.tp_comm;
+    } else if (l.recompute == Recompute::Selective) {
+      s.rc.compute += layers * layer_selective(w, l, c).compute;
     }
   }
   return s;
@@ -106,7 +126,7 @@ std::string PlanLayout::str() const {
   std::ostringstream o;
   o << "dp=" << dp << ",tp=" << tp << ",pp=" << pp << ",virtual_stages=" << virtual_stages
     << ",micro_batch=" << micro_batch << ",zero=" << zero << ",sequence_parallel=" << int(sequence_parallel)
-    << ",recompute=" << int(recompute);
+    << ",recompute=" << recompute_name(recompute);
   return o.str();
 }
 
@@ -117,6 +137,13 @@ PlanLayout parse_layout(const std::string& text, PlanLayout l) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) fail(ErrorKind::Usage, "--layout: '", item, "' is not key=value");
     const std::string k = item.substr(0, eq), vs = item.substr(eq + 1);
+    if (k == "recompute") {  // the config's words (train.recompute)
+      if (vs == "none") l.recompute = Recompute::None;
+      else if (vs == "selective") l.recompute = Recompute::Selective;
+      else if (vs == "full") l.recompute = Recompute::Full;
+      else fail(ErrorKind::Usage, "--layout: recompute=", vs, " is not one of none, selective, full (train.recompute)");
+      continue;
+    }
     int v = 0;
     try {
       size_t used = 0;
@@ -133,25 +160,34 @@ PlanLayout parse_layout(const std::string& text, PlanLayout l) {
     else if (k == "micro_batch" || k == "mb") l.micro_batch = v;
     else if (k == "zero") l.zero = v;
     else if (k == "sequence_parallel" || k == "sp") l.sequence_parallel = v != 0;
-    else if (k == "recompute") l.recompute = v != 0;
     else fail(ErrorKind::Usage, "--layout: unknown key '", k,
               "' (expected dp, tp, pp, virtual_stages, micro_batch, zero, sequence_parallel, recompute)");
   }
   return l;
 }
 
-Workload workload_of(const Config& cfg) {
-  Workload w;
-  w.cfg = cfg;
-  ModelDims d = model_dims(cfg.model);
-  const ModelArch& arch = model_arch(d.arch);
+namespace {
+
+// Training FLOPs per token of a one- and of a two-layer model of cfg's shape.
+std::pair<double, double> flops_of_one_and_two_layers(const Config& cfg) {
+  const ModelArch& arch = model_arch(cfg.model.arch);
   auto fpt = [&](int layers) {
-    ModelDims x = d;
+    ModelDims x = cfg.model;
     x.n_layer = layers;
     auto chunk = arch.make_chunk(x, ChunkPlacement::whole(layers), DType::F32, ChunkBatch{1, cfg.seq_len(), 1},
                                  TensorParallel{});
     return chunk->flops_per_token();
   };
+  return {fpt(1), fpt(2)};
+}
+
+}  // namespace
+
+Workload workload_of(const Config& cfg) {
+  Workload w;
+  w.cfg = cfg;
+  const ModelDims& d = cfg.model;
+  const ModelArch& arch = model_arch(d.arch);
   auto count = [&](const ChunkPlacement& at) {
     double n = 0;
     for (const Parameter& prm : arch.parameters(d, at, 1, 0)) n += double(prm.value.numel());
@@ -159,9 +195,17 @@ Workload workload_of(const Config& cfg) {
   };
   w.layer_params = count({0, 1, false, false});
   w.ends_params = count({0, 1, true, false}) - w.layer_params;
-  const double f1 = fpt(1), f2 = fpt(2);
+  const auto [f1, f2] = flops_of_one_and_two_layers(cfg);
   w.layer_flops_per_token = f2 - f1;
   w.head_flops_per_token = f1 - w.layer_flops_per_token;
+  // The attention core's FLOPs per token grow with the sequence, the rest
+  // do not: at twice the sequence a layer has its core's once more.
+  Config twice = cfg;
+  twice.train.seq_len = 2 * cfg.seq_len();
+  twice.model.max_seq_len = std::max(cfg.model.max_seq_len, twice.train.seq_len);
+  const auto [g1, g2] = flops_of_one_and_two_layers(twice);
+  w.attention_flops_per_token = ((g2 - g1) - w.layer_flops_per_token) / 3;
+  w.ffn_width = d.ffn_hidden > 0 ? d.ffn_hidden : 4.0 * d.d_model;
   return w;
 }
 
@@ -175,9 +219,7 @@ Config layout_config(const Workload& w, const PlanLayout& l) {
   c.parallel.sequence_parallel = l.sequence_parallel;
   c.parallel.schedule = l.virtual_stages > 1 ? "interleaved" : (l.pp > 1 && w.cfg.parallel.schedule == "gpipe" ? "gpipe" : "1f1b");
   c.train.micro_batch = l.micro_batch;
-  // recompute=1 is train.recompute=full; recompute=0 keeps the config's selective, if any.
-  if (l.recompute) c.train.recompute = Recompute::Full;
-  else if (c.train.recompute == Recompute::Full) c.train.recompute = Recompute::None;
+  c.train.recompute = l.recompute;
   return c;
 }
 
@@ -191,7 +233,7 @@ std::string layout_problem(const Workload& w, const PlanLayout& l, const Cluster
   const int gb = w.cfg.train.global_batch;
   if (gb % (l.micro_batch * l.dp) != 0)
     return str_cat("train.global_batch=", gb, " is not divisible by micro_batch x dp = ", l.micro_batch * l.dp);
-  const std::string model = xirang::layout_problem(model_dims(w.cfg.model), ParallelLayout{l.dp, l.tp, l.pp, l.virtual_stages});
+  const std::string model = xirang::layout_problem(w.cfg.model, ParallelLayout{l.dp, l.tp, l.pp, l.virtual_stages});
   if (!model.empty()) return model;
   const int m = gb / (l.micro_batch * l.dp);
   if (l.virtual_stages > 1 && m % l.pp != 0)

@@ -10,7 +10,7 @@
 // runtime/schedule's simulator with the per-microbatch stage costs.
 //
 //   Workload w = workload_of(cfg);          // cfg: a loaded config
-//   PlanLayout l;  l.tp = 8;  l.pp = 4;  l.dp = 32;  l.micro_batch = 2;  l.recompute = true;
+//   PlanLayout l;  l.tp = 8;  l.pp = 4;  l.dp = 32;  l.micro_batch = 2;  l.recompute = Recompute::Full;
 //   Prediction p = predict(w, l, cluster, {});
 //   p.time.step_s;  p.tokens_per_s;  p.memory.total();
 #pragma once
@@ -28,9 +28,9 @@ namespace xirang::tools::plan {
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1, virtual_stages = 1, micro_batch = 1, zero = 0;
   bool sequence_parallel = false;
-  bool recompute = false;  // full activation recomputation (train.recompute=full)
+  Recompute recompute = Recompute::None;  // train.recompute
   int devices() const { return dp * tp * pp; }
-  std::string str() const;  // "dp=4,tp=2,pp=2,virtual_stages=1,micro_batch=2,zero=0,sequence_parallel=0,recompute=0"
+  std::string str() const;  // "dp=4,tp=2,pp=2,virtual_stages=1,micro_batch=2,zero=0,sequence_parallel=0,recompute=none"
 };
 // Parses "tp=2,pp=4,..." over `base` (keys not named keep their value); a Usage error names a bad key or value.
 PlanLayout parse_layout(const std::string& text, PlanLayout base);
@@ -46,6 +46,8 @@ struct Workload {
   Config cfg;                      // model.*, train.global_batch, train.seq_len, precision, parallel.bucket_mb
   double layer_flops_per_token = 0;  // forward + backward of one transformer layer, from the model
   double head_flops_per_token = 0;   // the rest (embedding, head, loss), forward + backward
+  double attention_flops_per_token = 0;  // one layer's attention core (q k^T, then times v), forward only
+  double ffn_width = 0;              // the MLP's hidden width (model.ffn_hidden, else 4 d_model)
   double layer_params = 0;           // one transformer layer's parameters (whole, before tp)
   double ends_params = 0;            // the embeddings, or the final norm and the (tied) head table
   int tokens_per_sequence() const { return cfg.seq_len(); }

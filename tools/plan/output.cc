@@ -29,8 +29,8 @@ std::vector<std::pair<const char*, double>> terms(const StepTime& t) {
 }  // namespace
 
 std::string table(const std::vector<Prediction>& ps, const Cluster& c) {
-  std::string s = line("%-3s %-4s %-3s %-4s %-2s %-3s %-4s %-2s %-2s %9s %9s %12s %8s %6s  %s\n", "#", "dp", "tp", "pp",
-                       "v", "mb", "zero", "sp", "rc", "mem GB", "step s", "tokens/s", "TFLOP/s", "MFU",
+  std::string s = line("%-3s %-4s %-3s %-4s %-2s %-3s %-4s %-2s %-9s %9s %9s %12s %8s %6s  %s\n", "#", "dp", "tp", "pp",
+                       "v", "mb", "zero", "sp", "recompute", "mem GB", "step s", "tokens/s", "TFLOP/s", "MFU",
                        "largest terms (share of step)");
   int rank = 1;
   for (const Prediction& p : ps) {
@@ -40,8 +40,8 @@ std::string table(const std::vector<Prediction>& ps, const Cluster& c) {
     std::string big;
     for (int i = 0; i < 3; ++i)
       if (ts[size_t(i)].second > 0) big += line("%s %.0f%% ", ts[size_t(i)].first, 100 * ts[size_t(i)].second / p.time.step_s);
-    s += line("%-3d %-4d %-3d %-4d %-2d %-3d %-4d %-2d %-2d %9s %9.4g %12.4g %8.1f %5.1f%%  %s\n", rank++, l.dp, l.tp,
-              l.pp, l.virtual_stages, l.micro_batch, l.zero, int(l.sequence_parallel), int(l.recompute),
+    s += line("%-3d %-4d %-3d %-4d %-2d %-3d %-4d %-2d %-9s %9s %9.4g %12.4g %8.1f %5.1f%%  %s\n", rank++, l.dp, l.tp,
+              l.pp, l.virtual_stages, l.micro_batch, l.zero, int(l.sequence_parallel), recompute_name(l.recompute),
               p.memory_known ? line("%.2f", double(p.memory_total) / 1e9).c_str() : "?", p.time.step_s,
               p.tokens_per_s, p.model_tflops, 100 * p.mfu, big.c_str());
   }
@@ -58,9 +58,12 @@ std::string explain(const Prediction& p, const Workload& w, const Cluster& c) {
   s += "  step time, by term (busiest pipeline stage):\n";
   for (const auto& [name, v] : terms(t)) s += line("    %-16s %10.4g s  %5.1f%%\n", name, v, 100 * v / t.step_s);
   s += line("    %-16s %10.4g s\n", "step", t.step_s);
-  if (p.layout.recompute)
+  if (p.layout.recompute == Recompute::Full)
     s += "    (recomputation: train.recompute=full, each block's forward again before its backward ('recompute');\n"
          "     activations measured by the trainer's own accounting for that mode)\n";
+  if (p.layout.recompute == Recompute::Selective)
+    s += "    (recomputation: train.recompute=selective, each layer's attention core and MLP activation again\n"
+         "     before its backward ('recompute'); activations measured by the trainer's own accounting for that mode)\n";
   for (const auto& [k, v] : t.notes) s += line("  %s: %s\n", k.c_str(), v.c_str());
   s += line("  throughput: %.5g tokens/s, %.1f model TFLOP/s per device (%.1f counting recomputation), MFU %.1f%%\n",
             p.tokens_per_s, p.model_tflops, p.hardware_tflops, 100 * p.mfu);
@@ -79,7 +82,7 @@ nlohmann::json to_json(const Prediction& p) {
   nlohmann::json j;
   j["layout"] = {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"virtual_stages", l.virtual_stages},
                  {"micro_batch", l.micro_batch}, {"zero", l.zero}, {"sequence_parallel", l.sequence_parallel},
-                 {"recompute", l.recompute}};
+                 {"recompute", recompute_name(l.recompute)}};
   nlohmann::json mem = nlohmann::json::object();
   for (const auto& it : p.memory.items()) mem[it.category] = it.bytes;
   mem["total"] = p.memory_total;

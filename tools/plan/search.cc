@@ -28,8 +28,8 @@ std::vector<PlanLayout> candidates(const Workload& w, const Cluster& c, const Se
         for (int v : divisors(layers / pp, pp > 1 ? o.max_virtual_stages : 1))
           for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero)
             for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
-              for (int rc = 0; rc <= 1; ++rc) {
-                PlanLayout l{dp, tp, pp, v, mb, zero, sp == 1, rc == 1};
+              for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                PlanLayout l{dp, tp, pp, v, mb, zero, sp == 1, rc};
                 if (layout_problem(w, l, c).empty()) out.push_back(l);
               }
     }

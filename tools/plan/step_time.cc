@@ -125,7 +125,10 @@ Prediction predict_time(const Workload& w, const PlanLayout& l, const Cluster& c
   const double tokens = double(w.cfg.train.global_batch) * w.cfg.seq_len();
   const double L = w.cfg.model.n_layer;
   const double model_flops = tokens * (L * w.layer_flops_per_token + w.head_flops_per_token);
-  const double hw_flops = model_flops + (l.recompute ? tokens * L * w.layer_flops_per_token / 3 : 0);
+  const double rc_flops = l.recompute == Recompute::Full        ? w.layer_flops_per_token / 3
+                          : l.recompute == Recompute::Selective ? w.attention_flops_per_token
+                                                                : 0;
+  const double hw_flops = model_flops + tokens * L * rc_flops;
   p.tokens_per_s = tokens / t.step_s;
   p.model_tflops = model_flops / t.step_s / l.devices() / 1e12;
   p.hardware_tflops = hw_flops / t.step_s / l.devices() / 1e12;
