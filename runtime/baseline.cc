@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "runtime/step_fields.h"
 
 namespace xirang {
 
@@ -20,20 +21,16 @@ struct Field {
   const char* key;
   double StepMetrics::*value;
 };
-constexpr Field kFields[] = {
-    {"tokens_per_s", &StepMetrics::tokens_per_s},  // first: the monitored one
-    {"step_ms", &StepMetrics::step_ms},
-    {"forward_ms", &StepMetrics::forward_ms},
-    {"backward_ms", &StepMetrics::backward_ms},
-    {"optimizer_ms", &StepMetrics::optimizer_ms},
-    {"data_wait_ms", &StepMetrics::data_wait_ms},
-    {"dp_comm_exposed_ms", &StepMetrics::dp_comm_exposed_ms},
-    {"tp_comm_ms", &StepMetrics::tp_comm_ms},
-    {"pp_bubble_ms", &StepMetrics::pp_bubble_ms},
-    {"pp_comm_exposed_ms", &StepMetrics::pp_comm_exposed_ms},
-    {"ckpt_stall_ms", &StepMetrics::ckpt_stall_ms},
-};
-constexpr size_t kNumFields = sizeof kFields / sizeof kFields[0];
+// tokens/s first (the monitored one), then the step's times the table marks (runtime/step_fields.h).
+const std::vector<Field>& compared_fields() {
+  static const std::vector<Field> fields = [] {
+    std::vector<Field> v = {{"tokens_per_s", &StepMetrics::tokens_per_s}};
+    for (const StepField& f : step_fields())
+      if (f.baseline) v.push_back({f.key, f.value});
+    return v;
+  }();
+  return fields;
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return std::nan("");
@@ -48,11 +45,11 @@ bool same_file(const std::string& a, const std::string& b) {
   return std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
 }
 
-// The medians of kFields over the file's steps after the first (NaN: a field no step has).
+// The medians of compared_fields() over the file's steps after the first (NaN: a field no step has).
 std::vector<double> read_medians(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail(ErrorKind::Config, "metrics.baseline: cannot open '", path, "': ", std::strerror(errno));
-  std::vector<std::vector<double>> values(kNumFields);
+  std::vector<std::vector<double>> values(compared_fields().size());
   std::string line;
   int n = 0, steps = 0;
   while (std::getline(in, line)) {
@@ -63,9 +60,10 @@ std::vector<double> read_medians(const std::string& path) {
       fail(ErrorKind::Data, "metrics.baseline '", path, "' line ", n,
            ": not a metrics.jsonl step (a JSON object with tokens_per_s)");
     if (steps++ == 0) continue;  // the first step pays the warm-up
-    for (size_t f = 0; f < kNumFields; ++f)
-      if (j.contains(kFields[f].key) && j[kFields[f].key].is_number())
-        values[f].push_back(j[kFields[f].key].get<double>());
+    for (size_t f = 0; f < compared_fields().size(); ++f) {
+      const char* key = compared_fields()[f].key;
+      if (j.contains(key) && j[key].is_number()) values[f].push_back(j[key].get<double>());
+    }
   }
   if (steps < 2)
     fail(ErrorKind::Data, "metrics.baseline '", path, "' has ", steps,
@@ -83,7 +81,7 @@ BaselineMonitor::BaselineMonitor(const MetricsConfig& metrics, bool print)
     fail(ErrorKind::Config, "metrics.baseline='", path_, "' is also metrics.jsonl: the run would overwrite its baseline");
   base_ = read_medians(path_);
   floor_ = base_[0] * (1 - tolerance_);
-  seen_.resize(kNumFields);
+  seen_.resize(compared_fields().size());
 }
 
 void BaselineMonitor::on_step(StepMetrics& m) {
@@ -91,7 +89,7 @@ void BaselineMonitor::on_step(StepMetrics& m) {
     first_ = false;
     return;
   }
-  for (size_t f = 0; f < kNumFields; ++f) seen_[f].push_back(m.*kFields[f].value);
+  for (size_t f = 0; f < compared_fields().size(); ++f) seen_[f].push_back(m.*compared_fields()[f].value);
   // A run of steps on the other side of the band than the state says.
   const bool low = m.tokens_per_s < floor_;
   if (low != below_) {
@@ -120,13 +118,13 @@ void BaselineMonitor::on_step(StepMetrics& m) {
 void BaselineMonitor::on_finish() {
   if (!print_ || seen_[0].empty()) return;
   std::fprintf(stderr, "baseline comparison (medians over the steps after the first; this run vs %s):\n", path_.c_str());
-  for (size_t f = 0; f < kNumFields; ++f) {
+  for (size_t f = 0; f < compared_fields().size(); ++f) {
     const double mine = median(seen_[f]), base = base_[f];
     // Components that are zero in both runs (no pipeline, no checkpoint) say nothing.
     if (std::isnan(base) || (std::abs(mine) < 0.05 && std::abs(base) < 0.05)) continue;
     char change[32] = "";
     if (base > 0) std::snprintf(change, sizeof change, "%+.1f%%", 100 * (mine / base - 1));
-    std::fprintf(stderr, "  %-20s %12.1f %12.1f  %s\n", kFields[f].key, mine, base, change);
+    std::fprintf(stderr, "  %-20s %12.1f %12.1f  %s\n", compared_fields()[f].key, mine, base, change);
   }
   std::fflush(stderr);
 }

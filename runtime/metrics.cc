@@ -13,6 +13,7 @@
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
+#include "runtime/step_fields.h"
 
 namespace xirang {
 
@@ -96,26 +97,15 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"lr", m.lr},
                       {"grad_norm", m.grad_norm},
                       {"tokens_per_s", m.tokens_per_s},
-                      {"step_ms", m.step_ms},
-                      {"mfu", m.mfu},
-                      {"forward_ms", m.forward_ms},
-                      {"backward_ms", m.backward_ms},
-                      {"optimizer_ms", m.optimizer_ms},
-                      {"data_wait_ms", m.data_wait_ms},
-                      {"data_prefetch_depth", m.data_prefetch_depth},
-                      {"dp_comm_ms", m.dp_comm_ms},
-                      {"dp_comm_exposed_ms", m.dp_comm_exposed_ms},
-                      {"tp_comm_ms", m.tp_comm_ms},
-                      {"pp_bubble_ms", m.pp_bubble_ms},
-                      {"pp_comm_exposed_ms", m.pp_comm_exposed_ms},
-                      {"ckpt_stall_ms", m.ckpt_stall_ms},
-                      {"unaccounted_ms", m.unaccounted_ms},
-                      {"loss_scale", m.loss_scale},
-                      {"skipped", m.skipped},
-                      {"peak_tflops", peak_.flops / 1e12},
-                      {"peak_source", peak_.source},
-                      {"memory_planned_bytes", planned_bytes_},
-                      {"backend", backend_}};
+                      {"mfu", m.mfu}};
+  for (const StepField& f : step_fields()) j[f.key] = m.*f.value;
+  j["data_prefetch_depth"] = m.data_prefetch_depth;
+  j["loss_scale"] = m.loss_scale;
+  j["skipped"] = m.skipped;
+  j["peak_tflops"] = peak_.flops / 1e12;
+  j["peak_source"] = peak_.source;
+  j["memory_planned_bytes"] = planned_bytes_;
+  j["backend"] = backend_;
   if (m.cpu_wait_ms) j["cpu_wait_ms"] = *m.cpu_wait_ms;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (fields_.straggler) {

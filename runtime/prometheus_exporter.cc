@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "runtime/step_fields.h"
 
 namespace xirang {
 
@@ -25,34 +26,16 @@ struct Gauge {
 
 constexpr double kMs = 1e-3;  // StepMetrics keeps milliseconds; Prometheus wants seconds
 
-// The order is the order of the text.
-const Gauge kGauges[] = {
+// The order is the order of the text: these, the step's times
+// (runtime/step_fields.h), then kTailGauges.
+const Gauge kHeadGauges[] = {
     {"xirang_step", "Number of the last finished step (1-based).", [](const StepMetrics& m) { return double(m.step); }},
     {"xirang_tokens_per_second", "Tokens per second of the job over the last step.",
      [](const StepMetrics& m) { return m.tokens_per_s; }},
     {"xirang_mfu_ratio", "Model FLOPs utilization of the last step: this rank's share of the FLOPs over its peak.",
      [](const StepMetrics& m) { return m.mfu; }},
-    {"xirang_step_seconds", "Wall time of the last step.", [](const StepMetrics& m) { return m.step_ms * kMs; }},
-    {"xirang_step_forward_seconds", "Forward passes of the last step, less their tensor-parallel communication.",
-     [](const StepMetrics& m) { return m.forward_ms * kMs; }},
-    {"xirang_step_backward_seconds", "Backward passes of the last step, less their communication.",
-     [](const StepMetrics& m) { return m.backward_ms * kMs; }},
-    {"xirang_step_optimizer_seconds", "Gradient norm, clipping and optimizer update of the last step, less their data-parallel waits.",
-     [](const StepMetrics& m) { return m.optimizer_ms * kMs; }},
-    {"xirang_step_data_wait_seconds", "Time the last step spent getting input: blocked on the loader and copying microbatches in.",
-     [](const StepMetrics& m) { return m.data_wait_ms * kMs; }},
-    {"xirang_step_dp_comm_seconds", "Data-parallel communication time of the last step (overlapped or not).",
-     [](const StepMetrics& m) { return m.dp_comm_ms * kMs; }},
-    {"xirang_step_dp_comm_exposed_seconds", "Time the last step spent on data-parallel communication: bucket launches and waits.",
-     [](const StepMetrics& m) { return m.dp_comm_exposed_ms * kMs; }},
-    {"xirang_step_tp_comm_seconds", "Tensor-parallel communication time of the last step (blocking).",
-     [](const StepMetrics& m) { return m.tp_comm_ms * kMs; }},
-    {"xirang_step_pp_bubble_seconds", "Time the last step waited for a pipeline neighbour.",
-     [](const StepMetrics& m) { return m.pp_bubble_ms * kMs; }},
-    {"xirang_step_pp_comm_exposed_seconds", "Time the last step waited for its own pipeline sends and the tied-embedding gradient reduction.",
-     [](const StepMetrics& m) { return m.pp_comm_exposed_ms * kMs; }},
-    {"xirang_step_checkpoint_stall_seconds", "Time the last step was stopped to save a checkpoint.",
-     [](const StepMetrics& m) { return m.ckpt_stall_ms * kMs; }},
+};
+const Gauge kTailGauges[] = {
     {"xirang_loss", "Training loss of the last step (nats per token, mean over the global batch).",
      [](const StepMetrics& m) { return m.loss; }},
     {"xirang_grad_norm", "Global gradient norm of the last step, before clipping.",
@@ -123,7 +106,16 @@ void PrometheusMetrics::update(const StepMetrics& m) {
 
 std::string PrometheusMetrics::text() const {
   std::string out;
-  for (const Gauge& g : kGauges) {
+  for (const Gauge& g : kHeadGauges) {
+    family(out, g.name, "gauge", g.help);
+    if (last_) sample(out, g.name, labels_, g.value(*last_));
+  }
+  for (const StepField& f : step_fields()) {
+    if (!f.gauge) continue;
+    family(out, f.gauge, "gauge", f.help);
+    if (last_) sample(out, f.gauge, labels_, (*last_).*f.value * kMs);
+  }
+  for (const Gauge& g : kTailGauges) {
     family(out, g.name, "gauge", g.help);
     if (last_) sample(out, g.name, labels_, g.value(*last_));
   }

@@ -105,8 +105,19 @@ case $case in
     read -r first share <<<"$(json_eval out.json \
       "Object.entries(j.ops.compute).sort((a, b) => b[1].ms - a[1].ms)[0][0] + ' ' + j.ops.compute_total.share" \
       "max(j['ops']['compute'].items(), key=lambda kv: kv[1]['ms'])[0] + ' ' + str(j['ops']['compute_total']['share'])")"
-    [ "$first" = matmul ] || die "the largest compute op is $first: $(head -c 800 out.json)"
-    awk -v s="$share" 'BEGIN {exit !(s > 0.5 && s < 1.05)}' || die "compute ops are $share of the step"
+    awk -v s="$share" 'BEGIN {exit !(s > 0 && s < 1.05)}' || die "compute ops are $share of the step"
+    # The op times are wall times: where the run's thread waited for a core
+    # (cpu_wait_ms over 5% of a step after the first: other work on the
+    # machine) the order and share measure that waiting, not the ops.
+    contended=$(awk 'match($0, /"step_ms":[0-9.e+-]+/) { s = substr($0, RSTART + 10, RLENGTH - 10) }
+                     match($0, /"cpu_wait_ms":[0-9.e+-]+/) { w = substr($0, RSTART + 14, RLENGTH - 14); if (NR > 1 && w > 0.05 * s) c++ }
+                     END { print c + 0 }' profiled/metrics.jsonl)
+    if [ "$contended" = 0 ]; then
+      [ "$first" = matmul ] || die "the largest compute op is $first: $(head -c 800 out.json)"
+      awk -v s="$share" 'BEGIN {exit !(s > 0.5)}' || die "compute ops are $share of the step"
+    else
+      echo "note [$case]: $contended step(s) waited for a core; the profiled run's op order and share are not checked"
+    fi
     if command -v gnuplot >/dev/null; then
       rm -rf plots_ops
       "$xirang" report profiled --plot plots_ops >out.txt 2>err.txt || die "report --plot failed: $(cat err.txt)"

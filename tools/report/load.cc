@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "runtime/step_fields.h"
 #include "tools/report/report.h"
 
 namespace xirang::tools::report {
@@ -27,6 +28,23 @@ const char* part_key(Part p) {
 
 namespace {
 
+// The report's part of the step clock's part: forward and backward are one, compute.
+Part report_part(StepPart p) {
+  switch (p) {
+    case StepPart::Forward:
+    case StepPart::Backward: return Part::Compute;
+    case StepPart::Optimizer: return Part::Optimizer;
+    case StepPart::DataWait: return Part::DataWait;
+    case StepPart::DpCommExposed: return Part::DpExposed;
+    case StepPart::TpComm: return Part::TpComm;
+    case StepPart::PpBubble: return Part::PpBubble;
+    case StepPart::PpCommExposed: return Part::PpExposed;
+    case StepPart::CkptStall: return Part::CkptStall;
+    case StepPart::DeviceWait: break;  // no field holds it
+  }
+  return Part::Unaccounted;
+}
+
 double number(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
@@ -42,14 +60,8 @@ StepRow parse_row(const nlohmann::json& j) {
   r.mfu = number(j, "mfu");
   r.dp_comm_ms = number(j, "dp_comm_ms");
   auto& m = r.ms;
-  m[int(Part::Compute)] = number(j, "forward_ms") + number(j, "backward_ms");
-  m[int(Part::Optimizer)] = number(j, "optimizer_ms");
-  m[int(Part::DataWait)] = number(j, "data_wait_ms");
-  m[int(Part::DpExposed)] = number(j, "dp_comm_exposed_ms");
-  m[int(Part::TpComm)] = number(j, "tp_comm_ms");
-  m[int(Part::PpBubble)] = number(j, "pp_bubble_ms");
-  m[int(Part::PpExposed)] = number(j, "pp_comm_exposed_ms");
-  m[int(Part::CkptStall)] = number(j, "ckpt_stall_ms");
+  for (const StepField& f : step_fields())
+    if (f.kind == StepField::Kind::Part) m[int(report_part(*f.part))] += number(j, f.key);
   double named = 0;
   for (int i = 0; i < kParts - 1; ++i) named += m[i];
   m[int(Part::Unaccounted)] = r.step_ms - named;

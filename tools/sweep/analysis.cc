@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "runtime/schedule.h"
+#include "runtime/step_fields.h"
 #include "tools/sweep/sweep.h"
 
 namespace xirang::tools::sweep {
@@ -106,12 +107,14 @@ std::vector<BubbleRow> bubble_rows(const std::vector<Json>& rows) {
     b.schedule = lay["schedule"].get<std::string>();
     b.m = lay["global_batch"].get<int>() / (lay["micro_batch"].get<int>() * lay["dp"].get<int>());
     // The pipeline's part of the step: the passes, their communication and the waits (rank 0).
+    auto part = [&](StepPart p) { return num(r, "breakdown_ms", step_field(p).key); };
     double span = 0;
-    for (const char* k : {"forward_ms", "backward_ms", "tp_comm_ms", "pp_bubble_ms", "pp_comm_exposed_ms", "data_wait_ms"})
-      span += num(r, "breakdown_ms", k);
-    b.measured = span > 0 ? num(r, "breakdown_ms", "pp_bubble_ms") / span : 0;
-    const double f = num(r, "breakdown_ms", "forward_ms");
-    b.backward_over_forward = f > 0 ? num(r, "breakdown_ms", "backward_ms") / f : 2;
+    for (StepPart p : {StepPart::Forward, StepPart::Backward, StepPart::TpComm, StepPart::PpBubble,
+                       StepPart::PpCommExposed, StepPart::DataWait})
+      span += part(p);
+    b.measured = span > 0 ? part(StepPart::PpBubble) / span : 0;
+    const double f = part(StepPart::Forward);
+    b.backward_over_forward = f > 0 ? part(StepPart::Backward) / f : 2;
     b.simulated = simulated_bubble(b.schedule, b.pp, b.m, b.v, b.backward_over_forward);
     b.analytic = analytic_bubble(parse_schedule(b.schedule, "parallel.schedule"), b.pp, b.m, b.v);
     out.push_back(b);

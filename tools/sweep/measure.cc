@@ -5,14 +5,19 @@
 #include <regex>
 
 #include "core/error.h"
+#include "runtime/step_fields.h"
 #include "tools/sweep/sweep.h"
 
 namespace xirang::tools::sweep {
 
+// Every time of the step but step_ms itself (runtime/step_fields.h).
 const std::vector<std::string>& breakdown_keys() {
-  static const std::vector<std::string> keys = {
-      "forward_ms",   "backward_ms",     "optimizer_ms",  "data_wait_ms",       "dp_comm_ms",    "dp_comm_exposed_ms",
-      "tp_comm_ms",   "pp_bubble_ms",    "pp_comm_exposed_ms", "ckpt_stall_ms", "unaccounted_ms"};
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const StepField& f : step_fields())
+      if (f.kind != StepField::Kind::Total) k.push_back(f.key);
+    return k;
+  }();
   return keys;
 }
 
@@ -26,8 +31,8 @@ double field(const Json& j, const std::string& key) {
 // step_ms less the disjoint parts (dp_comm_ms overlaps backward and is not one).
 double unaccounted(const Json& j) {
   double named = 0;
-  for (const std::string& k : breakdown_keys())
-    if (k != "dp_comm_ms" && k != "unaccounted_ms") named += field(j, k);
+  for (const StepField& f : step_fields())
+    if (f.kind == StepField::Kind::Part) named += field(j, f.key);
   return field(j, "step_ms") - named;
 }
 
@@ -158,7 +163,8 @@ void add_statistics(Json& row, const std::vector<RunOutcome>& runs) {
   row["mfu"] = percentile(column([](const Json& s) { return field(s, "mfu"); }), 0.5);
   Json breakdown = Json::object(), shares = Json::object();
   for (const std::string& k : breakdown_keys()) {
-    const double v = percentile(column([&](const Json& s) { return k == "unaccounted_ms" ? unaccounted(s) : field(s, k); }), 0.5);
+    const bool rest = find_step_field(k.c_str())->kind == StepField::Kind::Unaccounted;
+    const double v = percentile(column([&](const Json& s) { return rest ? unaccounted(s) : field(s, k); }), 0.5);
     breakdown[k] = v;
     shares[k.substr(0, k.size() - 3)] = median > 0 ? v / median : 0.0;
   }
