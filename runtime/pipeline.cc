@@ -238,7 +238,9 @@ void PipelineExecutor::run(const KernelContext& ctx, const std::vector<PipeInstr
       case PipeOp::RecvGradient: receive(list, i); break;
       case PipeOp::Forward: forward(ctx, c, in.microbatch, feed, dloss); break;
       case PipeOp::SendActivation: send_activation(c, in.microbatch); break;
-      case PipeOp::Backward: backward(ctx, c, in.microbatch); break;
+      case PipeOp::Backward: backward(ctx, c, in.microbatch, BackwardPart::Full); break;
+      case PipeOp::BackwardInput: backward(ctx, c, in.microbatch, BackwardPart::InputGrad); break;
+      case PipeOp::BackwardWeight: backward(ctx, c, in.microbatch, BackwardPart::WeightGrad); break;
       case PipeOp::SendGradient: send_gradient(ctx, c, in.microbatch); break;
       default: break;
     }
@@ -275,9 +277,9 @@ void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i) {
 }
 
 template <class Pass>
-void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, int mb, Pass&& pass) {
+void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, const char* name, int mb, Pass&& pass) {
   // The host span: on a device the time the host took to queue the pass.
-  SpanScope span(tl_, kind == ComputeSpans::Forward ? "forward" : "backward", Track::Main, mb, c.g);
+  SpanScope span(tl_, name, Track::Main, mb, c.g);
   StepClock::Scope part(clock_, kind == ComputeSpans::Forward ? StepPart::Forward : StepPart::Backward);
   spans_.begin(stream_);
   pass();
@@ -295,7 +297,7 @@ void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const
     StepClock::Scope part(clock_, StepPart::DataWait);
     feed(mb, tokens, targets);
   }
-  timed_pass(c, ComputeSpans::Forward, mb, [&] { c.model->forward(ctx, s, tokens, targets, dloss); });
+  timed_pass(c, ComputeSpans::Forward, "forward", mb, [&] { c.model->forward(ctx, s, tokens, targets, dloss); });
 }
 
 void PipelineExecutor::send_activation(Chunk& c, int mb) {
@@ -306,22 +308,27 @@ void PipelineExecutor::send_activation(Chunk& c, int mb) {
                 c.model->stage_output(s), t0);
 }
 
-void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb) {
+// A whole backward, or one of its two parts (zb_h1): the input-gradient
+// part takes the received gradient and frees its buffer; the weight part
+// frees the activation slot, which holds what it needs until then.
+void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, BackwardPart part) {
   const int s = c.slot_of.at(mb);
   Tensor out_grad;
   int gb = -1;
-  if (!c.last) {
+  if (!c.last && part != BackwardPart::WeightGrad) {
     gb = c.grad_of.at(mb);
     out_grad = c.grad_bufs[size_t(gb)];
   }
-  // Backwards run in microbatch order per chunk, so the last one makes the gradients final.
+  // Backwards (and their parts) run in microbatch order per chunk, so the last one makes the gradients final.
   const GradPhase phase = mb == m_ - 1 ? GradPhase::Final : GradPhase::Accumulate;
-  timed_pass(c, ComputeSpans::Backward, mb,
-             [&] { c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad); });
+  timed_pass(c, ComputeSpans::Backward, part == BackwardPart::WeightGrad ? "backward_weight" : "backward", mb, [&] {
+    c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad, part);
+  });
   if (gb >= 0) {
     c.grad_of.erase(mb);
     c.free_grad.push_back(gb);
   }
+  if (part == BackwardPart::InputGrad) return;
   c.slot_of.erase(mb);
   c.free_slots.push_back(s);
 }

@@ -170,10 +170,10 @@ class PipelineExecutor {
   void receive(const std::vector<PipeInstr>& list, size_t i);
   void forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss);
   void send_activation(Chunk& c, int mb);
-  void backward(const KernelContext& ctx, Chunk& c, int mb);
+  void backward(const KernelContext& ctx, Chunk& c, int mb, BackwardPart part);
   // Runs one pass of `c` in its part of the step clock, between a device span's begin and end.
   template <class Pass>
-  void timed_pass(Chunk& c, ComputeSpans::Kind kind, int mb, Pass&& pass);
+  void timed_pass(Chunk& c, ComputeSpans::Kind kind, const char* name, int mb, Pass&& pass);
   void send_gradient(const KernelContext& ctx, Chunk& c, int mb);
   void join_sends();
   // Joins a send of ours in flight: exposed pipeline communication.

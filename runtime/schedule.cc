@@ -20,6 +20,8 @@ const char* pipe_op_name(PipeOp op) {
     case PipeOp::RecvGradient: return "recv_grad";
     case PipeOp::Backward: return "backward";
     case PipeOp::SendGradient: return "send_grad";
+    case PipeOp::BackwardInput: return "backward_input";
+    case PipeOp::BackwardWeight: return "backward_weight";
     case PipeOp::ReduceGradients: return "reduce_grads";
     case PipeOp::OptimizerStep: return "optimizer_step";
   }
@@ -29,7 +31,7 @@ const char* pipe_op_name(PipeOp op) {
 namespace {
 
 struct Compute {
-  bool forward;
+  PipeOp op;  // Forward, Backward, BackwardInput or BackwardWeight
   int microbatch;
   int chunk;
 };
@@ -38,8 +40,8 @@ struct Compute {
 std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, int v) {
   std::vector<Compute> out;
   if (kind == ScheduleKind::GPipe) {
-    for (int i = 0; i < m; ++i) out.push_back({true, i, 0});
-    for (int i = 0; i < m; ++i) out.push_back({false, i, 0});
+    for (int i = 0; i < m; ++i) out.push_back({PipeOp::Forward, i, 0});
+    for (int i = 0; i < m; ++i) out.push_back({PipeOp::Backward, i, 0});
     return out;
   }
   if (kind == ScheduleKind::OneFOneB) {
@@ -47,12 +49,32 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, in
     // and one backward alternate; the cool-down drains the remaining backwards.
     const int warmup = std::min(p - rank - 1, m);
     int f = 0, b = 0;
-    for (; f < warmup; ++f) out.push_back({true, f, 0});
+    for (; f < warmup; ++f) out.push_back({PipeOp::Forward, f, 0});
     while (f < m) {
-      out.push_back({true, f++, 0});
-      out.push_back({false, b++, 0});
+      out.push_back({PipeOp::Forward, f++, 0});
+      out.push_back({PipeOp::Backward, b++, 0});
     }
-    while (b < m) out.push_back({false, b++, 0});
+    while (b < m) out.push_back({PipeOp::Backward, b++, 0});
+    return out;
+  }
+  if (kind == ScheduleKind::ZeroBubbleH1) {
+    // 1F1B's forwards and input-gradient parts; stage `rank` runs each W
+    // `rank` microbatches after its B, so that it holds p microbatches'
+    // activations at most (1F1B's peak, stage 0's), and the last `rank` Ws
+    // fill the cool-down where 1F1B waits for gradients.
+    const int warmup = std::min(p - rank - 1, m);
+    int f = 0, b = 0, w = 0;
+    auto input_part = [&] {
+      out.push_back({PipeOp::BackwardInput, b++, 0});
+      if (b - w > rank) out.push_back({PipeOp::BackwardWeight, w++, 0});
+    };
+    for (; f < warmup; ++f) out.push_back({PipeOp::Forward, f, 0});
+    while (f < m) {
+      out.push_back({PipeOp::Forward, f++, 0});
+      input_part();
+    }
+    while (b < m) input_part();
+    while (w < m) out.push_back({PipeOp::BackwardWeight, w++, 0});
     return out;
   }
   // Interleaved (Narayanan et al., 2021): virtual microbatch k runs chunk
@@ -65,14 +87,14 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, in
   auto bchunk = [&](int k) { return v - 1 - (k % (p * v)) / p; };
   int warmup = m == p ? total : std::min(total, (p - rank - 1) * 2 + (v - 1) * p);
   int f = 0, b = 0;
-  for (; f < warmup; ++f) out.push_back({true, mb_of(f), fchunk(f)});
+  for (; f < warmup; ++f) out.push_back({PipeOp::Forward, mb_of(f), fchunk(f)});
   while (f < total) {
-    out.push_back({true, mb_of(f), fchunk(f)});
+    out.push_back({PipeOp::Forward, mb_of(f), fchunk(f)});
     ++f;
-    out.push_back({false, mb_of(b), bchunk(b)});
+    out.push_back({PipeOp::Backward, mb_of(b), bchunk(b)});
     ++b;
   }
-  for (; b < total; ++b) out.push_back({false, mb_of(b), bchunk(b)});
+  for (; b < total; ++b) out.push_back({PipeOp::Backward, mb_of(b), bchunk(b)});
   return out;
 }
 
@@ -94,13 +116,15 @@ std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, 
   std::vector<PipeInstr> list;
   for (const Compute& c : compute_order(kind, p, rank, m, v)) {
     const int g = model_chunk(p, rank, c.chunk);
-    if (c.forward) {
+    if (c.op == PipeOp::Forward) {
       if (g > 0) list.push_back({PipeOp::RecvActivation, c.microbatch, c.chunk});
       list.push_back({PipeOp::Forward, c.microbatch, c.chunk});
       if (g < last) list.push_back({PipeOp::SendActivation, c.microbatch, c.chunk});
+    } else if (c.op == PipeOp::BackwardWeight) {
+      list.push_back({PipeOp::BackwardWeight, c.microbatch, c.chunk});  // local: nothing to receive or send
     } else {
       if (g < last) list.push_back({PipeOp::RecvGradient, c.microbatch, c.chunk});
-      list.push_back({PipeOp::Backward, c.microbatch, c.chunk});
+      list.push_back({c.op, c.microbatch, c.chunk});
       if (g > 0) list.push_back({PipeOp::SendGradient, c.microbatch, c.chunk});
     }
   }
@@ -114,14 +138,22 @@ int max_in_flight(const std::vector<PipeInstr>& list, int v) {
   int peak = 0;
   for (const PipeInstr& in : list) {
     if (in.op == PipeOp::Forward) peak = std::max(peak, ++live[size_t(in.chunk)]);
-    if (in.op == PipeOp::Backward) --live[size_t(in.chunk)];
+    if (in.op == PipeOp::Backward || in.op == PipeOp::BackwardWeight) --live[size_t(in.chunk)];
   }
   return peak;
 }
 
 double analytic_bubble(ScheduleKind kind, int p, int m, int v) {
   if (kind == ScheduleKind::Interleaved) return double(p - 1) / (double(v) * m + p - 1);
+  if (kind == ScheduleKind::ZeroBubbleH1) return double(p - 1) / (3.0 * m + p - 1);
   return double(p - 1) / double(m + p - 1);
+}
+
+double bubble_time(ScheduleKind kind, int p, double f, double b, double w) {
+  if (kind == ScheduleKind::ZeroBubbleH1) return (p - 1) * (f + b - std::min(w, f));
+  XR_CHECK(kind == ScheduleKind::OneFOneB || kind == ScheduleKind::GPipe, "bubble_time: ", schedule_name(kind),
+           " has no closed form here");
+  return (p - 1) * (f + b + w);
 }
 
 namespace {
@@ -197,11 +229,22 @@ class Simulation {
       compute(rank, forward_cost(rank));
       forwarded_.insert({g, in.microbatch});
       r_.peak_in_flight[size_t(rank)] = std::max(r_.peak_in_flight[size_t(rank)], ++live_[size_t(rank)]);
-    } else if (in.op == PipeOp::Backward) {
+    } else if (in.op == PipeOp::Backward || in.op == PipeOp::BackwardInput) {
       if (!forwarded_.count({g, in.microbatch}))
         return broke("backward of microbatch " + std::to_string(in.microbatch) + " on model chunk " +
                      std::to_string(g) + " before its forward");
-      compute(rank, backward_cost(rank));
+      if (in.op == PipeOp::Backward) {
+        compute(rank, backward_cost(rank));
+        --live_[size_t(rank)];
+      } else {
+        compute(rank, backward_cost(rank) * (1 - costs_.weight_share));
+        input_done_.insert({g, in.microbatch});
+      }
+    } else if (in.op == PipeOp::BackwardWeight) {
+      if (!input_done_.erase({g, in.microbatch}))
+        return broke("weight gradients of microbatch " + std::to_string(in.microbatch) + " on model chunk " +
+                     std::to_string(g) + " before its input gradient (or twice)");
+      compute(rank, backward_cost(rank) * costs_.weight_share);
       --live_[size_t(rank)];
     }
     return Exec::Done;
@@ -233,6 +276,8 @@ class Simulation {
   // After every list ran: no message left over, every forward ran; then the timings.
   SimResult complete() {
     if (!mail_.empty()) return failed(std::to_string(mail_.size()) + " message(s) were sent but never received");
+    if (!input_done_.empty())
+      return failed(std::to_string(input_done_.size()) + " input-gradient part(s) never had their weight part");
     for (int g = 0; g < p_ * v_; ++g)
       for (int mb = 0; mb < m_; ++mb)
         if (!forwarded_.count({g, mb}))
@@ -263,6 +308,7 @@ class Simulation {
   std::vector<int> live_;                      // (p): microbatch-chunks with live activations
   std::map<MailKey, double> mail_;             // message -> arrival time
   std::set<std::pair<int, int>> forwarded_;    // (model chunk, microbatch) whose forward ran
+  std::set<std::pair<int, int>> input_done_;   // (model chunk, microbatch) whose B ran and W has not
   SimResult r_;
 };
 

@@ -16,9 +16,12 @@
 //   SimResult r = simulate(ScheduleKind::OneFOneB, 4, 8, 1, costs);
 //   // r.bubble_fraction == 3.0 / 11
 //
-// Backward is one instruction today; a zero-bubble schedule would split it
-// into BackwardInput (the gradient the previous stage waits for) and
-// BackwardWeight (deferrable), which the list format already allows for.
+// A zero-bubble schedule (zb_h1; Qi et al., "Zero Bubble Pipeline
+// Parallelism", 2024) splits each backward into BackwardInput (B: the
+// gradient the previous stage waits for) and BackwardWeight (W: the
+// weight-gradient products, which only the optimizer needs), and defers
+// W into what would be the cool-down's idle time. A microbatch's
+// activations live from its forward to its W.
 #pragma once
 
 #include <string>
@@ -37,8 +40,10 @@ enum class PipeOp {
   Forward,
   SendActivation,  // to the next model chunk
   RecvGradient,    // wait for the next model chunk's input gradient
-  Backward,
+  Backward,        // the whole backward of (microbatch, chunk)
   SendGradient,    // to the previous model chunk
+  BackwardInput,   // a split backward's first part: the input gradient (then SendGradient)
+  BackwardWeight,  // its second part: the weight gradients, any time after BackwardInput
   ReduceGradients, // data-parallel and tied-embedding reductions (once, at the end)
   OptimizerStep,
 };
@@ -61,6 +66,7 @@ int max_in_flight(const std::vector<PipeInstr>& list, int v);
 struct SimCosts {
   double forward = 1;   // per microbatch for a whole stage (a chunk costs 1/v of it)
   double backward = 2;
+  double weight_share = 0.5;  // of backward, a split backward's weight part W (the rest is B)
   double transfer = 0;  // per message
   // Optional per-rank costs (stages differ: the first holds the embedding,
   // the last the head); when given they replace forward and backward.
@@ -80,7 +86,13 @@ struct SimResult {
 // `transfer` later; a receive blocks until its message has arrived.
 SimResult simulate(ScheduleKind kind, int p, int m, int v, const SimCosts& costs);
 // The bubble fraction the analysis predicts with transfer = 0:
-// (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved.
+// (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1)
+// interleaved; zb_h1 at forward = B = W: (p - 1) / (3 m + p - 1).
 double analytic_bubble(ScheduleKind kind, int p, int m, int v);
+// Each stage's idle time per step with transfer = 0, m >= p microbatches
+// and stage times F, B, W (the paper's Table 2): (p - 1)(F + B + W) for
+// 1F1B and GPipe, (p - 1)(F + B - W) for zb_h1 when W <= F (a longer W
+// cannot hide more than a forward's gap: (p - 1) B).
+double bubble_time(ScheduleKind kind, int p, double f, double b, double w);
 
 }  // namespace xirang

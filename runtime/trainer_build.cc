@@ -151,6 +151,9 @@ void Trainer::build_chunks() {
     chunks_.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype_,
                                       chunk_batch(cfg_, slots),
                                       TensorParallel{&comm_->tp(), cfg_.parallel.sequence_parallel}));
+    if (splits_backward(schedule_kind_) && !chunks_.back()->splits_backward())
+      fail(ErrorKind::Config, "parallel.schedule=", schedule_name(schedule_kind_),
+           " splits each backward in two, which model.arch=", dims.arch, " cannot");
   }
 }
 

@@ -530,7 +530,8 @@ ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
   if (name == "gpipe") return ScheduleKind::GPipe;
   if (name == "1f1b") return ScheduleKind::OneFOneB;
   if (name == "interleaved") return ScheduleKind::Interleaved;
-  fail(ErrorKind::Config, where, "='", name, "' is not a schedule (expected gpipe, 1f1b or interleaved)");
+  if (name == "zb_h1") return ScheduleKind::ZeroBubbleH1;
+  fail(ErrorKind::Config, where, "='", name, "' is not a schedule (expected gpipe, 1f1b, interleaved or zb_h1)");
 }
 
 const char* config_name(Precision v) { return spelling(&v); }
@@ -538,11 +539,14 @@ const char* config_name(Backend v) { return spelling(&v); }
 const char* config_name(FaultKind v) { return spelling(&v); }
 const char* config_name(Recompute v) { return spelling(&v); }
 
+bool splits_backward(ScheduleKind k) { return k == ScheduleKind::ZeroBubbleH1; }
+
 const char* schedule_name(ScheduleKind k) {
   switch (k) {
     case ScheduleKind::GPipe: return "gpipe";
     case ScheduleKind::OneFOneB: return "1f1b";
     case ScheduleKind::Interleaved: return "interleaved";
+    case ScheduleKind::ZeroBubbleH1: return "zb_h1";
   }
   return "?";
 }

@@ -20,10 +20,15 @@
 namespace xirang {
 
 // parallel.schedule.
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
-// "gpipe", "1f1b", "interleaved"; a Config error naming `where` otherwise.
+// zb_h1: 1F1B with each backward split into its input- and weight-gradient
+// parts, the weight parts deferred into the cool-down (runtime/schedule.h).
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
+// "gpipe", "1f1b", "interleaved", "zb_h1"; a Config error naming `where` otherwise.
 ScheduleKind parse_schedule(std::string_view name, std::string_view where);
 const char* schedule_name(ScheduleKind k);
+// Whether its lists split each backward into BackwardInput and BackwardWeight
+// (the chunks then keep what the weight part needs: ChunkBatch::split_backward).
+bool splits_backward(ScheduleKind k);
 
 // The named values of the config, parsed once when the YAML is read (an
 // unknown spelling is a Config error naming the key, the value and the
@@ -49,7 +54,7 @@ struct ParallelConfig {
   double bucket_mb = 25;            // gradient bucket size for the dp reduction
   bool overlap_grad_reduce = true;  // start each bucket's reduction during the backward pass
   bool sequence_parallel = false;   // split LayerNorm regions along the tokens over tp
-  std::string schedule = "1f1b";    // pipeline schedule: gpipe, 1f1b, interleaved
+  std::string schedule = "1f1b";    // pipeline schedule: gpipe, 1f1b, interleaved, zb_h1
   int virtual_stages = 1;           // model chunks per pipeline rank (interleaved: >= 2)
 };
 

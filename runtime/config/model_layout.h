@@ -14,9 +14,11 @@
 
 namespace xirang {
 
-// A chunk's batch: the config's microbatch shape and recompute mode, with `slots` activation slots.
+// A chunk's batch: the config's microbatch shape and recompute mode, with
+// `slots` activation slots, split backward under a schedule that splits it.
 inline ChunkBatch chunk_batch(const Config& c, int slots) {
-  return ChunkBatch{c.train.micro_batch, c.seq_len(), slots, c.train.recompute};
+  return ChunkBatch{c.train.micro_batch, c.seq_len(), slots, c.train.recompute,
+                    splits_backward(parse_schedule(c.parallel.schedule, "parallel.schedule"))};
 }
 
 inline ParallelLayout parallel_layout(const ParallelConfig& p) {

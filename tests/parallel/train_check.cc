@@ -3,7 +3,7 @@
 //
 //   mpirun -np 4 parallel_train_check --data DIR --set parallel.zero=1 [--steps 10] [--tol 1e-5]
 //                                     [--update-tol T] [--resumed-from K] [--config configs/llama_debug.yaml]
-//                                     [--against-none]
+//                                     [--against-none] [--against KEY=VALUE ...]
 //
 // The model is configs/gpt2_debug.yaml's unless --config names another
 // (relative to the source tree).
@@ -25,10 +25,12 @@
 // rank 0's bit for bit. Prints one line per check and a closing "N passed, M
 // failed"; exits non-zero on any failure.
 //
-// Activation recomputation: with --against-none (and --set
-// train.recompute=selective or full) the layout trains a second time with
-// train.recompute=none on the same grid, and its per-step losses and every
-// rank's final parameters must be bitwise those of the recomputing run.
+// Bitwise against another setting: with --against KEY=VALUE (repeatable)
+// the layout trains a second time with those overrides on the same grid,
+// and its per-step losses and every rank's final parameters must be bitwise
+// those of the first run: train.recompute=none against recomputation
+// (--against-none is --against train.recompute=none), parallel.schedule=1f1b
+// against a zero-bubble schedule.
 //
 // Checkpoints: with --set train.stop_after=K --set checkpoint.dir=D the
 // layout stops after K steps and saves; with --set checkpoint.resume=D/step_K
@@ -72,7 +74,7 @@ struct Args {
   // oneDNN path). The update check above is the strict one.
   double param_tol = 5e-5;
   int resumed_from = 0;      // the step the layout must start from (a checkpoint's)
-  bool against_none = false;  // also train the layout with train.recompute=none: bitwise the same
+  std::vector<std::string> against;  // also train the layout with these overrides: bitwise the same
 };
 
 Args parse(int argc, char** argv) {
@@ -87,7 +89,8 @@ Args parse(int argc, char** argv) {
     else if (s == "--update-tol" && i + 1 < argc) a.update_tol = std::stod(argv[++i]);
     else if (s == "--param-tol" && i + 1 < argc) a.param_tol = std::stod(argv[++i]);
     else if (s == "--resumed-from" && i + 1 < argc) a.resumed_from = std::stoi(argv[++i]);
-    else if (s == "--against-none") a.against_none = true;
+    else if (s == "--against-none") a.against.push_back("train.recompute=none");
+    else if (s == "--against" && i + 1 < argc) a.against.push_back(argv[++i]);
     else fail(ErrorKind::Usage, "parallel_train_check: unexpected argument '", s, "'");
   }
   if (a.data.empty()) fail(ErrorKind::Usage, "parallel_train_check: --data DIR is required");
@@ -212,11 +215,11 @@ int main(int argc, char** argv) {
     TrainResult r = t.run();
     std::vector<float> params = flat_params(t);
 
-    // The same layout without recomputation: bitwise the same losses and parameters on every rank.
+    // The same layout with the --against overrides: bitwise the same losses and parameters on every rank.
     int none_same = 1;
     std::vector<double> none_losses;
-    if (args.against_none) {
-      Trainer plain(make_config(args, {"train.recompute=none"}, world), quiet, grid.get());
+    if (!args.against.empty()) {
+      Trainer plain(make_config(args, args.against, world), quiet, grid.get());
       TrainResult pr = plain.run();
       none_losses = pr.losses;
       const std::vector<float> pp = flat_params(plain);
@@ -344,12 +347,13 @@ int main(int argc, char** argv) {
       if (cfg.parallel.pp > 1 && any_tied)
         check(all_tied_same == 1, "the tied token table is bitwise the same on the first and the last stage");
       check(r.losses.size() < 2 || r.losses.back() < r.losses.front(), "the loss went down");
-      if (args.against_none) {
+      if (!args.against.empty()) {
+        std::string other;
+        for (const std::string& o : args.against) other += (other.empty() ? "" : " ") + o;
         for (size_t i = 0; i < r.losses.size() && i < none_losses.size(); ++i)
-          std::printf("  step %2zu  loss %.17g  train.recompute=none %.17g\n", i + 1, r.losses[i], none_losses[i]);
-        check(all_none_same == 1, std::string("train.recompute=") + recompute_name(cfg.train.recompute) +
-                                      ": per-step losses and every rank's parameters bitwise those of "
-                                      "train.recompute=none in the same layout");
+          std::printf("  step %2zu  loss %.17g  %s %.17g\n", i + 1, r.losses[i], other.c_str(), none_losses[i]);
+        check(all_none_same == 1, "per-step losses and every rank's parameters bitwise those of " + other +
+                                      " in the same layout");
       }
       if (ref_val && finished) {
         // Evaluation sends stage outputs forward on the pipeline's activation queues.

@@ -1,4 +1,4 @@
-// Tests for runtime/schedule: every instruction list of GPipe, 1F1B and
+// Tests for runtime/schedule: every instruction list of GPipe, 1F1B, ZB-H1 and
 // interleaved 1F1B is well formed, the simulator runs them without deadlock at
 // the bubble the analysis predicts, 1F1B bounds activations in flight, and
 // unsupported combinations are Config errors that name the key.
@@ -74,7 +74,7 @@ int peak_live_all_chunks(const std::vector<PipeInstr>& list) {
   int live = 0, peak = 0;
   for (const PipeInstr& in : list) {
     if (in.op == PipeOp::Forward) peak = std::max(peak, ++live);
-    if (in.op == PipeOp::Backward) --live;
+    if (in.op == PipeOp::Backward || in.op == PipeOp::BackwardWeight) --live;
   }
   return peak;
 }
@@ -485,6 +485,90 @@ TEST(ScheduleErrors, ParseRejectsUnknownNamesAndRoundTrips) {
     EXPECT_NE(msg.find("parallel.schedule"), std::string::npos) << msg;
     EXPECT_NE(msg.find(std::string("'") + name + "'"), std::string::npos) << msg;
   }
+}
+
+// ---------------------------------------------------------------- zero bubble
+
+// Stage times F, B, W per microbatch: the split backward's W is its weight share.
+SimCosts fbw(double f, double b, double w) {
+  SimCosts c = equal_costs(f, b + w);
+  c.weight_share = w / (b + w);
+  return c;
+}
+
+// Qi et al. 2024, Table 2, with m >= p: each stage idles (p - 1)(F + B + W)
+// under 1F1B and (p - 1)(F + B - W) under ZB-H1 (W <= F; a longer W fills
+// no more than the forward's gap), both at 1F1B's peak of p microbatches
+// in flight. Written out here, not read from bubble_time(), so that both
+// are checked.
+TEST(ZeroBubbleH1, TableTwoBubbleAtOneFOneBsPeakMemory) {
+  const double times[][3] = {{1, 1, 1}, {1, 1.2, 0.8}, {1, 1.5, 0.5}, {2, 1, 1}, {1, 2, 1}, {1, 1, 1.5}, {0.7, 1.3, 0.4}};
+  for (int p : {2, 3, 4, 8})
+    for (int m = p; m <= 4 * p; ++m)
+      for (const auto& t : times) {
+        const double f = t[0], b = t[1], w = t[2];
+        SCOPED_TRACE(label(ScheduleKind::ZeroBubbleH1, p, m, 1) + " F=" + std::to_string(f) + " B=" +
+                     std::to_string(b) + " W=" + std::to_string(w));
+        const SimResult zb = simulate(ScheduleKind::ZeroBubbleH1, p, m, 1, fbw(f, b, w));
+        const SimResult fb = simulate(ScheduleKind::OneFOneB, p, m, 1, fbw(f, b, w));
+        ASSERT_TRUE(zb.ok && fb.ok) << zb.error << fb.error;
+        const double zb_idle = (p - 1) * (f + b - std::min(w, f)), fb_idle = (p - 1) * (f + b + w);
+        EXPECT_NEAR(bubble_time(ScheduleKind::ZeroBubbleH1, p, f, b, w), zb_idle, 1e-12);
+        EXPECT_NEAR(bubble_time(ScheduleKind::OneFOneB, p, f, b, w), fb_idle, 1e-12);
+        for (int rank = 0; rank < p; ++rank) {
+          EXPECT_NEAR(zb.busy[size_t(rank)], m * (f + b + w), 1e-9);
+          EXPECT_NEAR(zb.makespan - zb.busy[size_t(rank)], zb_idle, 1e-9) << "rank " << rank;
+          EXPECT_NEAR(fb.makespan - fb.busy[size_t(rank)], fb_idle, 1e-9) << "rank " << rank;
+          // Activations live from the forward to the weight part: p on every stage, 1F1B's stage 0.
+          EXPECT_EQ(zb.peak_in_flight[size_t(rank)], p) << "rank " << rank;
+          EXPECT_EQ(max_in_flight(make_schedule(ScheduleKind::ZeroBubbleH1, p, rank, m, 1), 1), p);
+        }
+        EXPECT_EQ(*std::max_element(fb.peak_in_flight.begin(), fb.peak_in_flight.end()), p);
+      }
+  // Equal F, B and W: a third of 1F1B's bubble, the analytic fraction.
+  const SimResult r = simulate(ScheduleKind::ZeroBubbleH1, 4, 12, 1, fbw(1, 1, 1));
+  EXPECT_NEAR(r.bubble_fraction, analytic_bubble(ScheduleKind::ZeroBubbleH1, 4, 12, 1), 1e-12);
+  EXPECT_NEAR(r.bubble_fraction, 3.0 / (3 * 12 + 3), 1e-12);
+}
+
+// Every list, any m (fewer microbatches than stages too): each microbatch
+// has its forward, input part and weight part once, in that order, the
+// weight parts in microbatch order; the input part receives and sends the
+// gradient, the weight part neither; the simulator finds no deadlock.
+TEST(ZeroBubbleH1, ListsAreWellFormed) {
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m = 1; m <= 16; ++m) {
+      SCOPED_TRACE(label(ScheduleKind::ZeroBubbleH1, p, m, 1));
+      const SimResult r = simulate(ScheduleKind::ZeroBubbleH1, p, m, 1, fbw(1, 1, 1));
+      ASSERT_TRUE(r.ok) << r.error;
+      for (int rank = 0; rank < p; ++rank) {
+        const auto list = make_schedule(ScheduleKind::ZeroBubbleH1, p, rank, m, 1);
+        std::map<std::pair<PipeOp, int>, int> count;
+        std::vector<int> stage(size_t(m), 0);  // 0 none, 1 forward, 2 input, 3 weight
+        int next_weight = 0;
+        for (size_t i = 0; i < list.size(); ++i) {
+          const PipeInstr& in = list[i];
+          EXPECT_NE(in.op, PipeOp::Backward);
+          if (in.microbatch < 0) continue;
+          ++count[{in.op, in.microbatch}];
+          int& st = stage[size_t(in.microbatch)];
+          if (in.op == PipeOp::Forward) EXPECT_EQ(st++, 0);
+          if (in.op == PipeOp::BackwardInput) {
+            EXPECT_EQ(st++, 1);
+            if (rank < p - 1) EXPECT_EQ(list[i - 1].op, PipeOp::RecvGradient);
+            if (rank > 0) EXPECT_EQ(list[i + 1].op, PipeOp::SendGradient);
+          }
+          if (in.op == PipeOp::BackwardWeight) {
+            EXPECT_EQ(st++, 2);
+            EXPECT_EQ(in.microbatch, next_weight++);
+          }
+        }
+        for (int mb = 0; mb < m; ++mb) EXPECT_EQ(stage[size_t(mb)], 3) << "microbatch " << mb << " rank " << rank;
+        EXPECT_EQ(list.back().op, PipeOp::OptimizerStep);
+      }
+    }
+  EXPECT_NE(config_error([] { make_schedule(ScheduleKind::ZeroBubbleH1, 2, 0, 4, 2); }).find("virtual_stages=2"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ SimResult simulate_cached(ScheduleKind k, int p, int m, int v, const SimCosts& c
   static std::map<std::string, SimResult> cache;
   std::ostringstream key;
   key.precision(6);
-  key << int(k) << '/' << p << '/' << m << '/' << v << '/' << costs.transfer;
+  key << int(k) << '/' << p << '/' << m << '/' << v << '/' << costs.transfer << '/' << costs.weight_share;
   for (size_t i = 0; i < costs.forward_per_rank.size(); ++i)
     key << '/' << costs.forward_per_rank[i] << ':' << costs.backward_per_rank[i];
   auto it = cache.find(key.str());
@@ -52,7 +52,10 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
         stages[size_t(busiest)].fwd_total() + stages[size_t(busiest)].bwd_total())
       busiest = r;
   }
-  const ScheduleKind kind = l.virtual_stages > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
+  const ScheduleKind kind = parse_schedule(layout_config(w, l).parallel.schedule, "parallel.schedule");
+  // A split backward's weight part: the layers' matrix products, twice their
+  // forward's; the attention core's backward is all input gradient.
+  costs.weight_share = 1 - 3 * w.attention_flops_per_token / w.layer_flops_per_token;
   const double n = double(l.micro_batch) * w.cfg.seq_len();
   const double msg = n * w.cfg.model.d_model * (w.cfg.precision.dtype == Precision::FP32 ? 4 : 2) /
                      (l.sequence_parallel ? l.tp : 1);

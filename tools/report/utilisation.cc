@@ -81,7 +81,8 @@ RankUtilisation rank_utilisation(const RankTrace& r) {
 }  // namespace
 
 Part span_part(const std::string& n) {
-  if (n == "forward" || n == "backward" || n == "recompute" || n == "fault_delay") return Part::Compute;
+  if (n == "forward" || n == "backward" || n == "backward_weight" || n == "recompute" || n == "fault_delay")
+    return Part::Compute;
   if (n == "tp_all_reduce" || n == "tp_all_gather" || n == "tp_reduce_scatter") return Part::TpComm;
   if (n == "optimizer") return Part::Optimizer;
   if (n == "data_wait") return Part::DataWait;
