@@ -31,6 +31,20 @@ TEST(FindStraggler, ComparesTheSlowestWithTheMedianOfTheOthers) {
   EXPECT_DOUBLE_EQ(f.ratio, 1);
 }
 
+// An even number of others: their median is the mean of the two middle
+// times. Either middle alone gives another ratio (with the upper one, the
+// first case would not pass a metrics.straggler_ratio of 3.5).
+TEST(FindStraggler, EvenOthersTakeTheMeanOfTheTwoMiddles) {
+  StragglerFinding f = find_straggler({8, 20, 48, 10, 14});
+  EXPECT_EQ(f.rank, 2);
+  EXPECT_DOUBLE_EQ(f.ms, 48);
+  EXPECT_DOUBLE_EQ(f.ratio, 4);  // 48 / ((10 + 14) / 2); the lower middle gives 4.8, the upper 3.43
+  // The middles far apart, listed in another order: (10 + 30) / 2 = 20.
+  f = find_straggler({30, 90, 2, 10, 1000});
+  EXPECT_EQ(f.rank, 4);
+  EXPECT_DOUBLE_EQ(f.ratio, 50);  // the upper middle would give 33.3, the lower 100
+}
+
 TEST(StragglerDetector, OneRankChecksItselfAndKeepsTheLastValues) {
   auto grid = ProcessGrid::single();
   MetricsConfig mc;
