@@ -47,6 +47,7 @@ class MpiGrid final : public ProcessGrid {
   Communicator& dp_grads() override { return *dp_grads_; }
   Communicator& embedding() override { return *embedding_; }
   CommTrace* trace() override { return opts_.trace; }
+  BusyPoll busy_poll() const override { return opts_.busy_poll; }
 
  private:
   std::unique_ptr<Communicator> make(MPI_Comm comm, const char* name);

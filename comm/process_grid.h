@@ -63,6 +63,9 @@ class ProcessGrid {
   virtual Communicator& embedding() = 0;
   // The record of this rank's recent operations (comm/comm_trace.h); null for single().
   virtual CommTrace* trace() { return nullptr; }
+  // How this rank's MPI channels poll while waited on: CommOptions::busy_poll
+  // as create_mpi resolved Auto for this rank's node (Off for single(), which has no channels).
+  virtual BusyPoll busy_poll() const { return BusyPoll::Off; }
 
  protected:
   GridShape shape_;

@@ -104,9 +104,13 @@ void check_world(const Launch& launch, int world) {
 
 // "ranks: 4 on 2 nodes (2 per node), started by srun in Slurm job 17", and
 // where a node runs more compute threads than it has CPUs, which and what
-// that does to communication waits (comm.busy_poll).
-void print_placement(const Launch& launch, const MpiRuntime& mpi, int compute_threads, const std::string& busy_poll) {
+// that does to communication waits: what `grid`'s channels do there, as
+// ProcessGrid::create_mpi decided it (comm.busy_poll=auto: sleep between
+// polls), not what the config asked for.
+void print_placement(const Launch& launch, const MpiRuntime& mpi, int compute_threads, ProcessGrid& grid) {
   const NodeLayout at = mpi.node_layout(compute_threads);  // collective: every rank computes it
+  const double crowded_polling =  // ranks on crowded nodes whose channels busy-poll (collective too)
+      grid.world().all_reduce_sum(at.crowded() && grid.busy_poll() == BusyPoll::On ? 1 : 0);
   if (mpi.world_rank() != 0) return;
   const std::string per_node = at.min_per_node == at.max_per_node
                                    ? str_cat(at.max_per_node, " per node")
@@ -118,7 +122,7 @@ void print_placement(const Launch& launch, const MpiRuntime& mpi, int compute_th
     crowded = str_cat("; more compute threads than CPUs on ", at.crowded_nodes, " node", at.crowded_nodes > 1 ? "s" : "",
                       " (", at.worst_ranks, " rank", at.worst_ranks > 1 ? "s" : "", ", ", at.worst_threads, " thread",
                       at.worst_threads > 1 ? "s" : "", ", ", at.worst_cpus, " CPU", at.worst_cpus > 1 ? "s" : "", ")",
-                      busy_poll == "auto" ? ", so communication waits there sleep between polls" : "");
+                      crowded_polling == 0 ? ", so communication waits there sleep between polls" : "");
   std::printf("ranks: %d on %d node%s (%s), started by %s%s%s\n", mpi.world_size(), at.nodes, at.nodes > 1 ? "s" : "",
               per_node.c_str(), by, job.c_str(), crowded.c_str());
   std::fflush(stdout);
@@ -169,12 +173,12 @@ int train(const TrainArgs& args, MpiRuntime* mpi, const Launch& launch) {
 
   std::unique_ptr<ProcessGrid> grid;
   if (mpi) {
-    print_placement(launch, *mpi, omp_get_max_threads(), cfg.comm.busy_poll);
     LinkModel link{cfg.comm.latency_us, cfg.comm.bandwidth_gbps};
     // A transfer-failure fault is injected by the link decorator, so it must be present.
     if (cfg.faults.kind == FaultKind::FailTransfer && !link.active()) link.latency_us = 1e-3;
     grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp},
                                    comm_options(cfg, comm_trace_dir(cfg)), link);
+    print_placement(launch, *mpi, omp_get_max_threads(), *grid);
   }
   try {
     // SIGTERM or SIGUSR1 from here on stops the run at a step boundary with a checkpoint (runtime/preemption.h).

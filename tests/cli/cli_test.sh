@@ -122,8 +122,9 @@ case $case in
     # The placement line: two one-thread ranks with a CPU each say no more;
     # confined to one CPU (taskset) they share it, and the line names the
     # crowded node and says that communication waits sleep between polls
-    # (comm.busy_poll=auto turns busy polling off there); with
-    # comm.busy_poll=on it names the node only.
+    # (comm.busy_poll=auto turns busy polling off there: the line says what
+    # the channels do, not what the config asked); with comm.busy_poll=on
+    # it names the node only, with off it says the same as auto.
     command -v mpirun >/dev/null && command -v taskset >/dev/null ||
       { echo "SKIP [$case]: mpirun or taskset is not installed"; exit 77; }
     prepare_data
@@ -154,6 +155,10 @@ case $case in
     run2 taskset -c 0 -- --bind-to none -- --set comm.busy_poll=on
     grep -qx "ranks: 2 on 1 node (2 per node), started by mpirun; more compute threads than CPUs on 1 node (2 ranks, 2 threads, 1 CPU)" out.txt ||
       die "two ranks on one CPU, comm.busy_poll=on: $(grep -m 1 '^ranks' out.txt)"
+    echo "ok [$case]: $(grep -m 1 '^ranks' out.txt)"
+    run2 taskset -c 0 -- --bind-to none -- --set comm.busy_poll=off
+    grep -qx "ranks: 2 on 1 node (2 per node), started by mpirun; more compute threads than CPUs on 1 node (2 ranks, 2 threads, 1 CPU), so communication waits there sleep between polls" out.txt ||
+      die "two ranks on one CPU, comm.busy_poll=off: $(grep -m 1 '^ranks' out.txt)"
     echo "ok [$case]: $(grep -m 1 '^ranks' out.txt)" ;;
   corrupt_checkpoint)
     prepare_data

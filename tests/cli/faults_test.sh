@@ -2,7 +2,11 @@
 # Faults a long run meets, tried as a user would (docs/reliability.md):
 #   skip_dp2, skip_pp2   faults.kind=nan_grad poisons rank 1's gradient at step 3: every rank
 #                        skips that update (the step-3 checkpoint's parameters equal step 2's,
-#                        metrics.jsonl says skipped), and training goes on with finite losses
+#                        metrics.jsonl says skipped), and training goes on with finite losses.
+#                        Under dp2 rank 0's gradient norm is its own and finite: it skips only
+#                        because the ranks vote (under pp2 the stages sum the norm). Ranks that
+#                        do not agree end up in different collectives: comm.timeout_s=10 ends
+#                        such a run, and the case's own 45 s bound a hang (ctest's is 60 s)
 #   limit_dp2, limit_pp2 the poison persists: the run stops after train.max_nonfinite_steps
 #                        with one line naming the step, the parameter and the rank, exit 1,
 #                        and every checkpoint left holds finite values only
@@ -39,6 +43,10 @@ prepare_data() {
 }
 data=(--set data.train=data/debug/train)
 mpi=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe)
+# The non-finite cases' runs take a few seconds; ranks that stop agreeing fail within these bounds.
+vote_bounds=(timeout 45) vote_sets=(--set comm.timeout_s=10)
+# vote_rc RC: dies when the run hung (killed by vote_bounds).
+vote_rc() { [ "$1" != 124 ] || die "the run hung (killed after 45 s): do the ranks still agree on the skip? $(tail -3 err.txt)"; }
 need_mpirun() { command -v mpirun >/dev/null || { echo "skip [$case]: mpirun is not installed"; exit 77; }; }
 
 # params_of CKPT_STEP_DIR OUT: the checkpoint's parameters as one safetensors file.
@@ -87,16 +95,19 @@ skip_case() {
   need_mpirun
   prepare_data
   rm -rf ck m.jsonl
-  "${mpi[@]}" "$xirang" train "$cfg" "${data[@]}" "$@" --set train.steps=5 --set checkpoint.dir=ck \
-    --set checkpoint.every=1 --set checkpoint.keep=10 --set metrics.jsonl=m.jsonl --set faults.kind=nan_grad \
-    --set faults.rank=1 --set faults.step=3 >out.txt 2>err.txt || die "the run failed: $(tail -3 err.txt)"
+  "${vote_bounds[@]}" "${mpi[@]}" "$xirang" train "$cfg" "${data[@]}" "${vote_sets[@]}" "$@" --set train.steps=5 \
+    --set checkpoint.dir=ck --set checkpoint.every=1 --set checkpoint.keep=10 --set metrics.jsonl=m.jsonl \
+    --set faults.kind=nan_grad --set faults.rank=1 --set faults.step=3 >out.txt 2>err.txt
+  rc=$?
+  vote_rc $rc
+  [ "$rc" = 0 ] || die "the run failed: $(grep -m 2 '^xirang: ' err.txt || tail -3 err.txt)"
   grep -q "injecting fault 'nan_grad' at step 3" err.txt || die "the fault was not injected: $(cat err.txt)"
   grep -qE "^step 3: update skipped .*non-finite gradient of parameter '[^']+' \(on rank 1\)" err.txt ||
     die "no skip line naming the parameter: $(cat err.txt)"
   [ "$(skipped_steps m.jsonl)" = "3 " ] || die "skipped steps '$(skipped_steps m.jsonl)', expected '3 '"
   [ "$(wc -l <m.jsonl)" = 5 ] || die "expected 5 metrics lines, got $(wc -l <m.jsonl)"
   ! grep -qiE '"loss":(nan|null|inf)' m.jsonl || die "a non-finite loss was logged: $(cat m.jsonl)"
-  # Rank 0 saw no NaN: it skipped only because the vote said so. Its parameters did not move.
+  # Under dp2 rank 0 saw no NaN: it skipped only because the vote said so. Its parameters did not move.
   params_of ck/step_00000002 p2
   params_of ck/step_00000003 p3
   params_of ck/step_00000004 p4
@@ -111,10 +122,11 @@ limit_case() {
   need_mpirun
   prepare_data
   rm -rf ck
-  "${mpi[@]}" "$xirang" train "$cfg" "${data[@]}" "$@" --set train.steps=10 --set checkpoint.dir=ck \
-    --set checkpoint.every=1 --set checkpoint.keep=10 --set faults.kind=nan_grad --set faults.rank=1 \
-    --set faults.step=3 --set faults.steps=100 >out.txt 2>err.txt
+  "${vote_bounds[@]}" "${mpi[@]}" "$xirang" train "$cfg" "${data[@]}" "${vote_sets[@]}" "$@" --set train.steps=10 \
+    --set checkpoint.dir=ck --set checkpoint.every=1 --set checkpoint.keep=10 --set faults.kind=nan_grad \
+    --set faults.rank=1 --set faults.step=3 --set faults.steps=100 >out.txt 2>err.txt
   rc=$?
+  vote_rc $rc
   [ "$rc" = 1 ] || die "exit code $rc, expected 1: $(tail -3 err.txt)"
   [ "$(grep -c '^xirang: ' err.txt)" = 1 ] || die "expected one error line, got: $(grep '^xirang: ' err.txt)"
   grep -qE "^xirang: .*training stopped at step 5: 3 steps in a row skipped for non-finite values \(train\.max_nonfinite_steps=3\); the first, step 3: non-finite gradient of parameter '[^']+' \(on rank 1\)" err.txt ||

@@ -146,12 +146,10 @@ TEST(ProcessGridMpi, MismatchedShapeIsAConfigError) {
   check_grid(*g, GridShape{.dp = w, .tp = 1, .pp = 1});
 }
 
-// world_node_layout on one node: every rank is on it, the compute threads
-// add up, the CPUs are the union of the ranks' affinity masks (gathered
-// here and OR-ed as a reference) within any CPU quota, and a node is
-// crowded exactly when its threads outnumber those CPUs.
-TEST(NodeLayout, CountsTheNodesRanksThreadsAndCpus) {
-  const int w = world_size(), r = world_rank();
+// The CPUs of this (single) node's ranks: the union of their affinity
+// masks (gathered here and OR-ed), within any CPU quota. Collective.
+int node_cpus_reference() {
+  const int w = world_size();
   std::vector<uint64_t> mine = affinity_words();
   int words = int(mine.size()), max_words = 0;
   MPI_Allreduce(&words, &max_words, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -162,6 +160,42 @@ TEST(NodeLayout, CountsTheNodesRanksThreadsAndCpus) {
   for (size_t i = 0; i < every.size(); ++i) any[i % mine.size()] |= every[i];
   int cpus = count_cpus(any);
   if (const int quota = cgroup_cpu_quota(); quota > 0) cpus = std::min(cpus, quota);
+  return cpus;
+}
+
+std::string mode(BusyPoll b) { return b == BusyPoll::On ? "on" : b == BusyPoll::Off ? "off" : "auto"; }
+
+// comm.busy_poll=auto: the grid's channels busy-poll where the node's
+// compute threads fit its CPUs, and sleep between polls where they do not
+// (the polls would take a CPU from the rank being waited for). A thousand
+// threads per rank crowd any node; one per rank fits where there are as
+// many CPUs as ranks (np2 on two CPUs), else it is crowded too. An explicit
+// mode is kept either way.
+TEST(ProcessGridMpi, AutoBusyPollIsOffOnACrowdedNodeAndOnElsewhere) {
+  const int w = world_size(), cpus = node_cpus_reference();
+  const GridShape s{.dp = w, .tp = 1, .pp = 1};
+  for (const int threads : {1, 1000}) {
+    SCOPED_TRACE(str_cat(threads, " threads per rank, ", w, " ranks, ", cpus, " CPUs"));
+    CommOptions o = kOpts;
+    o.compute_threads = threads;
+    o.busy_poll = BusyPoll::Auto;
+    const BusyPoll want = threads * w > cpus ? BusyPoll::Off : BusyPoll::On;
+    EXPECT_EQ(mode(ProcessGrid::create_mpi(s, o)->busy_poll()), mode(want));
+    for (const BusyPoll fixed : {BusyPoll::On, BusyPoll::Off}) {
+      o.busy_poll = fixed;
+      EXPECT_EQ(mode(ProcessGrid::create_mpi(s, o)->busy_poll()), mode(fixed));
+    }
+  }
+  EXPECT_EQ(mode(ProcessGrid::single()->busy_poll()), "off");
+}
+
+// world_node_layout on one node: every rank is on it, the compute threads
+// add up, the CPUs are the union of the ranks' affinity masks (gathered
+// here and OR-ed as a reference) within any CPU quota, and a node is
+// crowded exactly when its threads outnumber those CPUs.
+TEST(NodeLayout, CountsTheNodesRanksThreadsAndCpus) {
+  const int w = world_size(), r = world_rank();
+  const int cpus = node_cpus_reference();
 
   for (const int threads : {1, 3, 1000}) {
     SCOPED_TRACE(threads);

@@ -12,7 +12,7 @@ layout=(-np 3) fault=$kind batch=6
 traces=traces_$kind
 rm -rf "$traces"
 start=$(date +%s)
-timeout 120 "$mpiexec" "${layout[@]}" --oversubscribe "$xirang" train "$src/configs/gpt2_debug.yaml" \
+timeout 75 "$mpiexec" "${layout[@]}" --oversubscribe "$xirang" train "$src/configs/gpt2_debug.yaml" \
   --set train.global_batch=$batch --set train.micro_batch=1 --set train.steps=6 \
   --set data.train="$data/train" --set comm.timeout_s=$timeout_s --set comm.trace_dir="$traces" \
   $([ "$kind" = hang_pp2 ] && echo --set parallel.pp=2) \
@@ -21,7 +21,7 @@ rc=$?
 elapsed=$(( $(date +%s) - start ))
 cat err.txt
 [ $rc -ne 0 ] || { echo "FAIL: the job succeeded despite the fault"; exit 1; }
-[ $rc -ne 124 ] || { echo "FAIL: the job hung (killed by the test's own 120 s timeout)"; exit 1; }
+[ $rc -ne 124 ] || { echo "FAIL: the job hung (killed by the test's own 75 s timeout)"; exit 1; }
 case $kind in
   kill) pattern='signal 9|Killed|killed' ;;
   hang) pattern="did not complete within $timeout_s s.*collective #[0-9]+ of this dp channel.*comm_trace.rank[02].json" ;;

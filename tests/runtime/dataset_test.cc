@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -246,6 +247,31 @@ TEST_F(DatasetCorruption, FlippedTokenByteFailsChecksum) {
   patch_file(shard_, kShardHeaderBytes + 10, &b, 1);
   TokenDataset ds = TokenDataset::open(dir_);  // headers are still consistent
   expect_data_error([&] { ds.verify_checksums(); }, "shard '" + shard_ + "' is corrupt: checksum mismatch");
+}
+
+// Every shard is checked, not just the first: a flipped byte in the last
+// one is named, after the shards before it were hashed.
+TEST_F(DatasetCorruption, FlippedTokenByteInALaterShardFailsChecksum) {
+  const size_t shards = TokenDataset::open(dir_).index().shards.size();
+  ASSERT_GE(shards, 3u);
+  char name[32];
+  std::snprintf(name, sizeof name, "shard_%05zu.bin", shards - 1);
+  const std::string last = (fs::path(dir_) / name).string();
+  ASSERT_TRUE(fs::exists(last)) << last;
+  unsigned char b;
+  {
+    std::ifstream f(last, std::ios::binary);
+    f.seekg(kShardHeaderBytes + 1);
+    f.read(reinterpret_cast<char*>(&b), 1);
+  }
+  b ^= 0x40;
+  patch_file(last, kShardHeaderBytes + 1, &b, 1);
+  TokenDataset ds = TokenDataset::open(dir_);
+  int64_t hashed = 0, total = 0;
+  expect_data_error([&] { ds.verify_checksums([&](int64_t done, int64_t all) { hashed = done, total = all; }); },
+                    "shard '" + last + "' is corrupt: checksum mismatch");
+  EXPECT_GT(hashed, 0);  // the shards before it passed
+  EXPECT_LT(hashed, total);
 }
 
 TEST_F(DatasetCorruption, OutOfVocabTokenInShardFailsRead) {
