@@ -84,9 +84,16 @@ TEST_F(EnergyMeterTest, SamplesPowerWhereTheCounterIsNotSupported) {
   const double t2 = sw.seconds() - t1;
   ASSERT_TRUE(e);
   const double expected = 100 * t1 + 300 * t2;  // W x s
-  EXPECT_NEAR(e->joules, expected, 0.05 * expected);
+  // The trapezoid between the readings around the change misplaces up to
+  // 100 W over one gap between readings; on a loaded machine the sampler
+  // runs late, and the gaps it actually had bound the error (ignoring the
+  // change, 20 J of 40, stays outside it unless a gap exceeds 0.1 s).
+  double gap = 0;
+  __atomic_load(&fake_->max_power_read_gap_s, &gap, __ATOMIC_RELAXED);
+  const double tol = 0.02 * expected + 200 * gap;
+  EXPECT_NEAR(e->joules, expected, tol) << "longest gap between readings " << gap << " s";
   EXPECT_NEAR(e->joules_per_token, e->joules / 1000, 1e-12);
-  EXPECT_NEAR(e->avg_watts, expected / (t1 + t2), 0.05 * expected / (t1 + t2));
+  EXPECT_NEAR(e->avg_watts, expected / (t1 + t2), tol / (t1 + t2));
   EXPECT_GT(__atomic_load_n(&fake_->power_reads, __ATOMIC_RELAXED), 10);
 }
 

@@ -3,6 +3,8 @@
 // fixed power reading, and results the test chooses (fake_nvml.h).
 #include "tests/runtime/fake_nvml.h"
 
+#include <time.h>
+
 #include <cstring>
 
 namespace {
@@ -59,6 +61,12 @@ __attribute__((visibility("default"))) int nvmlDeviceGetTotalEnergyConsumption(v
 __attribute__((visibility("default"))) int nvmlDeviceGetPowerUsage(void* device, unsigned* mw) {
   if (device != &dummy_device) return 2;
   ++state.power_reads;
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const double now = double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  if (state.last_power_read_s > 0 && now - state.last_power_read_s > state.max_power_read_gap_s)
+    state.max_power_read_gap_s = now - state.last_power_read_s;
+  state.last_power_read_s = now;
   if (state.power_result != 0) return state.power_result;
   *mw = state.power_mw;
   return 0;

@@ -14,6 +14,9 @@ struct FakeNvmlState {
   unsigned long long mj_per_read = 0;
   unsigned power_mw = 0;             // what every power reading returns
   int energy_reads = 0, power_reads = 0;
+  // When the power was last read and the longest time between two reads
+  // (CLOCK_MONOTONIC seconds): how late a loaded machine ran the sampler.
+  double last_power_read_s = 0, max_power_read_gap_s = 0;
   int inits = 0, shutdowns = 0;
   char bus_id[64] = "";              // the last bus id a handle was asked for
 };
