@@ -111,6 +111,7 @@ void MetricsLog::write(const StepMetrics& m) {
   if (fields_.straggler) {
     j["slowest_rank"] = m.slowest_rank;
     j["straggler_ratio"] = m.straggler_ratio;
+    j["straggler_extra_ms"] = m.straggler_extra_ms;
   }
   if (fields_.baseline) j["below_baseline"] = m.below_baseline;
   if (m.energy) {

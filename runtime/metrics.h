@@ -68,6 +68,7 @@ struct StepMetrics {
   // Set by the step observers (runtime/step_observer.h) on the steps they check:
   int slowest_rank = -1;          // world rank with the longest compute time at the last straggler check (-1: none yet)
   double straggler_ratio = 0;     // its compute time over the median rank's (0: not checked yet)
+  double straggler_extra_ms = 0;  // its compute time less the median rank's (0: not checked yet)
   bool below_baseline = false;    // tokens/s has stayed below metrics.baseline's tolerance band
   // metrics.op_profile: time and calls per kind of op this step (core/timeline.h OpKind).
   std::optional<OpTimes> ops;
@@ -78,7 +79,7 @@ struct StepMetrics {
 // The fields of metrics.jsonl that only some runs have: those of the step
 // observers that are on.
 struct JsonlFields {
-  bool straggler = false;  // slowest_rank, straggler_ratio (metrics.straggler_every > 0)
+  bool straggler = false;  // slowest_rank, straggler_ratio, straggler_extra_ms (metrics.straggler_every > 0)
   bool baseline = false;   // below_baseline (metrics.baseline set)
   bool ops = false;        // op_ms, op_calls (metrics.op_profile)
 };

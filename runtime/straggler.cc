@@ -32,6 +32,7 @@ StragglerFinding find_straggler(const std::vector<double>& ms_per_rank) {
   others.erase(others.begin() + f.rank);
   const double med = median(others);
   f.ratio = med > 0 ? f.ms / med : 0;
+  f.extra_ms = f.ms - med;
   return f;
 }
 
@@ -46,6 +47,7 @@ void StragglerDetector::on_step(StepMetrics& m) {
   if (every_ > 0 && m.step % every_ == 0) check(m.step);
   m.slowest_rank = last_.rank;
   m.straggler_ratio = last_.ratio;
+  m.straggler_extra_ms = last_.extra_ms;
 }
 
 void StragglerDetector::check(int step) {

@@ -4,9 +4,10 @@
 // of two doubles on the world communicator, their compute time (forward +
 // backward, the median over the steps since the last check, so that one
 // step preempted on a loaded machine does not count) and their step time.
-// Each rank then knows the slowest rank and its ratio to the median of the
-// other ranks (with two ranks: the other one), and writes both into the
-// step's metrics (slowest_rank, straggler_ratio; kept between checks).
+// Each rank then knows the slowest rank, its ratio to the median of the
+// other ranks (with two ranks: the other one) and its milliseconds over
+// that median, and writes them into the step's metrics (slowest_rank,
+// straggler_ratio, straggler_extra_ms; kept between checks).
 // Compute time, not step time: a step ends together on every rank (the
 // reductions wait for the slowest), while compute is each rank's own.
 // When one rank stays above metrics.straggler_ratio for
@@ -30,6 +31,7 @@ struct StragglerFinding {
   int rank = -1;
   double ms = 0;     // its time
   double ratio = 0;  // ms over the others' median (0 when that is 0, or with one rank: 1)
+  double extra_ms = 0;  // ms less the others' median (0 with one rank): what the others wait for it
 };
 StragglerFinding find_straggler(const std::vector<double>& ms_per_rank);
 

@@ -132,7 +132,15 @@ nlohmann::ordered_json energy_json(const EnergySummary& e) {
 }
 
 void print_advice(const Summary& s, const Advice& a) {
-  if (a.significant)
+  if (a.straggler) {
+    const Straggler& st = *a.straggler;
+    std::printf("\nbottleneck: straggler rank %d (+%.2f ms %s a step over the other ranks' median", st.rank, st.extra_ms,
+                st.cause == Part::DataWait ? "data wait" : "compute");
+    if (st.rank != 0)
+      std::printf("; rank 0's wait for it shows as %s, %.1f%% of the step", part_name(st.waits_in),
+                  100 * s.share[int(st.waits_in)]);
+    std::printf(")\n");
+  } else if (a.significant)
     std::printf("\nbottleneck: %s (%.1f%% of the step)\n", part_name(a.bottleneck), 100 * s.share[int(a.bottleneck)]);
   else
     std::printf("\nbottleneck: none (compute-bound)\n");
@@ -228,6 +236,20 @@ nlohmann::ordered_json utilisation_json(const Utilisation& u) {
   return {{"trace", u.source}, {"first_step", u.first_step}, {"last_step", u.last_step}, {"ranks", std::move(ranks)}};
 }
 
+// The straggler the bottleneck names, or null.
+nlohmann::ordered_json straggler_json(const std::optional<Straggler>& st) {
+  if (!st) return nullptr;
+  using J = nlohmann::ordered_json;
+  return {{"rank", st->rank},
+          {"cause", part_key(st->cause)},
+          {"extra_ms", st->extra_ms},
+          {"ratio", st->ratio > 0 ? J(st->ratio) : J()},
+          {"extra_ms_estimated", st->estimated},
+          {"evidence", st->evidence},
+          {"rank0_waits_in", st->rank != 0 ? J(part_key(st->waits_in)) : J()},
+          {"rank0_wait_ms", st->rank != 0 ? J(st->wait_ms) : J()}};
+}
+
 nlohmann::ordered_json summary_json(const Run& run, const Summary& s, const Advice& a) {
   nlohmann::ordered_json j = {{"metrics", run.metrics_path},
                               {"config", run.config_path.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(run.config_path)},
@@ -243,6 +265,7 @@ nlohmann::ordered_json summary_json(const Run& run, const Summary& s, const Advi
     j["breakdown"][part_key(Part(p))] = {{"ms", s.ms[p]}, {"share", s.share[p]}};
   j["bottleneck"] = {{"part", a.significant ? nlohmann::ordered_json(part_key(a.bottleneck)) : nlohmann::ordered_json()},
                      {"share", s.share[int(a.bottleneck)]},
+                     {"straggler", straggler_json(a.straggler)},
                      {"advice", a.lines}};
   return j;
 }
@@ -282,7 +305,10 @@ TraceUtilisation trace_utilisation(const Run& run, const std::string& given) {
 int run_report(const ReportArgs& args) {
   const Run run = load_run(args.run, args.config, args.overrides);
   const Summary s = summarise(run);
-  const Advice a = advise(s, run.config ? &*run.config : nullptr);
+  const TraceUtilisation tu = trace_utilisation(run, args.trace);
+  const std::optional<Utilisation>& util = tu.util;
+  const std::optional<Straggler> straggler = find_straggler(run, s, util ? &*util : nullptr);
+  const Advice a = advise(s, run.config ? &*run.config : nullptr, straggler);
   std::optional<Comparison> cmp;
   std::string base_path;
   if (!args.baseline.empty()) {
@@ -290,8 +316,6 @@ int run_report(const ReportArgs& args) {
     base_path = base.metrics_path;
     cmp = compare(s, summarise(base), args.tolerance);
   }
-  const TraceUtilisation tu = trace_utilisation(run, args.trace);
-  const std::optional<Utilisation>& util = tu.util;
   const OpProfile ops = op_profile(run);
   const EnergySummary energy = energy_summary(run);
   std::optional<PlotResult> plots;

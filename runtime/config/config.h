@@ -89,7 +89,7 @@ struct CommConfig {
 struct FaultConfig {
   FaultKind kind = FaultKind::None;
   int rank = 0;
-  int step = 0;
+  int step = 0;         // 0: unset; slow_rank then starts at step 1, the other kinds need it
   double delay_ms = 0;  // slow_rank: extra compute time of that rank in every step from `step` on
   int steps = 1;        // nan_grad: poison that rank's gradient in `steps` steps from `step` on
 };

@@ -252,10 +252,12 @@ void check_checkpoint(const Validator& v, const CheckpointConfig& ck) {
     v.fail_rule("checkpoint.resume is empty: use auto, none, or the path of a checkpoint step directory");
 }
 
-void check_faults(const Validator& v, const FaultConfig& f, int world_size) {
+void check_faults(const Validator& v, FaultConfig& f, int world_size) {
   if (f.kind == FaultKind::None) return;
   if (f.rank < 0 || f.rank >= world_size)
     v.fail_rule(str_cat("faults.rank=", f.rank, " is not a rank of this world (0..", world_size - 1, ")"));
+  // A slow device is slow from the start: slow_rank's step defaults to 1.
+  if (f.kind == FaultKind::SlowRank && f.step == 0) f.step = 1;
   v.at_least("faults.step", f.step, 1);
   v.non_negative("faults.delay_ms", f.delay_ms);
   v.at_least("faults.steps", f.steps, 1);

@@ -16,3 +16,15 @@ expect_error() {
   grep -qE "$pattern" err.txt || die "error line does not match /$pattern/: $(cat err.txt)"
   echo "ok [$case]: $(cat err.txt)"
 }
+
+# json_eval FILE JS_EXPR PY_EXPR: prints the expression evaluated on the JSON
+# object `j` in FILE, with node (tools/setup.sh installs it) or python3.
+json_eval() {
+  if command -v node >/dev/null; then
+    node -e "const j = JSON.parse(require('fs').readFileSync('$1', 'utf8')); console.log($2)"
+  elif command -v python3 >/dev/null; then
+    python3 -c "import json; j = json.load(open('$1')); print($3)"
+  else
+    echo "SKIP [$case]: neither node nor python3"; exit 77
+  fi
+}

@@ -28,18 +28,6 @@ prepare_runs() {
     --set metrics.jsonl=slow/metrics.jsonl >/dev/null 2>err.txt || die "slow run failed: $(cat err.txt)"
 }
 
-# json_eval FILE JS_EXPR PY_EXPR: prints the expression evaluated on the JSON
-# object `j` in FILE, with node (tools/setup.sh installs it) or python3.
-json_eval() {
-  if command -v node >/dev/null; then
-    node -e "const j = JSON.parse(require('fs').readFileSync('$1', 'utf8')); console.log($2)"
-  elif command -v python3 >/dev/null; then
-    python3 -c "import json; j = json.load(open('$1')); print($3)"
-  else
-    echo "SKIP [$case]: neither node nor python3"; exit 77
-  fi
-}
-
 # The part rows of the step-time table: name, ms, share.
 part_rows() { sed -n '/^part  *ms  *share$/,/^total /p' "$1" | sed '1d;$d'; }
 

@@ -535,6 +535,17 @@ TEST_F(ConfigValidate, BooleansAreTrueOrFalse) {
   }
 }
 
+TEST_F(ConfigValidate, SlowRankStartsAtStepOneByDefault) {
+  Config c = base({"faults.kind=slow_rank", "faults.delay_ms=150"});
+  validate(c, 1);
+  EXPECT_EQ(c.faults.step, 1);
+  c = base({"faults.kind=slow_rank", "faults.delay_ms=150", "faults.step=3"});
+  validate(c, 1);
+  EXPECT_EQ(c.faults.step, 3);
+  // The other kinds still need their step.
+  expect_invalid({"faults.kind=kill"}, 1, {"faults.step=0 must be >= 1"});
+}
+
 TEST_F(ConfigValidate, EmptyResumePath) {
   expect_invalid({"checkpoint.resume="}, 1, {"checkpoint.resume is empty", "auto, none"});
 }

@@ -22,13 +22,16 @@ TEST(FindStraggler, ComparesTheSlowestWithTheMedianOfTheOthers) {
   EXPECT_EQ(f.rank, 2);
   EXPECT_DOUBLE_EQ(f.ms, 40);
   EXPECT_DOUBLE_EQ(f.ratio, 4);  // the others' median is 10
+  EXPECT_DOUBLE_EQ(f.extra_ms, 30);
   // Two ranks: against the other one, not their mean (which would give 1.6).
   f = find_straggler({10, 40});
   EXPECT_EQ(f.rank, 1);
   EXPECT_DOUBLE_EQ(f.ratio, 4);
+  EXPECT_DOUBLE_EQ(f.extra_ms, 30);
   f = find_straggler({7});
   EXPECT_EQ(f.rank, 0);
   EXPECT_DOUBLE_EQ(f.ratio, 1);
+  EXPECT_DOUBLE_EQ(f.extra_ms, 0);
 }
 
 // An even number of others: their median is the mean of the two middle
@@ -62,6 +65,7 @@ TEST(StragglerDetector, OneRankChecksItselfAndKeepsTheLastValues) {
     d.on_step(n);
     EXPECT_EQ(n.slowest_rank, 0);
     EXPECT_EQ(n.straggler_ratio, 1);
+    EXPECT_EQ(n.straggler_extra_ms, 0);
   }
 }
 

@@ -1,5 +1,6 @@
 // The dominant bottleneck and what to change, computed from the run and its
 // config; the comparison with a baseline run.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -11,9 +12,6 @@
 namespace xirang::tools::report {
 
 namespace {
-
-// A part under this share of the step is not worth a recommendation.
-constexpr double kSignificant = 0.05;
 
 std::string fmt(const char* f, double a, double b = 0, double c = 0) {
   char buf[256];
@@ -119,26 +117,85 @@ void other_advice(Part p, const Config* cfg, std::vector<std::string>& out) {
   }
 }
 
+void part_advice(Part p, const Summary& s, const Config* cfg, std::vector<std::string>& out) {
+  switch (p) {
+    case Part::PpBubble: bubble_advice(s, cfg, out); break;
+    case Part::DpExposed: dp_advice(s, cfg, out); break;
+    case Part::DataWait: data_advice(s, cfg, out); break;
+    case Part::CkptStall: ckpt_advice(s, cfg, out); break;
+    default: other_advice(p, cfg, out);
+  }
+}
+
+// The straggler is the cause; the part rank 0 waits in is its symptom, and
+// that part's own advice (smaller buckets, more microbatches) moves work
+// around the wait without shortening it.
+void straggler_advice(const Summary& s, const Config* cfg, const Straggler& st, std::vector<std::string>& out) {
+  const std::string who = "rank " + std::to_string(st.rank);
+  const std::string ratio = st.ratio > 0 ? fmt(" (%.2f x)", st.ratio) : "";
+  out.push_back(who +
+                (st.cause == Part::DataWait
+                     ? fmt(" waits %.2f ms a step longer for its input than the median of the other ranks", st.extra_ms)
+                     : fmt(" computes %.2f ms a step longer than the median of the other ranks", st.extra_ms)) +
+                ratio + ", " + st.evidence +
+                (st.estimated ? "; estimated from straggler_ratio and rank 0's compute (the metrics predate "
+                                "straggler_extra_ms)"
+                              : ""));
+  const std::string not_tuning =
+      "bucket or overlap tuning (parallel.bucket_mb, parallel.overlap_grad_reduce) will not recover it";
+  if (st.rank == 0)
+    out.push_back("the other ranks wait for it (not in rank 0's metrics; a trace, metrics.trace, shows each rank's "
+                  "parts): " + not_tuning);
+  else {
+    const std::string waits = std::string("rank 0's wait for it shows as ") + part_name(st.waits_in) +
+                              fmt(", %.2f ms a step: ", st.wait_ms) + not_tuning;
+    if (st.waits_in == Part::PpBubble)
+      out.push_back(waits + ", nor will more microbatches or an interleaved schedule: the pipeline moves at its "
+                            "slowest stage's pace");
+    else if (st.waits_in == Part::DpExposed)
+      out.push_back(waits + ", since the last bucket waits for " + who + "'s gradients however early the first starts");
+    else
+      out.push_back(waits + ", since it waits for " + who + "'s work");
+  }
+  if (st.cause == Part::DataWait)
+    out.push_back("find why its input is slower: its storage or its host's load; data.loader_threads and "
+                  "data.prefetch_max help only where its loader, not its storage, is the limit");
+  else
+    out.push_back("find what slows " + who + ": other processes on its host or device (its cpu_wait_ms), a slower or "
+                  "throttled device; or, for a pipeline stage with more work than the others, rebalance the stages");
+  if (cfg && cfg->faults.kind == FaultKind::SlowRank && cfg->faults.rank == st.rank)
+    out.push_back(fmt("the run's config injects it: faults.kind=slow_rank, faults.rank=%.0f, faults.delay_ms=%g",
+                      double(st.rank), cfg->faults.delay_ms));
+  // Where the straggler explains less than half of the wait, the rest is
+  // worth the part's own advice. (Not for less: on a loaded machine the wait
+  // also holds the straggler's other delays, which no tuning recovers either.)
+  const double rest = st.wait_ms - st.extra_ms;
+  if (st.rank != 0 && rest >= std::max(st.extra_ms, kSignificant * s.step_ms)) {
+    out.push_back(std::string("beyond the straggler, ") + part_name(st.waits_in) +
+                  fmt(" still takes %.2f ms a step:", rest));
+    part_advice(st.waits_in, s, cfg, out);
+  }
+}
+
 }  // namespace
 
-Advice advise(const Summary& s, const Config* cfg) {
+Advice advise(const Summary& s, const Config* cfg, const std::optional<Straggler>& straggler) {
   Advice a;
   double best = -1;
   for (int p = 1; p < kParts; ++p)
     if (s.share[p] > best) best = s.share[p], a.bottleneck = Part(p);
   a.significant = best >= kSignificant;
+  if (straggler) {
+    a.straggler = straggler;
+    straggler_advice(s, cfg, *straggler, a.lines);
+    return a;
+  }
   if (!a.significant) {
     a.lines.push_back(fmt("no part besides compute takes %.0f%% of the step (the largest, ", 100 * kSignificant) +
                       part_name(a.bottleneck) + fmt(", takes %.1f%%): the run is compute-bound", 100 * best));
     return a;
   }
-  switch (a.bottleneck) {
-    case Part::PpBubble: bubble_advice(s, cfg, a.lines); break;
-    case Part::DpExposed: dp_advice(s, cfg, a.lines); break;
-    case Part::DataWait: data_advice(s, cfg, a.lines); break;
-    case Part::CkptStall: ckpt_advice(s, cfg, a.lines); break;
-    default: other_advice(a.bottleneck, cfg, a.lines);
-  }
+  part_advice(a.bottleneck, s, cfg, a.lines);
   return a;
 }
 

@@ -70,6 +70,10 @@ StepRow parse_row(const nlohmann::json& j) {
   if (auto it = j.find("avg_watts"); it != j.end() && it->is_number()) r.avg_watts = it->get<double>();
   if (auto it = j.find("energy_source"); it != j.end() && it->is_string()) r.energy_source = it->get<std::string>();
   if (auto it = j.find("backend"); it != j.end() && it->is_string()) r.backend = it->get<std::string>();
+  if (auto it = j.find("slowest_rank"); it != j.end() && it->is_number_integer()) r.slowest_rank = it->get<int>();
+  r.straggler_ratio = number(j, "straggler_ratio");
+  if (auto it = j.find("straggler_extra_ms"); it != j.end() && it->is_number())
+    r.straggler_extra_ms = it->get<double>();
   // metrics.op_profile (tools/report/ops.cc): the kinds this version knows.
   if (auto ms = j.find("op_ms"); ms != j.end() && ms->is_object()) {
     r.has_ops = true;

@@ -5,7 +5,8 @@
 //
 //   Run run = load_run("runs/demo");                 // dir or metrics.jsonl
 //   Summary s = summarise(run);                       // skips step 1 (warm-up)
-//   Advice a = advise(s, run.config ? &*run.config : nullptr);
+//   std::optional<Straggler> st = find_straggler(run, s, nullptr);  // or a trace's Utilisation
+//   Advice a = advise(s, run.config ? &*run.config : nullptr, st);
 //   Comparison c = compare(s, summarise(load_run("runs/base")), 0.05);
 #pragma once
 
@@ -25,6 +26,8 @@ namespace xirang::tools::report {
 // named ones: host work the trainer does not time (bookkeeping, logging).
 enum class Part { Compute, Optimizer, DataWait, DpExposed, TpComm, PpBubble, PpExposed, CkptStall, Unaccounted };
 inline constexpr int kParts = 9;
+// A part, or a straggler's extra time, under this share of the step is not worth a recommendation.
+inline constexpr double kSignificant = 0.05;
 const char* part_name(Part p);   // "data wait"
 const char* part_key(Part p);    // "data_wait" (JSON, plots)
 
@@ -41,6 +44,12 @@ struct StepRow {
   std::optional<double> joules_per_token, avg_watts;
   std::string energy_source;  // "nvml energy counter", "nvml power samples"
   std::string backend;        // "cpu", "cuda"; empty in files written before the field
+  // metrics.straggler_every: the last check's slowest world rank (-1: no
+  // check yet or none in the file), its compute over the other ranks'
+  // median as a ratio and in ms (unset in files written before the field).
+  int slowest_rank = -1;
+  double straggler_ratio = 0;
+  std::optional<double> straggler_extra_ms;
 };
 
 struct Run {
@@ -71,12 +80,44 @@ struct Summary {
 };
 Summary summarise(const Run& run);
 
+struct Utilisation;  // tools/report/trace.h
+
+// One rank that holds the others back: its own work (compute, or its wait
+// for input) is longer than the other ranks' median, and they spend the
+// difference waiting for it (in dp comm, the pipeline bubble, tp or pp
+// transfers), where no tuning of those parts recovers it. Found in the
+// straggler checks metrics.jsonl carries (metrics.straggler_every; compute
+// only), else in a trace's per-rank parts (compute and data wait).
+struct Straggler {
+  int rank = -1;               // world rank
+  Part cause = Part::Compute;  // Compute (forward + backward) or DataWait (its input)
+  double extra_ms = 0;         // a step, over the other ranks' median
+  double ratio = 0;            // its time over that median (0: the median is 0)
+  bool estimated = false;      // extra_ms from straggler_ratio x rank 0's compute (metrics before straggler_extra_ms)
+  std::string evidence;        // "named by 2 of 2 straggler checks (metrics.straggler_every)", "traced steps 2-4"
+  // Where rank 0 waits for it (when rank 0 is not the straggler): the
+  // largest of its waiting parts, and that part's ms a step.
+  Part waits_in = Part::Unaccounted;
+  double wait_ms = 0;
+};
+// The straggler, if the run has one that matters: the same rank above the
+// ratio (the run's metrics.straggler_ratio, else 1.3) in at least two
+// checks and in more than half of the checks of the summarised steps, its
+// extra time at least kSignificant of the step, and rank 0 (when it is not
+// the straggler) waiting at least half of that time. Without checks in the
+// metrics, `u` (a trace's utilisation, or null) gives the ranks' compute
+// over the traced steps; data waits come from `u` only.
+std::optional<Straggler> find_straggler(const Run& run, const Summary& s, const Utilisation* u);
+
 struct Advice {
   Part bottleneck = Part::Unaccounted;
   bool significant = false;          // its share is worth acting on
+  // Set: the bottleneck is this rank, the others' wait (in `bottleneck` on
+  // rank 0) is its symptom, and the lines name it instead of tuning the part.
+  std::optional<Straggler> straggler;
   std::vector<std::string> lines;    // concrete suggestions from the run and its config
 };
-Advice advise(const Summary& s, const Config* cfg);
+Advice advise(const Summary& s, const Config* cfg, const std::optional<Straggler>& straggler = std::nullopt);
 
 struct PartDelta {
   Part part;
