@@ -92,14 +92,15 @@ MetricsLog::~MetricsLog() {
 
 void MetricsLog::write(const StepMetrics& m) {
   if (!f_) return;
-  nlohmann::ordered_json j = {{"step", m.step},
-                      {"loss", m.loss},
-                      {"lr", m.lr},
-                      {"grad_norm", m.grad_norm},
-                      {"tokens_per_s", m.tokens_per_s},
-                      {"mfu", m.mfu}};
-  for (const StepField& f : step_fields()) j[f.key] = m.*f.value;
-  j["data_prefetch_depth"] = m.data_prefetch_depth;
+  nlohmann::ordered_json j = {
+      {"step", m.step}, {"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm}, {"tokens_per_s", m.tokens_per_s}};
+  // The step's times in the table's order, mfu after step_ms and the
+  // loader's depth after its wait (the order metrics.jsonl always had).
+  for (const StepField& f : step_fields()) {
+    j[f.key] = m.*f.value;
+    if (f.kind == StepField::Kind::Total) j["mfu"] = m.mfu;
+    if (f.part == StepPart::DataWait) j["data_prefetch_depth"] = m.data_prefetch_depth;
+  }
   j["loss_scale"] = m.loss_scale;
   j["skipped"] = m.skipped;
   j["peak_tflops"] = peak_.flops / 1e12;

@@ -353,7 +353,8 @@ void assign_node(const Field& f, const std::string& dotted, const YAML::Node& va
   assign(f, dotted, value.Scalar(), where);
 }
 
-void apply_yaml(Config& c, const YAML::Node& root, const std::string& source) {
+// `skip`: a section whose keys are not applied (model, under an override's preset).
+void apply_yaml(Config& c, const YAML::Node& root, const std::string& source, const std::string& skip = "") {
   std::vector<Section> sections = schema(c);
   if (root.IsNull()) return;  // an empty file: every default
   if (!root.IsMap())
@@ -377,7 +378,7 @@ void apply_yaml(Config& c, const YAML::Node& root, const std::string& source) {
     if (section == nullptr)
       config_fail(str_cat(where_of(source, name_node), ": unknown section '", name, "' (known sections: ",
                           join_sections(sections), ")"));
-    if (body.IsNull()) continue;  // "metrics:" with nothing under it
+    if (body.IsNull() || name == skip) continue;  // "metrics:" with nothing under it
     if (!body.IsMap())
       config_fail(str_cat(where_of(source, body), ": section '", name, "' must be a mapping of keys (",
                           join_keys(*section), "), got ", node_kind(body)));
@@ -416,8 +417,10 @@ void apply_yaml(Config& c, const YAML::Node& root, const std::string& source) {
 }
 
 // model.preset fills every model field before the other keys, wherever it
-// is written: the file's value, then the overrides' in order (the last wins).
-void apply_preset(Config& c, const YAML::Node& root, const std::vector<std::string>& overrides,
+// is written: the file's value, then the overrides' in order (the last
+// wins). Returns whether an override named it: that preset replaces the
+// file's whole model section, and only the overrides change it.
+bool apply_preset(Config& c, const YAML::Node& root, const std::vector<std::string>& overrides,
                   const std::string& source) {
   std::string name, where;
   if (root.IsMap()) {
@@ -428,17 +431,29 @@ void apply_preset(Config& c, const YAML::Node& root, const std::vector<std::stri
     }
   }
   constexpr std::string_view kKey = "model.preset=";
+  bool from_override = false;
   for (const std::string& item : overrides)
     if (item.starts_with(kKey)) {
       name = item.substr(kKey.size());
       where = str_cat("override '", item, "'");
+      from_override = true;
     }
-  if (name.empty()) return;
+  if (name.empty()) return from_override;
   try {
     c.model = find_model_preset(name).dims;
   } catch (const Error& e) {
     config_fail(str_cat(where, ": ", e.what()));
   }
+  return from_override;
+}
+
+// A preset belongs to one architecture: model.arch set to another contradicts it.
+void check_preset_arch(const ModelDims& m, const std::string& source) {
+  if (m.preset.empty()) return;
+  const ModelPreset& p = find_model_preset(m.preset);
+  if (p.dims.arch != m.arch)
+    config_fail(str_cat(source, ": model.preset=", m.preset, " is a model.arch=", p.dims.arch, " model (", p.what,
+                        "), but model.arch=", m.arch));
 }
 
 void apply_override(Config& c, const std::string& item) {
@@ -502,9 +517,10 @@ Config parse_config(const std::string& yaml_text, const std::vector<std::string>
     config_fail(str_cat(source, ": YAML syntax error at line ", e.mark.line + 1, ", column ", e.mark.column + 1,
                         ": ", e.msg));
   }
-  apply_preset(c, root, overrides, source);
-  apply_yaml(c, root, source);
+  const bool preset_overridden = apply_preset(c, root, overrides, source);
+  apply_yaml(c, root, source, preset_overridden ? "model" : "");
   for (const std::string& item : overrides) apply_override(c, item);
+  check_preset_arch(c.model, source);
   c.source = source;
   c.yaml = emit_yaml(c);
   return c;

@@ -54,13 +54,6 @@ class Validator {
 void check_model(const Validator& v, const ModelDims& m) {
   if (!model_arch_known(m.arch))
     v.fail_rule(str_cat("model.arch='", m.arch, "' is not supported (supported: ", model_arch_names(), ")"));
-  if (!m.preset.empty()) {
-    // Unknown names stop at parsing (config.cc's apply_preset); a preset belongs to one architecture.
-    const ModelPreset& p = find_model_preset(m.preset);
-    if (p.dims.arch != m.arch)
-      v.fail_rule(str_cat("model.preset=", m.preset, " is a model.arch=", p.dims.arch, " model (", p.what,
-                          "), but model.arch=", m.arch));
-  }
   v.at_least("model.n_layer", m.n_layer, 1);
   v.at_least("model.n_head", m.n_head, 1);
   v.at_least("model.d_model", m.d_model, 1);
@@ -135,6 +128,8 @@ void check_pipeline(const Validator& v, const Config& c) {
                         p.schedule, ")"));
   if (kind == ScheduleKind::Interleaved && p.virtual_stages < 2)
     v.fail_rule("parallel.schedule=interleaved needs parallel.virtual_stages >= 2");
+  if (kind == ScheduleKind::ZeroBubbleH1 && p.pp < 2)
+    v.fail_rule("parallel.schedule=zb_h1 needs parallel.pp >= 2 (one stage has no bubble for the split backward to fill)");
 
   const int64_t per_micro = int64_t{t.micro_batch} * p.dp;
   if (t.global_batch % per_micro != 0)

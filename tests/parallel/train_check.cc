@@ -216,19 +216,19 @@ int main(int argc, char** argv) {
     std::vector<float> params = flat_params(t);
 
     // The same layout with the --against overrides: bitwise the same losses and parameters on every rank.
-    int none_same = 1;
-    std::vector<double> none_losses;
+    int against_same = 1;
+    std::vector<double> against_losses;
     if (!args.against.empty()) {
-      Trainer plain(make_config(args, args.against, world), quiet, grid.get());
-      TrainResult pr = plain.run();
-      none_losses = pr.losses;
-      const std::vector<float> pp = flat_params(plain);
-      none_same = pp.size() == params.size() && std::memcmp(pp.data(), params.data(), pp.size() * 4) == 0 &&
+      Trainer other(make_config(args, args.against, world), quiet, grid.get());
+      TrainResult pr = other.run();
+      against_losses = pr.losses;
+      const std::vector<float> pp = flat_params(other);
+      against_same = pp.size() == params.size() && std::memcmp(pp.data(), params.data(), pp.size() * 4) == 0 &&
                   pr.losses.size() == r.losses.size() &&
                   std::memcmp(pr.losses.data(), r.losses.data(), r.losses.size() * sizeof(double)) == 0;
     }
-    int all_none_same = 0;
-    MPI_Allreduce(&none_same, &all_none_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    int all_against_same = 0;
+    MPI_Allreduce(&against_same, &all_against_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
 
     // Each rank compares its shards with the matching slices of the reference.
     ref_params.resize(ref_size);
@@ -350,9 +350,9 @@ int main(int argc, char** argv) {
       if (!args.against.empty()) {
         std::string other;
         for (const std::string& o : args.against) other += (other.empty() ? "" : " ") + o;
-        for (size_t i = 0; i < r.losses.size() && i < none_losses.size(); ++i)
-          std::printf("  step %2zu  loss %.17g  %s %.17g\n", i + 1, r.losses[i], other.c_str(), none_losses[i]);
-        check(all_none_same == 1, "per-step losses and every rank's parameters bitwise those of " + other +
+        for (size_t i = 0; i < r.losses.size() && i < against_losses.size(); ++i)
+          std::printf("  step %2zu  loss %.17g  %s %.17g\n", i + 1, r.losses[i], other.c_str(), against_losses[i]);
+        check(all_against_same == 1, "per-step losses and every rank's parameters bitwise those of " + other +
                                       " in the same layout");
       }
       if (ref_val && finished) {

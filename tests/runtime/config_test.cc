@@ -439,6 +439,9 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"train.micro_batch=0"}, 1, {"train.micro_batch=0 must be >= 1"}},
       {{"train.seq_len=-1"}, 1, {"train.seq_len=-1 must be >= 0"}},
       {{"train.seq_len=128"}, 1, {"train.seq_len=128 exceeds model.seq_len=64"}},
+      {{"parallel.schedule=zb_h1"}, 1, {"parallel.schedule=zb_h1 needs parallel.pp >= 2"}},
+      {{"parallel.schedule=zb_h1", "parallel.pp=2", "parallel.virtual_stages=2"}, 2,
+       {"parallel.virtual_stages=2 needs parallel.schedule=interleaved (got zb_h1)"}},
       {{"parallel.tp=0"}, 1, {"parallel.tp=0 must be >= 1"}},
       {{"parallel.pp=0"}, 1, {"parallel.pp=0 must be >= 1"}},
       {{"parallel.dp=-1"}, 1, {"parallel.dp=-1 must be >= 0"}},
@@ -569,11 +572,13 @@ TEST_F(ConfigValidate, PresetsFillTheModelAndKeysChangeIt) {
   EXPECT_EQ(c.model.rope.theta, 1e6);
   EXPECT_EQ(c.model.tie_embeddings, std::optional<bool>(true));
   EXPECT_EQ(parse_config(c.yaml).yaml, c.yaml);
-  // An override's preset replaces the file's, then the keys apply.
-  Config o = parse_config("model:\n  preset: gpt2_124m\n  n_layer: 3\n", {"model.preset=llama3.1_8b"});
+  // An override's preset replaces the file's whole model section; the overrides after it change it.
+  Config o = parse_config("model:\n  arch: gpt2\n  preset: gpt2_124m\n  n_layer: 3\n",
+                          {"model.preset=llama3.1_8b", "model.n_layer=4"});
   EXPECT_EQ(o.model.arch, "llama");
-  EXPECT_EQ(o.model.n_layer, 3);
+  EXPECT_EQ(o.model.n_layer, 4);
   EXPECT_EQ(o.model.kv_heads(), 8);
+  EXPECT_EQ(parse_config("model:\n  n_layer: 3\n", {"model.preset=llama3_8b"}).model.n_layer, 32);
   EXPECT_EQ(o.model.rope.scaling.type, RopeScaling::Type::Llama3);
   EXPECT_EQ(o.model.max_seq_len, 131072);
   // Every preset validates as it is.
@@ -591,9 +596,9 @@ TEST_F(ConfigValidate, PresetsFillTheModelAndKeysChangeIt) {
                                                      "qwen3_0.6b"});
   expect_parse_error("", {"override 'model.preset=gpt3': model.preset='gpt3' is not a preset"},
                      {"model.preset=gpt3"});
-  Config wrong = preset({"model.preset=llama3_8b", "model.arch=gpt2"});
-  expect_config_error([&] { validate(wrong, 1); },
-                      {"model.preset=llama3_8b is a model.arch=llama model (Llama 3 8B), but model.arch=gpt2"});
+  expect_parse_error("model:\n  preset: llama3_8b\n  arch: gpt2\n",
+                     {"test.yaml: model.preset=llama3_8b is a model.arch=llama model (Llama 3 8B), but model.arch=gpt2"});
+  expect_parse_error("", {"model.preset=qwen3_8b is a model.arch=qwen3 model"}, {"model.preset=qwen3_8b", "model.arch=llama"});
 }
 
 // The shipped configs parse, and the debug config fits every layout the

@@ -121,6 +121,31 @@ TEST(PlanTime, TermsAddUpAndRecomputeCosts) {
   EXPECT_GT(b.hardware_tflops, 1.2 * b.model_tflops);  // the layers' forward again: a third of their FLOPs
 }
 
+// ZB-H1 in the time model: the weight part is a layer's weight-gradient
+// products, M FLOPs per token (GPT-2: 24 h^2, as many as the forward's
+// products) of a backward of 2 (M + A) (A = 4 T h, the attention core's
+// forward), a share of 12 h / (24 h + 4 T); with W below F the bubble
+// shrinks, and the step with it.
+TEST(PlanTime, ZeroBubbleH1SplitsTheBackwardByItsProducts) {
+  Config c = load_config(kSrc + "/configs/gpt2_124m.yaml");
+  c.parallel.schedule = "zb_h1";
+  const Workload w = workload_of(c);
+  const double h = c.model.d_model, T = c.seq_len();
+  const Prediction zb = predict(w, parse_layout("dp=8,pp=2", {}), a100(), {});
+  std::string note;
+  for (const auto& [k, v] : zb.time.notes)
+    if (k == "zb_h1") note = v;
+  ASSERT_FALSE(note.empty());
+  double share = 0;
+  ASSERT_EQ(std::sscanf(note.c_str(), "weight part W = %lf", &share), 1) << note;
+  EXPECT_NEAR(share, 12 * h / (24 * h + 4 * T), 1e-4);
+  c.parallel.schedule = "1f1b";
+  const Prediction fb = predict(workload_of(c), parse_layout("dp=8,pp=2", {}), a100(), {});
+  EXPECT_LT(zb.time.pp_bubble_s, 0.6 * fb.time.pp_bubble_s);
+  EXPECT_LT(zb.time.step_s, fb.time.step_s);
+  EXPECT_DOUBLE_EQ(zb.time.forward_s + zb.time.backward_s, fb.time.forward_s + fb.time.backward_s);
+}
+
 // Selective recomputation runs each layer's attention core again (4 T H D
 // FLOPs per token, the model's own count) and its MLP activation: less than
 // a full forward, more than nothing, and its FLOPs are the core's alone.

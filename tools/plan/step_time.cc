@@ -53,9 +53,14 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
       busiest = r;
   }
   const ScheduleKind kind = parse_schedule(layout_config(w, l).parallel.schedule, "parallel.schedule");
-  // A split backward's weight part: the layers' matrix products, twice their
-  // forward's; the attention core's backward is all input gradient.
-  costs.weight_share = 1 - 3 * w.attention_flops_per_token / w.layer_flops_per_token;
+  // A split backward's weight part: the layers' weight-gradient products,
+  // as many FLOPs as their forward products (M per token); the backward is
+  // 2 (M + A) with A the attention core's forward, whose backward is all
+  // input gradient. The layer's FLOPs per token are 3 (M + A), so the share
+  // is M / (2 (M + A)). (Recomputation and the backward's collectives are
+  // in the input part: the share of a whole stage's backward is a little less.)
+  const double matrix = w.layer_flops_per_token / 3 - w.attention_flops_per_token;
+  costs.weight_share = matrix / (2 * w.layer_flops_per_token / 3);
   const double n = double(l.micro_batch) * w.cfg.seq_len();
   const double msg = n * w.cfg.model.d_model * (w.cfg.precision.dtype == Precision::FP32 ? 4 : 2) /
                      (l.sequence_parallel ? l.tp : 1);
@@ -75,6 +80,8 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
   t.notes.push_back({"pipeline", str_cat(schedule_name(kind), ", ", m, " microbatches, v=", l.virtual_stages,
                                          ": simulated makespan ", fmt("%.4g s", real.makespan), ", busiest stage ",
                                          busiest, " busy ", fmt("%.4g s", busy))});
+  if (kind == ScheduleKind::ZeroBubbleH1)
+    t.notes.push_back({"zb_h1", fmt("weight part W = %.4f of a backward", costs.weight_share)});
   t.notes.push_back({"pp transfer", fmt("%.4g MB per message, %.4g ms each", msg / 1e6, costs.transfer * 1e3)});
 }
 
