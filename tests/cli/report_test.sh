@@ -209,6 +209,9 @@ case $case in
     grep -q '16 microbatches (train.global_batch=16): simulated bubble 15.8%' out.txt || die "no more-microbatch advice"
     grep -q 'parallel.schedule=interleaved with parallel.virtual_stages=2: simulated bubble' out.txt ||
       die "no interleaved advice: $(sed -n '/^bottleneck/,$p' out.txt)"
+    # ZB-H1 at p = 4, m = 8 with F = B = W: 3 / (3 x 8 + 3) of the step.
+    grep -q 'parallel.schedule=zb_h1 (the backward split, its weight part filling the bubble): simulated bubble 11.1%' out.txt ||
+      die "no zb_h1 advice: $(sed -n '/^bottleneck/,$p' out.txt)"
     echo "ok [$case]" ;;
   baseline)
     prepare_runs

@@ -57,6 +57,16 @@ void bubble_advice(const Summary& s, const Config* cfg, std::vector<std::string>
       out.push_back(fmt("parallel.schedule=interleaved with parallel.virtual_stages=%.0f: simulated bubble %.1f%%",
                         double(v2), 100 * b));
   }
+  // The split backward fills the cool-down with weight-gradient work at
+  // 1F1B's peak of microbatches in flight (its activation plan is larger:
+  // docs/pipeline_schedules.md).
+  if (kind != ScheduleKind::ZeroBubbleH1 && v == 1) {
+    const double b = simulated_bubble(ScheduleKind::ZeroBubbleH1, p, m, 1);
+    if (b >= 0)
+      out.push_back(fmt("parallel.schedule=zb_h1 (the backward split, its weight part filling the bubble): simulated "
+                        "bubble %.1f%%, with about twice 1F1B's activation memory",
+                        100 * b));
+  }
 }
 
 void dp_advice(const Summary& s, const Config* cfg, std::vector<std::string>& out) {
