@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "tests/comm/completing_group.h"
-#include "tests/core/expect_error.h"
+#include "tests/support/expect_error.h"
 
 namespace xirang {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "core/arena.h"
 #include "core/error.h"
-#include "tests/core/expect_error.h"
+#include "tests/support/expect_error.h"
 
 namespace xirang {
 namespace {

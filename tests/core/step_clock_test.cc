@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "tests/core/expect_error.h"
+#include "tests/support/expect_error.h"
 
 namespace xirang {
 namespace {

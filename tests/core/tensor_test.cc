@@ -11,7 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "tests/core/expect_error.h"
+#include "tests/support/expect_error.h"
 #include "core/tensor.h"
 
 namespace xirang {

@@ -10,7 +10,7 @@
 #include <set>
 
 #include "models/gpt2/gpt2.h"
-#include "tests/core/expect_error.h"
+#include "tests/support/expect_error.h"
 
 namespace xirang {
 namespace {

@@ -11,7 +11,7 @@
 #include "models/llama/llama.h"
 #include "models/qwen3/qwen3.h"
 #include "models/qwen3/qwen3_files.h"
-#include "tests/core/expect_error.h"
+#include "tests/support/expect_error.h"
 
 namespace xirang {
 namespace {

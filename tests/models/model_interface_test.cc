@@ -9,7 +9,7 @@
 #include "core/rng.h"
 #include "models/gpt2/gpt2.h"
 #include "models/model.h"
-#include "tests/core/expect_error.h"
+#include "tests/support/expect_error.h"
 
 namespace xirang {
 namespace {

@@ -23,7 +23,7 @@
 #include "runtime/config/config.h"
 #include "runtime/trainer.h"
 #include "tests/runtime/golden_losses.h"
-#include "tests/runtime/temp_dir.h"
+#include "tests/support/temp_dir.h"
 #include "tests/runtime/trainer_fixture.h"
 
 namespace xirang {

@@ -24,8 +24,8 @@
 #include "comm/process_grid.h"
 #include "runtime/checkpoint/hdf5_check.h"
 #include "runtime/config/model_layout.h"
-#include "tests/core/expect_error.h"
-#include "tests/runtime/temp_dir.h"
+#include "tests/support/expect_error.h"
+#include "tests/support/temp_dir.h"
 
 namespace xirang::convert_test {
 

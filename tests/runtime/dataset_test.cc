@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "runtime/data/tokenizer.h"
 
-#include "tests/runtime/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace xirang {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "core/clock.h"
 #include "tests/runtime/fake_nvml.h"
-#include "tests/runtime/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace xirang {
 namespace {

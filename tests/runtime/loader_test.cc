@@ -25,7 +25,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/data/sampler.h"
 
-#include "tests/runtime/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace xirang {
 namespace {

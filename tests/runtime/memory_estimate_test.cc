@@ -15,7 +15,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/trainer.h"
-#include "tests/runtime/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace xirang {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "runtime/metrics.h"
-#include "tests/runtime/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace xirang {
 namespace {

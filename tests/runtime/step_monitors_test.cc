@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "runtime/baseline.h"
 #include "runtime/straggler.h"
-#include "temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace xirang {
 namespace {

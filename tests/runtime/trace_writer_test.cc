@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "runtime/trace_writer.h"
-#include "temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace xirang {
 namespace {

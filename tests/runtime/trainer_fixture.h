@@ -18,7 +18,7 @@
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/trainer.h"
-#include "tests/runtime/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 namespace xirang::trainer_testing {
 

@@ -1,4 +1,4 @@
-// tests/runtime/temp_dir.h: a fresh directory per test, removed when the
+// tests/support/temp_dir.h: a fresh directory per test, removed when the
 // test binary ends (TempDir() itself is shared by every test binary).
 //
 //   std::string dir = fresh_test_dir("shards");

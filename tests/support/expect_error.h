@@ -1,4 +1,4 @@
-// tests/core/expect_error.h: asserting on xirang::Error.
+// tests/support/expect_error.h: asserting on xirang::Error.
 //
 //   expect_error([&] { t.slice(3, 9); }, ErrorKind::Internal, {"slice", "[3, 9)"});
 #pragma once
