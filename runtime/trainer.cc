@@ -7,12 +7,8 @@
 #include "core/clock.h"
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
-#include "runtime/baseline.h"
 #include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/model_layout.h"
-#include "runtime/memory_estimate.h"
-#include "runtime/prometheus_exporter.h"
-#include "runtime/straggler.h"
 
 namespace xirang {
 
@@ -39,21 +35,14 @@ void upload(Tensor dst, const void* host) {
 
 TrainResult Trainer::run() {
   TrainResult result;
-  MetricsLog log(is_logger() ? cfg_.metrics.jsonl : std::string(), peak_,
-                 JsonlFields{cfg_.metrics.straggler_every > 0, !cfg_.metrics.baseline.empty(), cfg_.metrics.op_profile});
-  log.set_planned_bytes(plan_.total());
-  log.set_backend(device_ == Device::CPU ? "cpu" : "cuda");
-  if (energy_) log.set_energy_source(energy_source_name(energy_->source()));
-  ProgressLine progress(cfg_.train.steps, cfg_.metrics.log_every);
   if (opts_.print) print_run();
-  Stopwatch elapsed;
   const int last = last_step();
   for (int step = int(start_step_); step < last; ++step) {
     faults_->at_step(step + 1);
     ckpt_->poll();
     StepMetrics m;
     m.step = step + 1;
-    trace_->before_step(m.step, timeline_);
+    for (auto& o : observers_) o->on_step_begin(m.step);
     clock_.start();
     const RunQueueWait cpu_wait;
     const EnergySpan energy(energy_.get());  // the GPU's joules over the step (none on the CPU)
@@ -63,21 +52,7 @@ TrainResult Trainer::run() {
     sync_->finish(ctx_.cuda_stream);
     wait_step_transfers();
     if (faults_->poisons_gradient(step + 1)) inject_nan_grad(step + 1);
-    double local_loss = 0;
-    {
-      StepClock::Scope optimizer(&clock_, StepPart::Optimizer);
-      SpanScope optimizer_span(ctx_.timeline, "optimizer");
-      const double scale = loss_scale_.scale();
-      m.loss_scale = scale;
-      // The step's one host wait (on a device): the norm decides clipping and skipping.
-      m.grad_norm = sync_->grad_norm(ctx_, *opt_) / scale;
-      local_loss = take_local_loss();
-      device_times_ = {};
-      if (device_ != Device::CPU) exec_->take_device_times(device_times_);
-      m.lr = lr_at(cfg_.train, step);
-      m.skipped = skip_step(m.step, m.grad_norm, local_loss);
-      if (!m.skipped) update_parameters(m.lr, m.grad_norm, scale);
-    }
+    const double local_loss = optimizer_step(m, step);
     m.loss = global_loss(local_loss);
     if (ckpt_->due(m.step, last)) save_checkpoint(m);  // its stall is part of step_ms
     clock_.stop();
@@ -89,31 +64,46 @@ TrainResult Trainer::run() {
     // save) nests in it, however the thread is scheduled.
     add_span(ctx_.timeline, "step", Track::Main, clock_.started_at(), clock_.started_at() + m.step_ms / 1e3, -1, -1,
              m.step);
-    if (eval_due(m.step)) {
-      // Evaluation is no step's: its ops stay out of the step's profile.
-      SpanScope span(ctx_.timeline, "eval", Track::Main, -1, -1, m.step);
-      timeline_.set_profiling(false);
-      result.final_val_loss = m.val_loss = evaluate();
-      timeline_.set_profiling(cfg_.metrics.op_profile);
-    }
+    if (eval_due(m.step)) evaluate_after(m, result);
     if (timeline_.profiling()) m.ops = timeline_.take_ops();
     for (auto& o : observers_) o->on_step(m);
     record(result, m);
-    log.write(m);
-    if (opts_.print) progress.update(m, elapsed.seconds());
-    trace_->after_step(m.step, timeline_);
     // A preemption signal on any rank (agreed in skip_step's vote): every rank stops after this same step.
     if (m.step < last && stop_request_) {
       result.preempted = save_for_stop(stop_request_, m);
       break;
     }
   }
-  ckpt_->finish();
-  trace_->finish(timeline_);  // after the checkpoint writer: its span is in the window
+  ckpt_->finish();  // before the observers finish: the trace window holds the writer's span
   for (auto& o : observers_) o->on_finish();
-  if (opts_.print) progress.finish();
   if (result.preempted) report_stop(*result.preempted);
   return result;
+}
+
+// The gradient norm, the skip vote and the update: the optimizer's part of
+// the step. Returns this rank's loss (summed over the job by global_loss).
+double Trainer::optimizer_step(StepMetrics& m, int step) {
+  StepClock::Scope optimizer(&clock_, StepPart::Optimizer);
+  SpanScope optimizer_span(ctx_.timeline, "optimizer");
+  const double scale = loss_scale_.scale();
+  m.loss_scale = scale;
+  // The step's one host wait (on a device): the norm decides clipping and skipping.
+  m.grad_norm = sync_->grad_norm(ctx_, *opt_) / scale;
+  const double local_loss = take_local_loss();
+  device_times_ = {};
+  if (device_ != Device::CPU) exec_->take_device_times(device_times_);
+  m.lr = lr_at(cfg_.train, step);
+  m.skipped = skip_step(m.step, m.grad_norm, local_loss);
+  if (!m.skipped) update_parameters(m.lr, m.grad_norm, scale);
+  return local_loss;
+}
+
+// Evaluation is no step's: its time is outside step_ms and its ops stay out of the step's profile.
+void Trainer::evaluate_after(StepMetrics& m, TrainResult& result) {
+  SpanScope span(ctx_.timeline, "eval", Track::Main, -1, -1, m.step);
+  timeline_.set_profiling(false);
+  result.final_val_loss = m.val_loss = evaluate();
+  timeline_.set_profiling(cfg_.metrics.op_profile);
 }
 
 Preemption Trainer::save_for_stop(const StopRequest& stop, const StepMetrics& m) {

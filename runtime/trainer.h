@@ -47,7 +47,6 @@
 #include "runtime/preemption.h"
 #include "runtime/schedule.h"
 #include "runtime/step_observer.h"
-#include "runtime/trace_writer.h"
 
 namespace xirang {
 
@@ -152,6 +151,8 @@ class Trainer {
   void inject_nan_grad(int step);
   void update_parameters(double lr, double grad_norm, double scale);
   double global_loss(double local_loss);
+  double optimizer_step(StepMetrics& m, int step);
+  void evaluate_after(StepMetrics& m, TrainResult& result);
   void save_checkpoint(StepMetrics& m);
   void take_rates(StepMetrics& m, double step_ms) const;
   bool eval_due(int step) const;
@@ -187,7 +188,6 @@ class Trainer {
   // Spans (metrics.trace) and per-op times (metrics.op_profile); ctx_.timeline
   // points here when either is on.
   Timeline timeline_;
-  std::unique_ptr<TraceWindow> trace_;
   Device device_ = Device::CPU;
   KernelContext ctx_;  // the communication groups' kernel context
   DType model_dtype_ = DType::F32;

@@ -18,6 +18,7 @@
 #include "runtime/config/model_layout.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/prometheus_exporter.h"
+#include "runtime/step_watchers.h"
 #include "runtime/straggler.h"
 
 namespace xirang {
@@ -101,7 +102,6 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   if (cfg_.metrics.op_profile || !cfg_.metrics.trace.empty()) ctx_.timeline = &timeline_;
   ctx_.clock = &clock_;
   timeline_.set_profiling(cfg_.metrics.op_profile);
-  trace_ = std::make_unique<TraceWindow>(cfg_.metrics, *grid_);
   faults_ = std::make_unique<FaultInjector>(cfg_.faults, *grid_, device_);
   loss_scale_ = loss_scale_of(cfg_.precision, model_dtype_);
   build_schedule();
@@ -326,6 +326,15 @@ void Trainer::build_observers() {
   if (!cfg_.metrics.baseline.empty()) observers_.push_back(std::make_unique<BaselineMonitor>(cfg_.metrics, is_logger()));
   add_prometheus_exporter(observers_, cfg_.metrics, grid_->world_rank(),
                           {tokens_per_step(), double(plan_.total()), energy_ != nullptr});
+  // Then what the run writes as it goes: metrics.jsonl (world rank 0), the progress line, the trace window.
+  if (is_logger() && !cfg_.metrics.jsonl.empty())
+    observers_.push_back(std::make_unique<JsonlObserver>(
+        cfg_.metrics.jsonl, peak_,
+        JsonlFields{cfg_.metrics.straggler_every > 0, !cfg_.metrics.baseline.empty(), cfg_.metrics.op_profile},
+        plan_.total(), device_ == Device::CPU ? "cpu" : "cuda",
+        energy_ ? energy_source_name(energy_->source()) : std::string()));
+  if (opts_.print) observers_.push_back(std::make_unique<ProgressObserver>(cfg_.train.steps, cfg_.metrics.log_every));
+  observers_.push_back(std::make_unique<TraceObserver>(cfg_.metrics, *grid_, timeline_));
 }
 
 void Trainer::build_energy_meter() {
