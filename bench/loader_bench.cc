@@ -25,7 +25,7 @@
 #include "core/clock.h"
 #include "models/model.h"
 #include "runtime/data/loader.h"
-#include "runtime/metrics.h"
+#include "runtime/observe/metrics.h"
 
 using namespace xirang;
 

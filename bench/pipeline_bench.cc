@@ -26,7 +26,7 @@
 #include "runtime/comm_groups.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
-#include "runtime/schedule.h"
+#include "runtime/step/schedule.h"
 #include "runtime/trainer.h"
 
 using namespace xirang;

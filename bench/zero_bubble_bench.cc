@@ -35,7 +35,7 @@
 #include "core/rng.h"
 #include "runtime/comm_groups.h"
 #include "runtime/config/model_layout.h"
-#include "runtime/schedule.h"
+#include "runtime/step/schedule.h"
 #include "runtime/trainer.h"
 
 using namespace xirang;

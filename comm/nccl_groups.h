@@ -14,7 +14,7 @@
 //   pp_grads[c] own (c)  compute               input gradients, edge colour c
 //
 // The pipeline channels are order-matched queues, one per edge colour and
-// direction (runtime/pipeline.h, pipe_edge_color), each on a high-priority
+// direction (runtime/step/pipeline.h, pipe_edge_color), each on a high-priority
 // stream the groups own, so that a rank's four pipeline queues never wait on
 // one another.
 //

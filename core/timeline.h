@@ -1,6 +1,6 @@
 // core/timeline.h: what a step's time went to, at two grains: spans for the
 // trace (metrics.trace: one row per kind of activity, Chrome trace-event
-// JSON written by runtime/trace_writer.h) and time per kind of op
+// JSON written by runtime/observe/trace_writer.h) and time per kind of op
 // (metrics.op_profile: matmul, attention, ..., communication by group and
 // collective, summed per step into metrics.jsonl).
 //

@@ -45,7 +45,7 @@
 #include "models/parameter.h"
 #include "runtime/config/config.h"
 #include "runtime/faults.h"
-#include "runtime/optimizer.h"
+#include "runtime/step/optimizer.h"
 
 namespace xirang {
 

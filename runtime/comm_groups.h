@@ -28,7 +28,7 @@
 #include "comm/process_grid.h"
 #include "kernels/context.h"
 #include "runtime/config/config.h"
-#include "runtime/pipeline.h"
+#include "runtime/step/pipeline.h"
 
 namespace xirang {
 
@@ -53,10 +53,10 @@ class CommGroups {
   Communicator& tp() const { return *tp_; }
   Communicator& dp_grads() const { return *dp_grads_; }
   Communicator& embedding() const { return *embedding_; }
-  // The pipeline's transfer queues (runtime/pipeline.h).
+  // The pipeline's transfer queues (runtime/step/pipeline.h).
   const PipeChannels& pipe() const { return pipe_; }
   // This rank's GPU's PCI bus id ("0000:3B:00.0", cudaDeviceGetPCIBusId), by
-  // which NVML finds the same device (runtime/energy_meter.h); empty on the CPU.
+  // which NVML finds the same device (runtime/observe/energy_meter.h); empty on the CPU.
   const std::string& pci_bus_id() const { return pci_bus_id_; }
 
  private:

@@ -8,14 +8,14 @@
 #include "core/error.h"
 #include "kernels/group_table.h"
 #include "runtime/config/model_layout.h"
-#include "runtime/optimizer.h"
-#include "runtime/schedule.h"
+#include "runtime/step/optimizer.h"
+#include "runtime/step/schedule.h"
 
 namespace xirang {
 
 namespace {
 
-// Mirrors runtime/pipeline.cc (kGradBuffers, kSendBuffers).
+// Mirrors runtime/step/pipeline.cc (kGradBuffers, kSendBuffers).
 constexpr int kGradBuffers = 2, kSendBuffers = 2;
 
 DType model_dtype(const Config& c) {
@@ -77,7 +77,7 @@ void layout_executor(const RankModel& r, const Config& cfg, int pp_rank, Arena& 
   }
 }
 
-// GradSync's buckets over the flat parameter buffer (runtime/grad_sync.cc):
+// GradSync's buckets over the flat parameter buffer (runtime/step/grad_sync.cc):
 // this dp rank's pieces, as optimizer segments, and the shard's length.
 std::vector<OptimizerSegment> zero_segments(const std::vector<Parameter*>& params, const Config& cfg, int dp_rank,
                                             int64_t* shard_elems) {

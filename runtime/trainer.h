@@ -38,15 +38,15 @@
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
 #include "runtime/data/sampler.h"
-#include "runtime/energy_meter.h"
+#include "runtime/observe/energy_meter.h"
 #include "runtime/faults.h"
-#include "runtime/grad_sync.h"
-#include "runtime/metrics.h"
-#include "runtime/optimizer.h"
-#include "runtime/pipeline.h"
+#include "runtime/step/grad_sync.h"
+#include "runtime/observe/metrics.h"
+#include "runtime/step/optimizer.h"
+#include "runtime/step/pipeline.h"
 #include "runtime/preemption.h"
-#include "runtime/schedule.h"
-#include "runtime/step_observer.h"
+#include "runtime/step/schedule.h"
+#include "runtime/observe/step_observer.h"
 
 namespace xirang {
 

@@ -13,13 +13,13 @@
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
-#include "runtime/baseline.h"
+#include "runtime/observe/baseline.h"
 #include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/model_layout.h"
 #include "runtime/memory_estimate.h"
-#include "runtime/prometheus_exporter.h"
-#include "runtime/step_watchers.h"
-#include "runtime/straggler.h"
+#include "runtime/observe/prometheus_exporter.h"
+#include "runtime/observe/step_watchers.h"
+#include "runtime/observe/straggler.h"
 
 namespace xirang {
 
@@ -317,7 +317,7 @@ void Trainer::build_loader() {
   loader_ = std::make_unique<PrefetchLoader>(*train_data_, spec, lo);
 }
 
-// The metrics' exporters and monitors (runtime/step_observer.h), in the
+// The metrics' exporters and monitors (runtime/observe/step_observer.h), in the
 // order they see each step.
 void Trainer::build_observers() {
   observers_.clear();

@@ -21,7 +21,7 @@ namespace xirang {
 
 // parallel.schedule.
 // zb_h1: 1F1B with each backward split into its input- and weight-gradient
-// parts, the weight parts deferred into the cool-down (runtime/schedule.h).
+// parts, the weight parts deferred into the cool-down (runtime/step/schedule.h).
 enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
 // "gpipe", "1f1b", "interleaved", "zb_h1"; a Config error naming `where` otherwise.
 ScheduleKind parse_schedule(std::string_view name, std::string_view where);

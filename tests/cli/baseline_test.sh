@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# metrics.baseline (runtime/baseline.h): a run made slower on purpose
+# metrics.baseline (runtime/observe/baseline.h): a run made slower on purpose
 # (faults.kind=slow_rank on its one rank, about 4x a debug step) against the
 # metrics.jsonl of a normal run of the same config is flagged (the warning
 # line, below_baseline in its metrics.jsonl, the closing comparison); a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Straggler detection (runtime/straggler.h): with faults.kind=slow_rank one
+# Straggler detection (runtime/observe/straggler.h): with faults.kind=slow_rank one
 # rank computes faults.delay_ms longer every step (about 4x a debug step's
 # compute here); the detector must name that rank, by world rank and grid
 # coordinates, on every check and warn once its run of checks reaches

@@ -1,7 +1,7 @@
 // The energy meter against a fake NVML (fake_nvml.cc): joules and watts
 // from the energy counter, the power-sampling fallback where the counter is
 // not supported, and the reasons it gives when it cannot measure.
-#include "runtime/energy_meter.h"
+#include "runtime/observe/energy_meter.h"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// A stand-in for libnvidia-ml.so.1 with the calls runtime/energy_meter.cc
+// A stand-in for libnvidia-ml.so.1 with the calls runtime/observe/energy_meter.cc
 // makes: an energy counter that advances by a set amount at every read, a
 // fixed power reading, and results the test chooses (fake_nvml.h).
 #include "tests/runtime/fake_nvml.h"

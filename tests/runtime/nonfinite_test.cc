@@ -18,7 +18,7 @@
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/faults.h"
-#include "runtime/optimizer.h"
+#include "runtime/step/optimizer.h"
 #include "runtime/trainer.h"
 #include "tests/support/temp_dir.h"
 #include "tests/runtime/trainer_fixture.h"

@@ -1,6 +1,6 @@
 // The Prometheus endpoint: the exposition text (names, HELP and TYPE, base
 // units, labels, counters), which rank serves where, and the server.
-#include "runtime/prometheus_exporter.h"
+#include "runtime/observe/prometheus_exporter.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>

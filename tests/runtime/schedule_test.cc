@@ -2,7 +2,7 @@
 // interleaved 1F1B is well formed, the simulator runs them without deadlock at
 // the bubble the analysis predicts, 1F1B bounds activations in flight, and
 // unsupported combinations are Config errors that name the key.
-#include "runtime/schedule.h"
+#include "runtime/step/schedule.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// The table of the step's times (runtime/step_fields.h): one row per part
+// The table of the step's times (runtime/observe/step_fields.h): one row per part
 // of the step clock, keys that say their part and unit, every row written
 // to metrics.jsonl and documented in docs/metrics.md.
-#include "runtime/step_fields.h"
+#include "runtime/observe/step_fields.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/metrics.h"
+#include "runtime/observe/metrics.h"
 #include "tests/support/temp_dir.h"
 
 namespace xirang {

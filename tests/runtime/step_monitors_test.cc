@@ -1,6 +1,6 @@
 // The step observers' decisions on given numbers: the straggler detector's
-// choice of rank and ratio (runtime/straggler.h) and the baseline monitor's
-// start and end of a slow episode (runtime/baseline.h). The multi-rank and
+// choice of rank and ratio (runtime/observe/straggler.h) and the baseline monitor's
+// start and end of a slow episode (runtime/observe/baseline.h). The multi-rank and
 // command-line runs are in tests/parallel/straggler_test.sh and
 // tests/cli/baseline_test.sh.
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "runtime/baseline.h"
-#include "runtime/straggler.h"
+#include "runtime/observe/baseline.h"
+#include "runtime/observe/straggler.h"
 #include "tests/support/temp_dir.h"
 
 namespace xirang {

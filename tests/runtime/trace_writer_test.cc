@@ -1,4 +1,4 @@
-// The per-rank trace file (runtime/trace_writer.h): its metadata, one
+// The per-rank trace file (runtime/observe/trace_writer.h): its metadata, one
 // process per rank named by its coordinates, lanes that keep overlapping
 // transfers apart, microsecond times, and the trace window's opening and
 // closing. Multi-rank traces and `xirang trace merge` are tested in
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "runtime/trace_writer.h"
+#include "runtime/observe/trace_writer.h"
 #include "tests/support/temp_dir.h"
 
 namespace xirang {

@@ -19,7 +19,7 @@
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/faults.h"
-#include "runtime/optimizer.h"
+#include "runtime/step/optimizer.h"
 #include "runtime/trainer.h"
 #include "tests/runtime/golden_losses.h"
 #include "tests/support/temp_dir.h"

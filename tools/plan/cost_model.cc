@@ -10,7 +10,7 @@
 #include "models/model.h"
 #include "runtime/config/model_layout.h"
 #include "runtime/memory_estimate.h"
-#include "runtime/schedule.h"
+#include "runtime/step/schedule.h"
 #include "tools/plan/collectives.h"
 #include "tools/plan/stage_cost.h"
 

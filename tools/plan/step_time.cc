@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "runtime/memory_estimate.h"
-#include "runtime/schedule.h"
+#include "runtime/step/schedule.h"
 #include "tools/plan/collectives.h"
 #include "tools/plan/cost_model.h"
 #include "tools/plan/stage_cost.h"

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
-#include "runtime/schedule.h"
+#include "runtime/step/schedule.h"
 #include "tools/report/report.h"
 
 namespace xirang::tools::report {

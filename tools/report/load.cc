@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "runtime/step_fields.h"
+#include "runtime/observe/step_fields.h"
 #include "tools/report/report.h"
 
 namespace xirang::tools::report {

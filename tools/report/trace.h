@@ -1,7 +1,7 @@
 // tools/report/trace.h: metrics.trace's timeline traces, read back.
 //
 // A traced run leaves one Chrome trace-event file per rank
-// (DIR/rank_NNNNN.json, format "xirang-trace-1", runtime/trace_writer.h).
+// (DIR/rank_NNNNN.json, format "xirang-trace-1", runtime/observe/trace_writer.h).
 // `xirang trace merge` checks them against one another and writes one file
 // (format "xirang-trace-merged-1") with every rank's clock moved so that the
 // barrier before the first traced step is t = 0; `xirang report` reads

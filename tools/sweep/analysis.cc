@@ -8,8 +8,8 @@
 #include <set>
 
 #include "core/error.h"
-#include "runtime/schedule.h"
-#include "runtime/step_fields.h"
+#include "runtime/step/schedule.h"
+#include "runtime/observe/step_fields.h"
 #include "tools/sweep/sweep.h"
 
 namespace xirang::tools::sweep {

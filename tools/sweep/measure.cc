@@ -5,12 +5,12 @@
 #include <regex>
 
 #include "core/error.h"
-#include "runtime/step_fields.h"
+#include "runtime/observe/step_fields.h"
 #include "tools/sweep/sweep.h"
 
 namespace xirang::tools::sweep {
 
-// Every time of the step but step_ms itself (runtime/step_fields.h).
+// Every time of the step but step_ms itself (runtime/observe/step_fields.h).
 const std::vector<std::string>& breakdown_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k;

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "runtime/schedule.h"
+#include "runtime/step/schedule.h"
 #include "tools/gnuplot.h"
 #include "tools/sweep/sweep.h"
 

@@ -1,4 +1,4 @@
-#include "runtime/step_fields.h"
+#include "runtime/observe/step_fields.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-// runtime/prometheus_exporter.h: the Prometheus endpoint (metrics.prometheus).
+// runtime/observe/prometheus_exporter.h: the Prometheus endpoint (metrics.prometheus).
 //
 // A step observer that serves GET /metrics in the Prometheus text exposition
 // format (version 0.0.4) from a server thread (cpp-httplib). Each step
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "runtime/config/config.h"
-#include "runtime/step_observer.h"
+#include "runtime/observe/step_observer.h"
 
 namespace httplib {
 class Server;

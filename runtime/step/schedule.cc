@@ -1,4 +1,4 @@
-#include "runtime/schedule.h"
+#include "runtime/step/schedule.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-// runtime/step_fields.h: the step's times, named once.
+// runtime/observe/step_fields.h: the step's times, named once.
 //
 // Each duration a step reports (StepMetrics' *_ms fields) is one row here:
 // its metrics.jsonl key, its unit, what it holds, how it relates to
@@ -16,7 +16,7 @@
 #include <span>
 
 #include "core/step_clock.h"
-#include "runtime/metrics.h"
+#include "runtime/observe/metrics.h"
 
 namespace xirang {
 

@@ -1,4 +1,4 @@
-#include "runtime/baseline.h"
+#include "runtime/observe/baseline.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "runtime/step_fields.h"
+#include "runtime/observe/step_fields.h"
 
 namespace xirang {
 
@@ -21,7 +21,7 @@ struct Field {
   const char* key;
   double StepMetrics::*value;
 };
-// tokens/s first (the monitored one), then the step's times the table marks (runtime/step_fields.h).
+// tokens/s first (the monitored one), then the step's times the table marks (runtime/observe/step_fields.h).
 const std::vector<Field>& compared_fields() {
   static const std::vector<Field> fields = [] {
     std::vector<Field> v = {{"tokens_per_s", &StepMetrics::tokens_per_s}};

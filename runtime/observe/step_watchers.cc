@@ -1,4 +1,4 @@
-#include "runtime/step_watchers.h"
+#include "runtime/observe/step_watchers.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-// runtime/pipeline.h: runs one rank's pipeline instruction list.
+// runtime/step/pipeline.h: runs one rank's pipeline instruction list.
 //
 // The executor owns this rank's model chunks (one ModelChunk per virtual stage)
 // and two pipeline channels: activations travel forward on one, input
@@ -45,7 +45,7 @@
 #include "comm/communicator.h"
 #include "core/arena.h"
 #include "models/model.h"
-#include "runtime/schedule.h"
+#include "runtime/step/schedule.h"
 
 namespace xirang {
 

@@ -1,4 +1,4 @@
-#include "runtime/straggler.h"
+#include "runtime/observe/straggler.h"
 
 #include <algorithm>
 #include <cstdio>

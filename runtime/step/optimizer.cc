@@ -1,4 +1,4 @@
-#include "runtime/optimizer.h"
+#include "runtime/step/optimizer.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// runtime/metrics.h: per-step metrics, the JSON-lines log and the live
+// runtime/observe/metrics.h: per-step metrics, the JSON-lines log and the live
 // progress line.
 //
 //   MetricsLog log(cfg.metrics.jsonl, peak, {.straggler = true});  // empty path: no file
@@ -22,7 +22,7 @@ struct PeakFlops {
   std::string source;  // "config metrics.peak_tflops" or "measured sgemm"
 };
 
-// A step's energy on this rank's device (runtime/energy_meter.h).
+// A step's energy on this rank's device (runtime/observe/energy_meter.h).
 struct StepEnergy {
   double joules = 0;            // the whole device's energy over the step
   double joules_per_token = 0;  // joules over the tokens this rank processed in the step
@@ -65,7 +65,7 @@ struct StepMetrics {
   double loss_scale = 1;          // the fp16 loss scale the step ran with (1: none)
   bool skipped = false;           // gradients overflowed: no update this step
   std::optional<double> val_loss;
-  // Set by the step observers (runtime/step_observer.h) on the steps they check:
+  // Set by the step observers (runtime/observe/step_observer.h) on the steps they check:
   int slowest_rank = -1;          // world rank with the longest compute time at the last straggler check (-1: none yet)
   double straggler_ratio = 0;     // its compute time over the median rank's (0: not checked yet)
   double straggler_extra_ms = 0;  // its compute time less the median rank's (0: not checked yet)

@@ -1,4 +1,4 @@
-// runtime/baseline.h: this run's throughput against an earlier run's.
+// runtime/observe/baseline.h: this run's throughput against an earlier run's.
 //
 // metrics.baseline is the metrics.jsonl of an earlier run (of the same
 // config, normally). Its reference is the median over its steps after the
@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "runtime/config/config.h"
-#include "runtime/step_observer.h"
+#include "runtime/observe/step_observer.h"
 
 namespace xirang {
 

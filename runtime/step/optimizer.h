@@ -1,4 +1,4 @@
-// runtime/optimizer.h: AdamW, the learning-rate schedule and global-norm
+// runtime/step/optimizer.h: AdamW, the learning-rate schedule and global-norm
 // clipping.
 //
 // The optimizer updates a list of segments: (parameter view, gradient view,
@@ -6,7 +6,7 @@
 // bf16 or fp16) it keeps fp32 master weights per segment next to m and v,
 // updates those, and rounds the result into the model's parameters. Without ZeRO a segment is a whole parameter; with
 // ZeRO-1 it is the part of a parameter inside this rank's shard of a
-// gradient bucket (runtime/grad_sync.h builds them), so the optimizer state
+// gradient bucket (runtime/step/grad_sync.h builds them), so the optimizer state
 // it allocates is only this rank's share. A step is one grouped update
 // (kernels/adamw.h: one launch on CUDA over a chunk table carved with the
 // state; on the CPU the per-tensor update, segment by segment).

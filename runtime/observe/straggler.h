@@ -1,4 +1,4 @@
-// runtime/straggler.h: finds the rank that holds the others back.
+// runtime/observe/straggler.h: finds the rank that holds the others back.
 //
 // Every metrics.straggler_every steps all ranks exchange, in one all_gather
 // of two doubles on the world communicator, their compute time (forward +
@@ -22,7 +22,7 @@
 
 #include "comm/process_grid.h"
 #include "runtime/config/config.h"
-#include "runtime/step_observer.h"
+#include "runtime/observe/step_observer.h"
 
 namespace xirang {
 

@@ -1,4 +1,4 @@
-// runtime/grad_sync.h: data-parallel gradient reduction in buckets, and the
+// runtime/step/grad_sync.h: data-parallel gradient reduction in buckets, and the
 // ZeRO-1 sharding of the optimizer.
 //
 // The gradients live in one flat arena, in the parameters' order (forward
@@ -33,7 +33,7 @@
 #include "core/arena.h"
 #include "kernels/group_table.h"
 #include "models/parameter.h"
-#include "runtime/optimizer.h"
+#include "runtime/step/optimizer.h"
 
 namespace xirang {
 

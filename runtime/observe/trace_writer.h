@@ -1,4 +1,4 @@
-// runtime/trace_writer.h: metrics.trace's per-rank files.
+// runtime/observe/trace_writer.h: metrics.trace's per-rank files.
 //
 // While a trace window (metrics.trace_steps) is open, the rank's Timeline
 // keeps spans; when it closes, write_rank_trace() writes them as one Chrome

@@ -1,4 +1,4 @@
-#include "runtime/energy_meter.h"
+#include "runtime/observe/energy_meter.h"
 
 #include <dlfcn.h>
 

@@ -1,4 +1,4 @@
-#include "runtime/prometheus_exporter.h"
+#include "runtime/observe/prometheus_exporter.h"
 
 #include <httplib.h>
 #include <sys/socket.h>
@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "runtime/step_fields.h"
+#include "runtime/observe/step_fields.h"
 
 namespace xirang {
 
@@ -27,7 +27,7 @@ struct Gauge {
 constexpr double kMs = 1e-3;  // StepMetrics keeps milliseconds; Prometheus wants seconds
 
 // The order is the order of the text: these, the step's times
-// (runtime/step_fields.h), then kTailGauges.
+// (runtime/observe/step_fields.h), then kTailGauges.
 const Gauge kHeadGauges[] = {
     {"xirang_step", "Number of the last finished step (1-based).", [](const StepMetrics& m) { return double(m.step); }},
     {"xirang_tokens_per_second", "Tokens per second of the job over the last step.",

@@ -1,4 +1,4 @@
-// runtime/energy_meter.h: a GPU's energy, read through NVML.
+// runtime/observe/energy_meter.h: a GPU's energy, read through NVML.
 //
 // NVML is loaded at run time (dlopen), so the build needs neither its
 // headers nor its library, and a machine without the driver still runs.
@@ -25,7 +25,7 @@
 #include <string>
 #include <thread>
 
-#include "runtime/metrics.h"  // StepEnergy
+#include "runtime/observe/metrics.h"  // StepEnergy
 
 namespace xirang {
 

@@ -1,4 +1,4 @@
-#include "runtime/pipeline.h"
+#include "runtime/step/pipeline.h"
 
 #include <algorithm>
 #include <optional>

@@ -1,4 +1,4 @@
-#include "runtime/grad_sync.h"
+#include "runtime/step/grad_sync.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,8 +1,8 @@
-// runtime/schedule.h: pipeline schedules as data, and a simulator.
+// runtime/step/schedule.h: pipeline schedules as data, and a simulator.
 //
 // A schedule is a pure function of (pp size, stage, microbatches, virtual
 // stages) that returns one rank's ordered instruction list. The executor
-// (runtime/pipeline.h) runs it, the simulator below runs every rank's list
+// (runtime/step/pipeline.h) runs it, the simulator below runs every rank's list
 // together with given costs, and the memory plan sizes activation slots from
 // it: one representation for all three.
 //

@@ -1,4 +1,4 @@
-// runtime/step_observer.h: what watches the training steps as they end.
+// runtime/observe/step_observer.h: what watches the training steps as they end.
 //
 // The trainer calls each observer before each step begins and once the
 // step's metrics are complete, on every rank, in the order they were added:
@@ -16,7 +16,7 @@
 //   trainer_observers.push_back(std::make_unique<Printer>());
 #pragma once
 
-#include "runtime/metrics.h"
+#include "runtime/observe/metrics.h"
 
 namespace xirang {
 

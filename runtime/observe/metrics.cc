@@ -1,4 +1,4 @@
-#include "runtime/metrics.h"
+#include "runtime/observe/metrics.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #include "core/device_memory.h"
 #include "kernels/elementwise.h"
 #include "kernels/matmul.h"
-#include "runtime/step_fields.h"
+#include "runtime/observe/step_fields.h"
 
 namespace xirang {
 

@@ -1,5 +1,5 @@
-// runtime/step_watchers.h: the step observers that write what a run shows
-// as it goes (runtime/step_observer.h): metrics.jsonl, the progress line on
+// runtime/observe/step_watchers.h: the step observers that write what a run shows
+// as it goes (runtime/observe/step_observer.h): metrics.jsonl, the progress line on
 // stderr, and the trace window (metrics.trace).
 //
 //   observers.push_back(std::make_unique<JsonlObserver>(cfg.metrics.jsonl, peak, fields, plan.total(), "cpu", ""));
@@ -13,9 +13,9 @@
 
 #include "core/clock.h"
 #include "core/timeline.h"
-#include "runtime/metrics.h"
-#include "runtime/step_observer.h"
-#include "runtime/trace_writer.h"
+#include "runtime/observe/metrics.h"
+#include "runtime/observe/step_observer.h"
+#include "runtime/observe/trace_writer.h"
 
 namespace xirang {
 
