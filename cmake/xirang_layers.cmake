@@ -2,14 +2,14 @@
 #
 # Declares one layer's library target. A layer is a folder (core, kernels,
 # comm, models, runtime) or a wing of one (runtime/data, runtime/config,
-# runtime/checkpoint, runtime/step, runtime/observe): a wing's files belong to the wing, not to the folder
+# runtime/checkpoint, runtime/step, runtime/observe, runtime/resilience): a wing's files belong to the wing, not to the folder
 # above it. LAYERS lists the layers whose headers the layer may include;
 # every other project layer is forbidden, and a build step
 # (cmake/check_layers.cmake) fails the target when one of its sources or
 # headers includes one. The target links the allowed layers' targets, so the
 # include rules and the link graph are the same list.
 set(XIRANG_ALL_LAYERS core kernels comm models runtime/data runtime/config runtime/checkpoint runtime/step
-    runtime/observe runtime tools)
+    runtime/observe runtime/resilience runtime tools)
 
 # The library target of a layer: xirang_<last path component> ("runtime/data" -> xirang_data).
 function(xirang_layer_target layer out)

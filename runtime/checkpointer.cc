@@ -7,6 +7,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "runtime/checkpoint/checkpoint_io.h"
+#include "runtime/resilience/guards.h"
 
 namespace xirang {
 

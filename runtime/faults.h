@@ -34,50 +34,6 @@
 
 namespace xirang {
 
-// Whether every element of `t` (a float tensor, host or device memory; a
-// device copy goes through the host on `stream`) is finite. The non-finite
-// guard scans gradients with it, the checkpointer the tensors it saves.
-bool all_finite(const Tensor& t, void* stream = nullptr);
-
-// The text of the lowest world rank with `have` set, on every rank
-// (collective over `world`; up to 1000 characters), with that rank; rank
-// -1 and "" when no rank has one. Errors found on some ranks become one
-// message that every rank reports alike.
-std::pair<int, std::string> lowest_rank_text(Communicator& world, bool have, const std::string& text);
-
-// An error every rank throws alike, after agreeing on it (lowest_rank_text):
-// under mpirun rank 0 alone reports it, as for config and data errors.
-class AgreedError : public Error {
- public:
-  using Error::Error;
-};
-
-// train.skip_loss_spikes_zscore: a loss more than `z` standard deviations
-// above the mean of the last `window` losses (once `warmup` are known) is a
-// spike. Every loss joins the window, spikes too, so that a lasting change of
-// level is absorbed instead of skipped for ever.
-//
-//   LossSpikeGuard guard(3.0);
-//   if (guard.spike(loss)) ...  // skip the update
-class LossSpikeGuard {
- public:
-  explicit LossSpikeGuard(double z, size_t window = 128, size_t warmup = 16)
-      : z_(z), window_(window), warmup_(warmup) {}
-  // Whether `loss` is a spike against the losses before it; then adds it.
-  bool spike(double loss);
-  // The mean and standard deviation the last spike() compared with, over `compared()` losses.
-  double mean() const { return mean_; }
-  double stddev() const { return sd_; }
-  size_t compared() const { return n_; }
-
- private:
-  double z_;
-  size_t window_, warmup_;
-  std::deque<double> losses_;
-  double mean_ = 0, sd_ = 0;
-  size_t n_ = 0;
-};
-
 class FaultInjector {
  public:
   // `grid` must outlive the injector; `device` is where gradients move

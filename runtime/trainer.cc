@@ -68,7 +68,7 @@ TrainResult Trainer::run() {
     if (timeline_.profiling()) m.ops = timeline_.take_ops();
     for (auto& o : observers_) o->on_step(m);
     record(result, m);
-    // A preemption signal on any rank (agreed in skip_step's vote): every rank stops after this same step.
+    // A preemption signal on any rank (agreed in the step guard's vote): every rank stops after this same step.
     if (m.step < last && stop_request_) {
       result.preempted = save_for_stop(stop_request_, m);
       break;
@@ -93,7 +93,10 @@ double Trainer::optimizer_step(StepMetrics& m, int step) {
   device_times_ = {};
   if (device_ != Device::CPU) exec_->take_device_times(device_times_);
   m.lr = lr_at(cfg_.train, step);
-  m.skipped = skip_step(m.step, m.grad_norm, local_loss);
+  // One vote over the world: the skip (non-finite values, loss spikes) and a preemption signal on any rank.
+  const StepGuard::Verdict v = guard_->vote(m.step, m.grad_norm, local_loss, stop_vote(opts_.stop, grid_->world_rank()));
+  stop_request_ = stop_of(v.extra);
+  m.skipped = v.skip;
   if (!m.skipped) update_parameters(m.lr, m.grad_norm, scale);
   return local_loss;
 }
@@ -223,70 +226,6 @@ void Trainer::take_parts(StepMetrics& m) const {
   m.tp_comm_ms = device_times_.tp_comm_ms;
   m.pp_bubble_ms += device_times_.bubble_ms;
   m.dp_comm_exposed_ms = sync_->device_exposed_ms();
-}
-
-// Every precision: one vote over the world, so that every rank skips the
-// same steps; the vote also carries the preemption check (stop_request_). Under a dynamic loss scale a non-finite gradient is an
-// overflow that the scale backs off from: expected, it does not count toward
-// train.max_nonfinite_steps until the scale is at precision.min_scale (or
-// fixed), where backing off cannot help. A non-finite loss always counts.
-bool Trainer::skip_step(int step, double grad_norm, double local_loss) {
-  const bool loss_bad = !std::isfinite(local_loss), norm_bad = !std::isfinite(grad_norm);
-  double votes[3] = {loss_bad ? 1.0 : 0.0, norm_bad ? 1.0 : 0.0, stop_vote(opts_.stop, grid_->world_rank())};
-  grid_->world().all_reduce(Tensor(votes, {3}, DType::F64), ReduceOp::Max);
-  stop_request_ = stop_of(votes[2]);
-  const bool any_loss = votes[0] > 0, skip = votes[0] > 0 || votes[1] > 0;
-  const bool counted = any_loss || (skip && !loss_scale_.can_back_off());
-  if (loss_scale_.enabled()) loss_scale_.update(skip);
-  if (!skip) {
-    nonfinite_run_ = 0;
-    return loss_spike(step, local_loss);
-  }
-  if (!counted) return true;
-  const std::string cause = nonfinite_cause(loss_bad, norm_bad, any_loss);
-  if (++nonfinite_run_ == 1) nonfinite_first_ = str_cat("step ", step, ": ", cause);
-  const int limit = cfg_.train.max_nonfinite_steps;
-  if (nonfinite_run_ >= limit) {
-    ckpt_->finish();  // a save in flight is from finite state (the decision is the same on every rank)
-    fail(ErrorKind::Data, "training stopped at step ", step, ": ", limit, " step", limit > 1 ? "s" : "",
-         " in a row skipped for non-finite values (train.max_nonfinite_steps=", limit, "); the first, ",
-         nonfinite_first_);
-  }
-  if (is_logger())
-    std::fprintf(stderr, "step %d: update skipped (%d of train.max_nonfinite_steps=%d in a row): %s\n", step,
-                 nonfinite_run_, limit, cause.c_str());
-  return true;
-}
-
-bool Trainer::loss_spike(int step, double local_loss) {
-  const double z = cfg_.train.skip_loss_spikes_zscore;
-  if (!(z > 0)) return false;
-  if (!spike_guard_) spike_guard_.emplace(z);
-  const double loss = global_loss(local_loss);
-  // Every rank keeps the same window, but the vote makes the answer the same regardless.
-  const bool spike = grid_->world().all_reduce_sum(spike_guard_->spike(loss) ? 1.0 : 0.0) > 0;
-  if (spike && is_logger())
-    std::fprintf(stderr,
-                 "step %d: update skipped: loss %.4f is more than %g standard deviations above the mean %.4f "
-                 "(standard deviation %.4f) of the last %zu steps (train.skip_loss_spikes_zscore)\n",
-                 step, loss, z, spike_guard_->mean(), spike_guard_->stddev(), spike_guard_->compared());
-  return spike;
-}
-
-std::string Trainer::nonfinite_cause(bool local_loss_bad, bool local_norm_bad, bool any_loss_bad) {
-  Communicator& world = grid_->world();
-  if (any_loss_bad) {
-    const int from = lowest_rank_text(world, local_loss_bad, "").first;
-    return str_cat("non-finite loss (first seen on rank ", from, ")");
-  }
-  // Scan this rank's gradients (those its norm covered) in parameter order.
-  std::string name;
-  for (const auto& seg : opt_->segments())
-    if (local_norm_bad && name.empty() && !seg.tied_copy && !all_finite(seg.grad, ctx_.cuda_stream))
-      name = params_[size_t(seg.param_index)].name;
-  const auto [from, agreed] = lowest_rank_text(world, !name.empty(), name);
-  if (from < 0) return "non-finite gradient norm (every gradient element is finite: the sum of squares overflowed)";
-  return str_cat("non-finite gradient of parameter '", agreed, "' (on rank ", from, ")");
 }
 
 void Trainer::inject_nan_grad(int step) {

@@ -45,6 +45,7 @@
 #include "runtime/step/optimizer.h"
 #include "runtime/step/pipeline.h"
 #include "runtime/preemption.h"
+#include "runtime/resilience/guards.h"
 #include "runtime/step/schedule.h"
 #include "runtime/observe/step_observer.h"
 
@@ -124,6 +125,7 @@ class Trainer {
   // On CUDA, this rank's GPU's energy meter; a warning line and none when NVML gives no readings.
   void build_energy_meter();
   void build_observers();
+  void build_guard();
 
   // The step, in the order run() calls them.
   void zero_gradients();
@@ -135,18 +137,6 @@ class Trainer {
   // joined, before the step's untimed stream synchronization.
   void wait_step_transfers();
   double take_local_loss();
-  // Whether the step makes no update: its loss or gradient norm is not
-  // finite on some rank (a vote over the world; under loss scaling it updates
-  // the scale). Stops the run after train.max_nonfinite_steps in a row.
-  // The same vote agrees on a preemption signal (stop_request_).
-  bool skip_step(int step, double grad_norm, double local_loss);
-  // Where a skipped step's non-finite value appeared, the same text on every
-  // rank: the loss (and the lowest rank that saw it), or the first parameter
-  // whose gradient is not finite (on the lowest rank that holds one).
-  std::string nonfinite_cause(bool local_loss_bad, bool local_norm_bad, bool any_loss_bad);
-  // train.skip_loss_spikes_zscore: whether the global batch's loss is a
-  // spike (the same answer on every rank). Off: false, with no communication.
-  bool loss_spike(int step, double local_loss);
   // nan_grad fault: poisons this rank's gradient of the first parameter its norm covers.
   void inject_nan_grad(int step);
   void update_parameters(double lr, double grad_norm, double scale);
@@ -179,10 +169,8 @@ class Trainer {
   std::unique_ptr<ProcessGrid> own_grid_;
   ProcessGrid* grid_;
   std::unique_ptr<FaultInjector> faults_;
-  int nonfinite_run_ = 0;         // counted non-finite skips in a row
-  std::string nonfinite_first_;   // the first one's step and cause
   StopRequest stop_request_;      // the preemption signal agreed in this step's vote (none: no rank got one)
-  std::optional<LossSpikeGuard> spike_guard_;  // train.skip_loss_spikes_zscore > 0
+  std::unique_ptr<StepGuard> guard_;  // the step's skip vote (runtime/resilience/guards.h)
   std::vector<std::unique_ptr<StepObserver>> observers_;  // called at the end of every step
   std::unique_ptr<EnergyMeter> energy_;  // null on the CPU backend and where NVML gives no readings
   // Spans (metrics.trace) and per-op times (metrics.op_profile); ctx_.timeline

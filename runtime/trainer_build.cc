@@ -117,6 +117,22 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   choose_peak();
   build_energy_meter();
   build_observers();
+  build_guard();
+}
+
+// The step's skip vote (runtime/resilience/guards.h) with what only the
+// trainer knows: the job's loss, which gradient is not finite, the
+// checkpoint writer to finish before the run stops.
+void Trainer::build_guard() {
+  StepGuard::Hooks hooks;
+  hooks.global_loss = [this](double local_loss) { return global_loss(local_loss); };
+  hooks.bad_gradient = [this] {
+    for (const auto& seg : opt_->segments())
+      if (!seg.tied_copy && !all_finite(seg.grad, ctx_.cuda_stream)) return params_[size_t(seg.param_index)].name;
+    return std::string();
+  };
+  hooks.before_failing = [this] { ckpt_->finish(); };
+  guard_ = std::make_unique<StepGuard>(cfg_.train, grid_->world(), loss_scale_, is_logger(), std::move(hooks));
 }
 
 Trainer::~Trainer() = default;

@@ -33,6 +33,7 @@
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/faults.h"
+#include "runtime/resilience/guards.h"
 #include "runtime/trainer.h"
 #include "tools/commands.h"
 

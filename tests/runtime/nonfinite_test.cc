@@ -18,6 +18,7 @@
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
 #include "runtime/faults.h"
+#include "runtime/resilience/guards.h"
 #include "runtime/step/optimizer.h"
 #include "runtime/trainer.h"
 #include "tests/support/temp_dir.h"
