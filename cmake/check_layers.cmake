@@ -43,6 +43,6 @@ endforeach()
 if(errors)
   message(FATAL_ERROR "layer violation: ${FOLDER}/ may not include these project layers "
           "(the stack is core <- kernels, comm <- models <- runtime/data, runtime/config <- runtime/checkpoint, "
-          "runtime/step, runtime/observe, runtime/resilience <- runtime <- tools):\n${errors}")
+          "runtime/step, runtime/observe, runtime/resilience <- runtime <- analysis <- tools):\n${errors}")
 endif()
 file(WRITE ${STAMP} "ok\n")

@@ -9,7 +9,7 @@
 # headers includes one. The target links the allowed layers' targets, so the
 # include rules and the link graph are the same list.
 set(XIRANG_ALL_LAYERS core kernels comm models runtime/data runtime/config runtime/checkpoint runtime/step
-    runtime/observe runtime/resilience runtime tools)
+    runtime/observe runtime/resilience runtime analysis tools)
 
 # The library target of a layer: xirang_<last path component> ("runtime/data" -> xirang_data).
 function(xirang_layer_target layer out)

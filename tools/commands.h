@@ -5,7 +5,16 @@
 
 #include "core/error.h"
 
+namespace xirang::analysis::plan {}
+namespace xirang::analysis::sweep {}
+namespace xirang::analysis::report {}
+
 namespace xirang::tools {
+
+// The analyses the commands run (analysis/), under their short names.
+namespace plan = ::xirang::analysis::plan;
+namespace sweep = ::xirang::analysis::sweep;
+namespace report = ::xirang::analysis::report;
 
 // xirang train CONFIG [--set section.key=value ...]
 int train_command(int argc, char** argv);

@@ -36,7 +36,7 @@
 # --dry-run replaces each GPU step by its CPU equivalent (the CUDA tests run
 # and skip, the trainings run on the CPU, the PyTorch peer is skipped) so the
 # plumbing (unpacking, library lookup, archive, summary, exit codes) is proven
-# on a machine without a GPU: tests/tools/gpu_check_dry_run.sh.
+# on a machine without a GPU: tests/cli/gpu_check_test.sh.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -2,7 +2,7 @@
 //             [--layout tp=T,pp=P,...] [--top K] [--explain] [--json] [--assume FEATURE,...]
 // xirang plan --calibrate RESULTS.jsonl --cluster BASE.yaml -o CLUSTER.yaml [--holdout odd|even|none] [--json]
 //
-// The performance and memory model (tools/plan/, docs/performance_model.md):
+// The performance and memory model (analysis/plan/, docs/performance_model.md):
 // predicts memory per device and step time for layouts of a config on a
 // cluster, ranks every layout of N devices, or fits a cluster file's
 // constants to a sweep's measured step times.
@@ -14,9 +14,9 @@
 #include "core/error.h"
 #include "runtime/config/config.h"
 #include "tools/commands.h"
-#include "tools/plan/calibrate.h"
-#include "tools/plan/output.h"
-#include "tools/plan/search.h"
+#include "analysis/plan/calibrate.h"
+#include "analysis/plan/output.h"
+#include "analysis/plan/search.h"
 
 namespace xirang::tools {
 

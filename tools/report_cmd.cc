@@ -6,7 +6,7 @@
 // config, for the pipeline simulator), a comparison with a baseline run, and
 // plots through gnuplot, with a timeline trace (metrics.trace) each
 // rank's utilisation over the traced steps, with metrics.op_profile the
-// time per kind of op, and the GPU's energy per token where it was measured. The work lives in tools/report/; this file parses
+// time per kind of op, and the GPU's energy per token where it was measured. The work lives in analysis/report/; this file parses
 // the arguments and prints text or one JSON object.
 #include <cmath>
 #include <cstdio>
@@ -17,8 +17,8 @@
 
 #include "core/error.h"
 #include "tools/commands.h"
-#include "tools/report/report.h"
-#include "tools/report/trace.h"
+#include "analysis/report/report.h"
+#include "analysis/report/trace.h"
 
 namespace xirang::tools {
 

@@ -2,7 +2,7 @@
 //
 // Runs every point of a sweep spec as its own `xirang train` job and writes
 // one row per point to DIR/results.jsonl and DIR/results.csv, then text
-// tables and plots. The work lives in tools/sweep/; this file parses the
+// tables and plots. The work lives in analysis/sweep/; this file parses the
 // arguments, walks the points and prints the progress.
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "tools/commands.h"
-#include "tools/sweep/sweep.h"
+#include "analysis/sweep/sweep.h"
 
 namespace xirang::tools {
 

@@ -3,7 +3,7 @@
 // Merges metrics.trace's per-rank files (DIR/rank_NNNNN.json) into one
 // Chrome trace-event file (default DIR/trace.json) on one time axis: each
 // rank's timestamps less its clock at the barrier before the first traced
-// step. The reading and checking live in tools/report/trace.cc.
+// step. The reading and checking live in analysis/report/trace.cc.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "tools/commands.h"
-#include "tools/report/trace.h"
+#include "analysis/report/trace.h"
 
 namespace xirang::tools {
 

@@ -1,0 +1,248 @@
+#include "analysis/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+#include "models/model.h"
+#include "runtime/config/model_layout.h"
+#include "runtime/memory_estimate.h"
+#include "runtime/step/schedule.h"
+#include "analysis/plan/collectives.h"
+#include "analysis/plan/stage_cost.h"
+
+namespace xirang::analysis::plan {
+
+namespace {
+
+// Element-wise traffic of one transformer layer's forward, in multiples of
+// (tokens x d_model x element size): LayerNorms, residual adds and dropout
+// outside the tensor-parallel regions (split only under sequence
+// parallelism), and GELU, bias adds and attention's reshapes inside them.
+constexpr double kElemOutside = 10, kElemInside = 16;
+// Bytes per logit the loss reads and writes (fp32 logits, softmax, gradient).
+constexpr double kLossBytesPerLogit = 12;
+// Element-wise traffic of the MLP's activation, in multiples of (tokens x
+// MLP width x element size): SwiGLU reads gate and up and writes their
+// product; GELU reads one and writes one.
+constexpr double kActivationTraffic = 3;
+// With tp_comm_overlap, the share of the collectives hidden behind the GEMMs (when they are long enough).
+constexpr double kTpOverlapHidden = 0.8;
+
+double dtype_bytes(const Config& c) { return c.precision.dtype == Precision::FP32 ? 4 : 2; }
+bool is_fp32(const Config& c) { return c.precision.dtype == Precision::FP32; }
+
+double exposed_tp(double comm, double gemm, const Features& f) {
+  if (!f.tp_comm_overlap) return comm;
+  return std::max(comm * (1 - kTpOverlapHidden), comm - gemm);
+}
+
+// Forward of one transformer layer for one microbatch.
+PassCost layer_forward(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f) {
+  const Config& cfg = w.cfg;
+  const double n = double(l.micro_batch) * cfg.seq_len(), h = cfg.model.d_model, ds = dtype_bytes(cfg);
+  const double gemm = c.matmul_seconds(n * w.layer_flops_per_token / 3 / l.tp, h, is_fp32(cfg));
+  const double elem = c.memory_seconds(n * h * ds * (kElemOutside / (l.sequence_parallel ? l.tp : 1) + kElemInside / l.tp));
+  PassCost p;
+  p.compute = gemm + elem + c.op_overhead_us * 1e-6;
+  // Two collectives of the (tokens x d_model) activations: all-reduces, or
+  // all-gather + reduce-scatter pairs under sequence parallelism (the same bytes).
+  if (l.tp > 1) p.tp_comm = exposed_tp(2 * all_reduce_s(n * h * ds, l.tp, c.intra_node), gemm, f);
+  return p;
+}
+
+// What selective recomputation runs again in one layer's backward, one
+// microbatch: the attention core's forward (its products at the rate the
+// layer's forward gives them, so that the core costs what it costs there)
+// and the MLP's activation (element-wise: its input read, its output
+// written). No collectives: both lie inside the tensor-parallel region.
+PassCost layer_selective(const Workload& w, const PlanLayout& l, const Cluster& c) {
+  const Config& cfg = w.cfg;
+  const double n = double(l.micro_batch) * cfg.seq_len(), ds = dtype_bytes(cfg);
+  PassCost p;
+  p.compute = c.matmul_seconds(n * w.attention_flops_per_token / l.tp, cfg.model.d_model, is_fp32(cfg)) +
+              c.memory_seconds(n * w.ffn_width / l.tp * ds * kActivationTraffic) + c.op_overhead_us * 1e-6;
+  return p;
+}
+
+// Embedding (first chunk) or head and loss (last chunk), forward.
+PassCost ends_forward(const Workload& w, const PlanLayout& l, const Cluster& c, bool first, bool last) {
+  const Config& cfg = w.cfg;
+  const double n = double(l.micro_batch) * cfg.seq_len(), h = cfg.model.d_model, ds = dtype_bytes(cfg);
+  PassCost p;
+  if (first) {
+    p.compute += c.memory_seconds(3 * n * h * ds);
+    if (l.tp > 1) p.tp_comm += all_reduce_s(n * h * ds, l.tp, c.intra_node);  // vocabulary-parallel lookup
+  }
+  if (last) {
+    const double V = cfg.model.padded_vocab();
+    p.compute += c.matmul_seconds(n * w.head_flops_per_token / 3 / l.tp, h, is_fp32(cfg)) +
+                 c.memory_seconds(n * V / l.tp * kLossBytesPerLogit) + c.op_overhead_us * 1e-6;
+  }
+  return p;
+}
+
+}  // namespace
+
+// Per-microbatch costs of pipeline rank r (all its chunks).
+StageCost stage_cost(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f, int r) {
+  const int chunks = l.pp * l.virtual_stages, layers = w.cfg.model.n_layer / chunks;
+  const PassCost lf = layer_forward(w, l, c, f);
+  StageCost s;
+  for (int k = 0; k < l.virtual_stages; ++k) {
+    const int g = k * l.pp + r;
+    const PassCost e = ends_forward(w, l, c, g == 0, g == chunks - 1);
+    s.fwd.compute += layers * lf.compute + e.compute;
+    s.fwd.tp_comm += layers * lf.tp_comm + e.tp_comm;
+    // Backward: twice the forward's work (backward_factor of its time), the mirrored collectives.
+    s.bwd.compute += c.backward_factor * (layers * lf.compute + e.compute);
+    s.bwd.tp_comm += layers * lf.tp_comm + e.tp_comm;
+    if (l.recompute == Recompute::Full) {
+      s.rc.compute += layers * lf.compute;
+      s.rc.tp_comm += layers * lf.tp_comm;
+    } else if (l.recompute == Recompute::Selective) {
+      s.rc.compute += layers * layer_selective(w, l, c).compute;
+    }
+  }
+  return s;
+}
+
+// Whether a group whose members are `stride` ranks apart, `size` of them, leaves a node.
+const Link& link_for(const Cluster& c, int stride, int size) {
+  return stride * size > c.devices_per_node ? c.inter_node : c.intra_node;
+}
+
+const Link& link_between_stages(const Cluster& c, const PlanLayout& l) { return link_for(c, l.tp * l.dp, 2); }
+
+double local_params(const Workload& w, const PlanLayout& l) {
+  const double layers = double(w.cfg.model.n_layer) / l.pp;
+  return (layers * w.layer_params + w.ends_params) / l.tp;
+}
+
+std::string PlanLayout::str() const {
+  std::ostringstream o;
+  o << "dp=" << dp << ",tp=" << tp << ",pp=" << pp << ",virtual_stages=" << virtual_stages
+    << ",micro_batch=" << micro_batch << ",zero=" << zero << ",sequence_parallel=" << int(sequence_parallel)
+    << ",recompute=" << recompute_name(recompute);
+  return o.str();
+}
+
+PlanLayout parse_layout(const std::string& text, PlanLayout l) {
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) fail(ErrorKind::Usage, "--layout: '", item, "' is not key=value");
+    const std::string k = item.substr(0, eq), vs = item.substr(eq + 1);
+    if (k == "recompute") {  // the config's words (train.recompute)
+      if (vs == "none") l.recompute = Recompute::None;
+      else if (vs == "selective") l.recompute = Recompute::Selective;
+      else if (vs == "full") l.recompute = Recompute::Full;
+      else fail(ErrorKind::Usage, "--layout: recompute=", vs, " is not one of none, selective, full (train.recompute)");
+      continue;
+    }
+    int v = 0;
+    try {
+      size_t used = 0;
+      v = std::stoi(vs, &used);
+      if (used != vs.size()) throw std::invalid_argument(vs);
+    } catch (const std::exception&) {
+      fail(ErrorKind::Usage, "--layout: ", k, "=", vs, " is not an integer");
+    }
+    if (v < 0) fail(ErrorKind::Usage, "--layout: ", k, "=", v, " must not be negative");
+    if (k == "dp") l.dp = v;
+    else if (k == "tp") l.tp = v;
+    else if (k == "pp") l.pp = v;
+    else if (k == "virtual_stages" || k == "v") l.virtual_stages = v;
+    else if (k == "micro_batch" || k == "mb") l.micro_batch = v;
+    else if (k == "zero") l.zero = v;
+    else if (k == "sequence_parallel" || k == "sp") l.sequence_parallel = v != 0;
+    else fail(ErrorKind::Usage, "--layout: unknown key '", k,
+              "' (expected dp, tp, pp, virtual_stages, micro_batch, zero, sequence_parallel, recompute)");
+  }
+  return l;
+}
+
+namespace {
+
+// Training FLOPs per token of a one- and of a two-layer model of cfg's shape.
+std::pair<double, double> flops_of_one_and_two_layers(const Config& cfg) {
+  const ModelArch& arch = model_arch(cfg.model.arch);
+  auto fpt = [&](int layers) {
+    ModelDims x = cfg.model;
+    x.n_layer = layers;
+    auto chunk = arch.make_chunk(x, ChunkPlacement::whole(layers), DType::F32, ChunkBatch{1, cfg.seq_len(), 1},
+                                 TensorParallel{});
+    return chunk->flops_per_token();
+  };
+  return {fpt(1), fpt(2)};
+}
+
+}  // namespace
+
+Workload workload_of(const Config& cfg) {
+  Workload w;
+  w.cfg = cfg;
+  const ModelDims& d = cfg.model;
+  const ModelArch& arch = model_arch(d.arch);
+  auto count = [&](const ChunkPlacement& at) {
+    double n = 0;
+    for (const Parameter& prm : arch.parameters(d, at, 1, 0)) n += double(prm.value.numel());
+    return n;
+  };
+  w.layer_params = count({0, 1, false, false});
+  w.ends_params = count({0, 1, true, false}) - w.layer_params;
+  const auto [f1, f2] = flops_of_one_and_two_layers(cfg);
+  w.layer_flops_per_token = f2 - f1;
+  w.head_flops_per_token = f1 - w.layer_flops_per_token;
+  // The attention core's FLOPs per token grow with the sequence, the rest
+  // do not: at twice the sequence a layer has its core's once more.
+  Config twice = cfg;
+  twice.train.seq_len = 2 * cfg.seq_len();
+  twice.model.max_seq_len = std::max(cfg.model.max_seq_len, twice.train.seq_len);
+  const auto [g1, g2] = flops_of_one_and_two_layers(twice);
+  w.attention_flops_per_token = ((g2 - g1) - w.layer_flops_per_token) / 3;
+  w.ffn_width = d.ffn_hidden > 0 ? d.ffn_hidden : 4.0 * d.d_model;
+  return w;
+}
+
+Config layout_config(const Workload& w, const PlanLayout& l) {
+  Config c = w.cfg;
+  c.parallel.dp = l.dp;
+  c.parallel.tp = l.tp;
+  c.parallel.pp = l.pp;
+  c.parallel.virtual_stages = l.virtual_stages;
+  c.parallel.zero = l.zero;
+  c.parallel.sequence_parallel = l.sequence_parallel;
+  // Interleaved when v > 1; else the config's gpipe or zb_h1 where pp > 1, 1F1B otherwise.
+  const std::string& own = w.cfg.parallel.schedule;
+  c.parallel.schedule = l.virtual_stages > 1 ? "interleaved" : (l.pp > 1 && (own == "gpipe" || own == "zb_h1") ? own : "1f1b");
+  c.train.micro_batch = l.micro_batch;
+  c.train.recompute = l.recompute;
+  return c;
+}
+
+std::string layout_problem(const Workload& w, const PlanLayout& l, const Cluster& c) {
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.micro_batch < 1)
+    return "dp, tp, pp, virtual_stages and micro_batch must be at least 1";
+  if (l.zero > 1) return str_cat("zero=", l.zero, ": only ZeRO-1 (zero=1) exists");
+  if (l.tp > c.devices_per_node || c.devices_per_node % l.tp != 0)
+    return str_cat("tp=", l.tp, " must divide the ", c.devices_per_node, " devices of a node (", c.name, ")");
+  if (l.sequence_parallel && l.tp == 1) return "sequence_parallel needs tp > 1";
+  const int gb = w.cfg.train.global_batch;
+  if (gb % (l.micro_batch * l.dp) != 0)
+    return str_cat("train.global_batch=", gb, " is not divisible by micro_batch x dp = ", l.micro_batch * l.dp);
+  const std::string model = xirang::layout_problem(w.cfg.model, ParallelLayout{l.dp, l.tp, l.pp, l.virtual_stages});
+  if (!model.empty()) return model;
+  const int m = gb / (l.micro_batch * l.dp);
+  if (l.virtual_stages > 1 && m % l.pp != 0)
+    return str_cat("the interleaved schedule needs microbatches (", m, ") divisible by pp=", l.pp);
+  if (c.nodes > 0 && l.devices() > c.nodes * c.devices_per_node)
+    return str_cat(l.devices(), " devices is more than the cluster's ", c.nodes * c.devices_per_node);
+  return "";
+}
+
+}  // namespace xirang::analysis::plan

@@ -1,0 +1,85 @@
+#include "analysis/plan/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace xirang::analysis::plan {
+
+namespace {
+
+std::vector<int> divisors(int n, int cap) {
+  std::vector<int> d;
+  for (int i = 1; i <= n && i <= cap; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// Every layout of the devices that the rules allow, before memory.
+std::vector<PlanLayout> candidates(const Workload& w, const Cluster& c, const SearchOptions& o) {
+  std::vector<PlanLayout> out;
+  const int n = o.devices, gb = w.cfg.train.global_batch, layers = w.cfg.model.n_layer;
+  for (int tp : divisors(std::min(n, c.devices_per_node), c.devices_per_node)) {
+    if (n % tp) continue;
+    for (int pp : divisors(n / tp, layers)) {
+      const int dp = n / (tp * pp);
+      if (gb % dp) continue;
+      for (int mb : divisors(gb / dp, o.max_micro_batch))
+        for (int v : divisors(layers / pp, pp > 1 ? o.max_virtual_stages : 1))
+          for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero)
+            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
+              for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                PlanLayout l{dp, tp, pp, v, mb, zero, sp == 1, rc};
+                if (layout_problem(w, l, c).empty()) out.push_back(l);
+              }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+SearchResult search(const Workload& w, const Cluster& c, const SearchOptions& o) {
+  SearchResult r;
+  std::vector<Prediction> all;
+  for (const PlanLayout& l : candidates(w, c, o)) all.push_back(predict_time(w, l, c, o.features));
+  r.candidates = int(all.size());
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Prediction& a, const Prediction& b) { return a.tokens_per_s > b.tokens_per_s; });
+  for (Prediction& p : all) {
+    if (int(r.ranked.size()) >= o.top) break;
+    add_memory(w, c, p);
+    if (p.fits) r.ranked.push_back(p);
+    else ++r.rejected_memory;
+  }
+  return r;
+}
+
+std::string compare(const Prediction& a, const Prediction& b) {
+  const StepTime &x = a.time, &y = b.time;
+  const std::pair<const char*, double> d[] = {
+      {"compute", (x.forward_s + x.backward_s) - (y.forward_s + y.backward_s)},
+      {"recomputation", x.recompute_s - y.recompute_s},
+      {"tp comm", x.tp_comm_s - y.tp_comm_s},
+      {"pipeline bubble", x.pp_bubble_s - y.pp_bubble_s},
+      {"pp transfers", x.pp_comm_exposed_s - y.pp_comm_exposed_s},
+      {"exposed dp comm", x.dp_comm_exposed_s - y.dp_comm_exposed_s},
+      {"optimizer", x.optimizer_s - y.optimizer_s},
+  };
+  std::vector<std::pair<const char*, double>> v(std::begin(d), std::end(d));
+  std::sort(v.begin(), v.end(), [](auto& p, auto& q) { return std::fabs(p.second) > std::fabs(q.second); });
+  std::string s;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%+.1f%% tokens/s; step %+.4g s:", 100 * (a.tokens_per_s / b.tokens_per_s - 1),
+                x.step_s - y.step_s);
+  s = buf;
+  for (size_t i = 0; i < v.size() && i < 3; ++i) {
+    if (std::fabs(v[i].second) < 1e-4 * y.step_s) break;
+    std::snprintf(buf, sizeof buf, " %s %+.4g s (%+.1f%% of the step)%s", v[i].first, v[i].second,
+                  100 * v[i].second / y.step_s, i + 1 < v.size() && i < 2 ? ";" : "");
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace xirang::analysis::plan
