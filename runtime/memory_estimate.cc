@@ -42,7 +42,7 @@ RankModel build_rank(const Config& cfg, RankCoords at, int slots_override) {
   const ModelDims& dims = cfg.model;
   const ModelArch& arch = model_arch(dims.arch);
   const int p = cfg.parallel.pp, v = cfg.parallel.virtual_stages, tp = cfg.parallel.tp;
-  const auto kind = parse_schedule(cfg.parallel.schedule, "parallel.schedule");
+  const auto kind = cfg.parallel.schedule;
   RankModel r;
   r.slots = max_in_flight(make_schedule(kind, p, at.pp_rank, cfg.microbatches(), v), v) + (p > 1 ? 2 : 0);
   if (slots_override > 0) r.slots = slots_override;

@@ -141,7 +141,7 @@ void Trainer::build_schedule() {
   const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, m = cfg_.microbatches();
   if (p == 1 && v > 1)
     fail(ErrorKind::Config, "parallel.virtual_stages=", v, " needs parallel.pp > 1 (virtual stages interleave ranks)");
-  schedule_kind_ = parse_schedule(cfg_.parallel.schedule, "parallel.schedule");
+  schedule_kind_ = cfg_.parallel.schedule;
   schedule_ = make_schedule(schedule_kind_, p, grid_->coords().pp, m, v);
 }
 

@@ -38,8 +38,8 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   if (rc != "none" && rc != "selective" && rc != "full")
     fail(ErrorKind::Data, where, ": layout.recompute is '", rc, "', expected none, selective or full");
   cfg.train.recompute = rc == "full" ? Recompute::Full : rc == "selective" ? Recompute::Selective : Recompute::None;
-  cfg.parallel.schedule = l.value("schedule", std::string("1f1b"));  // rows of older sweeps have no field
-  parse_schedule(cfg.parallel.schedule, str_cat(where, ": layout.schedule"));
+  // Rows of older sweeps have no field.
+  cfg.parallel.schedule = parse_schedule(l.value("schedule", std::string("1f1b")), str_cat(where, ": layout.schedule"));
   SweepPoint p;
   p.layout.dp = int(field(l, "dp", where));
   p.layout.tp = int(field(l, "tp", where));

@@ -218,8 +218,9 @@ Config layout_config(const Workload& w, const PlanLayout& l) {
   c.parallel.zero = l.zero;
   c.parallel.sequence_parallel = l.sequence_parallel;
   // Interleaved when v > 1; else the config's gpipe or zb_h1 where pp > 1, 1F1B otherwise.
-  const std::string& own = w.cfg.parallel.schedule;
-  c.parallel.schedule = l.virtual_stages > 1 ? "interleaved" : (l.pp > 1 && (own == "gpipe" || own == "zb_h1") ? own : "1f1b");
+  const ScheduleKind own = w.cfg.parallel.schedule;
+  const bool keep = l.pp > 1 && (own == ScheduleKind::GPipe || own == ScheduleKind::ZeroBubbleH1);
+  c.parallel.schedule = l.virtual_stages > 1 ? ScheduleKind::Interleaved : keep ? own : ScheduleKind::OneFOneB;
   c.train.micro_batch = l.micro_batch;
   c.train.recompute = l.recompute;
   return c;

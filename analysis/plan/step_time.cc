@@ -52,7 +52,7 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
         stages[size_t(busiest)].fwd_total() + stages[size_t(busiest)].bwd_total())
       busiest = r;
   }
-  const ScheduleKind kind = parse_schedule(layout_config(w, l).parallel.schedule, "parallel.schedule");
+  const ScheduleKind kind = layout_config(w, l).parallel.schedule;
   // A split backward's weight part: the layers' weight-gradient products,
   // as many FLOPs as their forward products (M per token); the backward is
   // 2 (M + A) with A the attention core's forward, whose backward is all

@@ -38,12 +38,12 @@ void bubble_advice(const Summary& s, const Config* cfg, std::vector<std::string>
   if (par.dp <= 0)
     return out.push_back(need + ": parallel.dp is inferred from the world size; add --set parallel.dp=N");
   const int p = par.pp, m = cfg->microbatches(), v = par.virtual_stages;
-  const ScheduleKind kind = parse_schedule(par.schedule, "parallel.schedule");
+  const ScheduleKind kind = par.schedule;
   if (p <= 1) return out.push_back("parallel.pp=1: the time counted as bubble is not a pipeline's fill and drain");
   out.push_back(fmt("measured bubble %.1f%% of the step; the simulator predicts %.1f%% (analytic %.1f%%)",
                     100 * s.share[int(Part::PpBubble)], 100 * simulated_bubble(kind, p, m, v),
                     100 * analytic_bubble(kind, p, m, v)) +
-                " for " + par.schedule + ", pp=" + std::to_string(p) + ", " + std::to_string(m) + " microbatches");
+                " for " + schedule_name(par.schedule) + ", pp=" + std::to_string(p) + ", " + std::to_string(m) + " microbatches");
   for (int k : {2, 4}) {
     const double b = simulated_bubble(kind, p, k * m, v);
     if (b >= 0)

@@ -128,7 +128,7 @@ Json layout_of(const Config& c) {
           {"tp", c.parallel.tp},
           {"pp", c.parallel.pp},
           {"virtual_stages", c.parallel.virtual_stages},
-          {"schedule", c.parallel.schedule},
+          {"schedule", schedule_name(c.parallel.schedule)},
           {"zero", c.parallel.zero},
           {"sequence_parallel", c.parallel.sequence_parallel},
           {"micro_batch", c.train.micro_batch},

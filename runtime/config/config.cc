@@ -66,7 +66,7 @@ struct ResumeRef {
 using TieRef = std::optional<bool>*;
 
 using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*,
-                              RopeScaling::Type*, TieRef, Recompute*, ResumeRef>;
+                              RopeScaling::Type*, TieRef, Recompute*, ScheduleKind*, ResumeRef>;
 
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
@@ -76,12 +76,14 @@ constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", 
 constexpr const char* kRopeScalingNames[] = {"none", "llama3"};
 constexpr const char* kTieNames[] = {"auto", "true", "false"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
+constexpr const char* kScheduleNames[] = {"gpipe", "1f1b", "interleaved", "zb_h1"};
 
 std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
 std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
 std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
 std::span<const char* const> spellings(const RopeScaling::Type*) { return kRopeScalingNames; }
 std::span<const char* const> spellings(const Recompute*) { return kRecomputeNames; }
+std::span<const char* const> spellings(const ScheduleKind*) { return kScheduleNames; }
 
 template <class T>
 constexpr bool is_named_v = std::is_enum_v<T>;
@@ -230,6 +232,7 @@ std::string expected_name(const FieldPtr& ptr) {
     std::string operator()(RopeScaling::Type* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(TieRef) const { return "one of " + join_names(kTieNames); }
     std::string operator()(Recompute* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(ScheduleKind* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
   return std::visit(v, ptr);
@@ -297,7 +300,8 @@ bool takes_text(const FieldPtr& ptr) {
   return std::holds_alternative<std::string*>(ptr) || std::holds_alternative<ResumeRef>(ptr) ||
          std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
          std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScaling::Type*>(ptr) ||
-         std::holds_alternative<TieRef>(ptr) || std::holds_alternative<Recompute*>(ptr);
+         std::holds_alternative<TieRef>(ptr) || std::holds_alternative<Recompute*>(ptr) ||
+         std::holds_alternative<ScheduleKind*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {
@@ -543,11 +547,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Named values
 
 ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
-  if (name == "gpipe") return ScheduleKind::GPipe;
-  if (name == "1f1b") return ScheduleKind::OneFOneB;
-  if (name == "interleaved") return ScheduleKind::Interleaved;
-  if (name == "zb_h1") return ScheduleKind::ZeroBubbleH1;
-  fail(ErrorKind::Config, where, "='", name, "' is not a schedule (expected gpipe, 1f1b, interleaved or zb_h1)");
+  ScheduleKind k{};
+  if (!parse_named(name, &k))
+    fail(ErrorKind::Config, where, "='", name, "' is not a schedule (expected one of ", join_names(kScheduleNames), ")");
+  return k;
 }
 
 const char* config_name(Precision v) { return spelling(&v); }
@@ -557,14 +560,6 @@ const char* config_name(Recompute v) { return spelling(&v); }
 
 bool splits_backward(ScheduleKind k) { return k == ScheduleKind::ZeroBubbleH1; }
 
-const char* schedule_name(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::GPipe: return "gpipe";
-    case ScheduleKind::OneFOneB: return "1f1b";
-    case ScheduleKind::Interleaved: return "interleaved";
-    case ScheduleKind::ZeroBubbleH1: return "zb_h1";
-  }
-  return "?";
-}
+const char* schedule_name(ScheduleKind k) { return spelling(&k); }
 
 }  // namespace xirang

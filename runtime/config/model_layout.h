@@ -18,7 +18,7 @@ namespace xirang {
 // `slots` activation slots, split backward under a schedule that splits it.
 inline ChunkBatch chunk_batch(const Config& c, int slots) {
   return ChunkBatch{c.train.micro_batch, c.seq_len(), slots, c.train.recompute,
-                    splits_backward(parse_schedule(c.parallel.schedule, "parallel.schedule"))};
+                    splits_backward(c.parallel.schedule)};
 }
 
 inline ParallelLayout parallel_layout(const ParallelConfig& p) {

@@ -119,13 +119,13 @@ void check_pipeline(const Validator& v, const Config& c) {
   const ParallelConfig& p = c.parallel;
   const TrainConfig& t = c.train;
   v.at_least("parallel.virtual_stages", p.virtual_stages, 1);
-  const ScheduleKind kind = parse_schedule(p.schedule, str_cat(c.source.empty() ? "" : c.source + ": ", "parallel.schedule"));
+  const ScheduleKind kind = p.schedule;
   // What the layout must split evenly (heads, vocabulary, layers), stated once for every architecture.
   if (const std::string problem = layout_problem(c.model, parallel_layout(p)); !problem.empty())
     v.fail_rule(problem);
   if (kind != ScheduleKind::Interleaved && p.virtual_stages != 1)
     v.fail_rule(str_cat("parallel.virtual_stages=", p.virtual_stages, " needs parallel.schedule=interleaved (got ",
-                        p.schedule, ")"));
+                        schedule_name(p.schedule), ")"));
   if (kind == ScheduleKind::Interleaved && p.virtual_stages < 2)
     v.fail_rule("parallel.schedule=interleaved needs parallel.virtual_stages >= 2");
   if (kind == ScheduleKind::ZeroBubbleH1 && p.pp < 2)

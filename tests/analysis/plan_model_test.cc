@@ -128,7 +128,7 @@ TEST(PlanTime, TermsAddUpAndRecomputeCosts) {
 // shrinks, and the step with it.
 TEST(PlanTime, ZeroBubbleH1SplitsTheBackwardByItsProducts) {
   Config c = load_config(kSrc + "/configs/gpt2_124m.yaml");
-  c.parallel.schedule = "zb_h1";
+  c.parallel.schedule = ScheduleKind::ZeroBubbleH1;
   const Workload w = workload_of(c);
   const double h = c.model.d_model, T = c.seq_len();
   const Prediction zb = predict(w, parse_layout("dp=8,pp=2", {}), a100(), {});
@@ -139,7 +139,7 @@ TEST(PlanTime, ZeroBubbleH1SplitsTheBackwardByItsProducts) {
   double share = 0;
   ASSERT_EQ(std::sscanf(note.c_str(), "weight part W = %lf", &share), 1) << note;
   EXPECT_NEAR(share, 12 * h / (24 * h + 4 * T), 1e-4);
-  c.parallel.schedule = "1f1b";
+  c.parallel.schedule = ScheduleKind::OneFOneB;
   const Prediction fb = predict(workload_of(c), parse_layout("dp=8,pp=2", {}), a100(), {});
   EXPECT_LT(zb.time.pp_bubble_s, 0.6 * fb.time.pp_bubble_s);
   EXPECT_LT(zb.time.step_s, fb.time.step_s);

@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
 
     if (rank == 0) {
       std::printf("%s: layout dp=%d tp=%d pp=%d (%s, v=%d) zero=%d sp=%d overlap=%d bucket_mb=%g, %d ranks, %d steps\n",
-                  cfg.model.arch.c_str(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.schedule.c_str(),
+                  cfg.model.arch.c_str(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, schedule_name(cfg.parallel.schedule),
                   cfg.parallel.virtual_stages, cfg.parallel.zero,
                   int(cfg.parallel.sequence_parallel), int(cfg.parallel.overlap_grad_reduce), cfg.parallel.bucket_mb,
                   world, args.steps);

@@ -256,6 +256,9 @@ TEST(ConfigParse, NamedValues) {
                      {"faults.kind=explode", "faults.step=1"});
   expect_parse_error("", {"precision.dtype='fp8'", "fp32, bf16, fp16"}, {"precision.dtype=fp8"});
   expect_parse_error("", {"device.backend='tpu'", "cpu, cuda"}, {"device.backend=tpu"});
+  expect_parse_error("", {"parallel.schedule='zigzag' is not one of gpipe, 1f1b, interleaved, zb_h1"},
+                     {"parallel.schedule=zigzag"});
+  EXPECT_EQ(parse_config("parallel:\n  schedule: zb_h1\n").parallel.schedule, ScheduleKind::ZeroBubbleH1);
   expect_parse_error("device:\n  backend: tpu\n", {"test.yaml:2", "device.backend='tpu'", "cpu, cuda"});
   expect_parse_error("precision:\n  dtype:\n", {"precision.dtype=''", "fp32, bf16, fp16"});
 
