@@ -200,7 +200,7 @@ bool Checkpointer::settle(const std::string& why_here, bool remove_tmp) {
   const std::optional<std::string> latest = dir.latest();
   const std::string kept = latest ? str_cat("latest stays ", *latest) : std::string("no checkpoint was saved before");
   grid_.world().barrier();  // the partial directory is gone before any rank reports
-  if (cfg_.checkpoint.on_error == "continue") {
+  if (cfg_.checkpoint.on_error == SaveErrorPolicy::Continue) {
     if (is_logger())
       std::fprintf(stderr, "warning: checkpoint step %lld not saved (rank %d: %s); %s; training goes on "
                    "(checkpoint.on_error=continue)\n", (long long)step, rank, why.c_str(), kept.c_str());

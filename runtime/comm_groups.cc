@@ -19,10 +19,10 @@
 namespace xirang {
 
 CommOptions comm_options(const Config& cfg, std::string trace_dir) {
-  const std::string& b = cfg.comm.busy_poll;  // validated: auto, on, off
+  const BusyPollMode b = cfg.comm.busy_poll;
   return CommOptions{.timeout_s = cfg.comm.timeout_s,
                      .trace_dir = std::move(trace_dir),
-                     .busy_poll = b == "on" ? BusyPoll::On : b == "off" ? BusyPoll::Off : BusyPoll::Auto,
+                     .busy_poll = b == BusyPollMode::On ? BusyPoll::On : b == BusyPollMode::Off ? BusyPoll::Off : BusyPoll::Auto,
                      .compute_threads = omp_get_max_threads()};
 }
 

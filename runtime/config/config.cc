@@ -66,7 +66,8 @@ struct ResumeRef {
 using TieRef = std::optional<bool>*;
 
 using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*,
-                              RopeScaling::Type*, TieRef, Recompute*, ScheduleKind*, ResumeRef>;
+                              RopeScaling::Type*, TieRef, Recompute*, ScheduleKind*, BusyPollMode*, SaveErrorPolicy*,
+                              ResumeRef>;
 
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
@@ -77,6 +78,8 @@ constexpr const char* kRopeScalingNames[] = {"none", "llama3"};
 constexpr const char* kTieNames[] = {"auto", "true", "false"};
 constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
 constexpr const char* kScheduleNames[] = {"gpipe", "1f1b", "interleaved", "zb_h1"};
+constexpr const char* kBusyPollNames[] = {"auto", "on", "off"};
+constexpr const char* kSaveErrorNames[] = {"stop", "continue"};
 
 std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
 std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
@@ -84,6 +87,8 @@ std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
 std::span<const char* const> spellings(const RopeScaling::Type*) { return kRopeScalingNames; }
 std::span<const char* const> spellings(const Recompute*) { return kRecomputeNames; }
 std::span<const char* const> spellings(const ScheduleKind*) { return kScheduleNames; }
+std::span<const char* const> spellings(const BusyPollMode*) { return kBusyPollNames; }
+std::span<const char* const> spellings(const SaveErrorPolicy*) { return kSaveErrorNames; }
 
 template <class T>
 constexpr bool is_named_v = std::is_enum_v<T>;
@@ -233,6 +238,8 @@ std::string expected_name(const FieldPtr& ptr) {
     std::string operator()(TieRef) const { return "one of " + join_names(kTieNames); }
     std::string operator()(Recompute* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ScheduleKind* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(BusyPollMode* p) const { return "one of " + join_names(spellings(p)); }
+    std::string operator()(SaveErrorPolicy* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
   return std::visit(v, ptr);
@@ -301,7 +308,8 @@ bool takes_text(const FieldPtr& ptr) {
          std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
          std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScaling::Type*>(ptr) ||
          std::holds_alternative<TieRef>(ptr) || std::holds_alternative<Recompute*>(ptr) ||
-         std::holds_alternative<ScheduleKind*>(ptr);
+         std::holds_alternative<ScheduleKind*>(ptr) || std::holds_alternative<BusyPollMode*>(ptr) ||
+         std::holds_alternative<SaveErrorPolicy*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {

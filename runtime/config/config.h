@@ -39,6 +39,10 @@ enum class Backend { CPU, CUDA };           // device.backend: cpu, cuda
 enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank, NanGrad, IoError };
 // checkpoint.resume: auto, none, or the path of a step directory
 enum class ResumeMode { Auto, None, Path };
+// comm.busy_poll: auto, on, off (comm/communicator.h BusyPoll)
+enum class BusyPollMode { Auto, On, Off };
+// checkpoint.on_error: stop (a failed save ends the run), continue (warn and train on)
+enum class SaveErrorPolicy { Stop, Continue };
 // train.recompute: none, selective, full: models/layers/activation.h's Recompute.
 // The config spelling of a value ("bf16", "cuda", "kill_in_save"), for messages.
 const char* config_name(Precision v);
@@ -74,7 +78,7 @@ struct CommConfig {
   // How MPI channels poll while a rank waits on them: auto (busy where the
   // node's ranks' compute threads do not outnumber its CPUs), on, off
   // (comm/communicator.h BusyPoll).
-  std::string busy_poll = "auto";
+  BusyPollMode busy_poll = BusyPollMode::Auto;
   // Where a rank whose operation timed out writes comm_trace.rank<N>.json
   // (its recent operations, for `xirang diagnose`); empty: the directory of
   // metrics.jsonl, else checkpoint.dir, else the working directory.
@@ -168,7 +172,7 @@ struct CheckpointConfig {
   ResumeMode resume = ResumeMode::Auto;
   std::string resume_path;     // resume = Path: the checkpoint step directory to load
   bool async = true;           // snapshot to host memory, write on a background thread while training goes on
-  std::string on_error = "stop";  // a failed save: stop the run, or "continue" (warn and train on)
+  SaveErrorPolicy on_error = SaveErrorPolicy::Stop;  // a failed save: stop the run, or continue (warn and train on)
 };
 
 // Mixed precision: parameters and activations in `dtype` (fp32, bf16, fp16),

@@ -224,8 +224,6 @@ void check_comm(const Validator& v, const CommConfig& cc) {
   v.positive("comm.timeout_s", cc.timeout_s);
   v.non_negative("comm.latency_us", cc.latency_us);
   v.non_negative("comm.bandwidth_gbps", cc.bandwidth_gbps, " (0 is no limit)");
-  if (cc.busy_poll != "auto" && cc.busy_poll != "on" && cc.busy_poll != "off")
-    v.fail_rule(str_cat("comm.busy_poll=", cc.busy_poll, " must be auto, on or off"));
 }
 
 void check_precision(const Validator& v, const PrecisionConfig& pc) {
@@ -241,8 +239,6 @@ void check_precision(const Validator& v, const PrecisionConfig& pc) {
 void check_checkpoint(const Validator& v, const CheckpointConfig& ck) {
   v.at_least("checkpoint.every", ck.every, 0, " (0 saves only at the end)");
   v.at_least("checkpoint.keep", ck.keep, 1);
-  if (ck.on_error != "stop" && ck.on_error != "continue")
-    v.fail_rule(str_cat("checkpoint.on_error=", ck.on_error, " must be stop (a failed save ends the run) or continue"));
   if (ck.resume == ResumeMode::Path && ck.resume_path.empty())
     v.fail_rule("checkpoint.resume is empty: use auto, none, or the path of a checkpoint step directory");
 }

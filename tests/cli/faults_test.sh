@@ -270,7 +270,7 @@ case $case in
       die "data.verify=false did not train: $(tail -2 err.txt)" ;;
   bad_config)
     prepare_data
-    expect_error 1 "config error: .*checkpoint\.on_error=sometimes must be stop .* or continue" -- \
+    expect_error 1 "config error: .*checkpoint\.on_error='sometimes' is not one of stop, continue" -- \
       train "$cfg" "${data[@]}" --set checkpoint.on_error=sometimes
     expect_error 1 "config error: .*train\.max_nonfinite_steps=0 must be >= 1" -- \
       train "$cfg" "${data[@]}" --set train.max_nonfinite_steps=0
