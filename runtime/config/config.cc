@@ -67,7 +67,7 @@ using TieRef = std::optional<bool>*;
 
 using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*,
                               RopeScaling::Type*, TieRef, Recompute*, ScheduleKind*, BusyPollMode*, SaveErrorPolicy*,
-                              ResumeRef>;
+                              StepRange*, ResumeRef>;
 
 // Each named value's spellings, in enum order.
 constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
@@ -103,6 +103,9 @@ std::string join_names(std::span<const char* const> names) {
 template <class E>
 const char* spelling(const E* v) {
   return spellings(v)[size_t(*v)];
+}
+std::string spelling(const StepRange* r) {
+  return r->first == r->last ? std::to_string(r->first) : str_cat(r->first, "-", r->last);
 }
 const char* spelling(TieRef t) { return !t->has_value() ? kTieNames[0] : **t ? kTieNames[1] : kTieNames[2]; }
 std::string spelling(const ResumeRef& r) {
@@ -236,6 +239,7 @@ std::string expected_name(const FieldPtr& ptr) {
     std::string operator()(FaultKind* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(RopeScaling::Type* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(TieRef) const { return "one of " + join_names(kTieNames); }
+    std::string operator()(StepRange*) const { return "a step range A-B with 1 <= A <= B (e.g. 2-4)"; }
     std::string operator()(Recompute* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ScheduleKind* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(BusyPollMode* p) const { return "one of " + join_names(spellings(p)); }
@@ -267,6 +271,18 @@ void parse_resume(const std::string& text, ResumeRef r) {
 // the type. `where` is "file:line" or "override 'a.b=c'".
 void assign(const Field& f, const std::string& dotted, const std::string& text, const std::string& where) {
   if (const ResumeRef* r = std::get_if<ResumeRef>(&f.ptr)) return parse_resume(text, *r);
+  if (StepRange* const* r = std::get_if<StepRange*>(&f.ptr)) {
+    const size_t dash = text.find('-');
+    const std::string a = text.substr(0, dash), b = dash == std::string::npos ? a : text.substr(dash + 1);
+    const auto number = [](const std::string& x) {
+      return !x.empty() && x.size() <= 9 && x.find_first_not_of("0123456789") == std::string::npos ? std::stoi(x) : -1;
+    };
+    const int first = number(a), last = number(b);
+    if (first < 1 || last < first)
+      config_fail(str_cat(where, ": ", dotted, "='", text, "' is not a step range A-B with 1 <= A <= B (e.g. 2-4)"));
+    **r = StepRange{first, last};
+    return;
+  }
   if (const TieRef* t = std::get_if<TieRef>(&f.ptr)) {
     if (text == kTieNames[0]) **t = std::nullopt;
     else if (text == kTieNames[1] || text == kTieNames[2]) **t = text == kTieNames[1];
@@ -276,7 +292,8 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
   bool ok = std::visit(
       [&](auto p) {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef>) {
+        if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
+                      std::is_same_v<T, StepRange>) {
           return true;  // handled above
         } else if constexpr (std::is_same_v<T, std::string>) {
           *p = text;
@@ -309,7 +326,7 @@ bool takes_text(const FieldPtr& ptr) {
          std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScaling::Type*>(ptr) ||
          std::holds_alternative<TieRef>(ptr) || std::holds_alternative<Recompute*>(ptr) ||
          std::holds_alternative<ScheduleKind*>(ptr) || std::holds_alternative<BusyPollMode*>(ptr) ||
-         std::holds_alternative<SaveErrorPolicy*>(ptr);
+         std::holds_alternative<SaveErrorPolicy*>(ptr) || std::holds_alternative<StepRange*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {
@@ -500,7 +517,8 @@ std::string emit_yaml(const Config& config) {
           [&](auto p) {
             using T = std::remove_pointer_t<decltype(p)>;
             // Quoted so that a path spelled "null" or "~" does not read back as unset.
-            if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef> || is_named_v<T>)
+            if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
+                          std::is_same_v<T, StepRange> || is_named_v<T>)
               out << YAML::DoubleQuoted << spelling(p);
             else if constexpr (std::is_same_v<T, double>) out << format_double(*p);
             else if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;

@@ -37,6 +37,10 @@ enum class Precision { FP32, BF16, FP16 };  // precision.dtype: fp32, bf16, fp16
 enum class Backend { CPU, CUDA };           // device.backend: cpu, cuda
 // faults.kind: none, kill, hang, fail_transfer, kill_in_save, slow_rank, nan_grad, io_error
 enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank, NanGrad, IoError };
+// A range of steps, 1-based and inclusive (metrics.trace_steps: "2-4", or "3" for one).
+struct StepRange {
+  int first = 1, last = 1;
+};
 // checkpoint.resume: auto, none, or the path of a step directory
 enum class ResumeMode { Auto, None, Path };
 // comm.busy_poll: auto, on, off (comm/communicator.h BusyPoll)
@@ -155,8 +159,7 @@ struct MetricsConfig {
   // (empty: none) for steps trace_steps "A-B" (1-based, inclusive), written
   // when step B ends (or training does); see docs/observability.md.
   std::string trace;
-  std::string trace_steps = "2-4";
-  int trace_first = 2, trace_last = 4;  // parsed from trace_steps by validate()
+  StepRange trace_steps{2, 4};  // "A-B" or "A" in the YAML, 1 <= A <= B
   // Time per kind of op (matmul, attention, ..., communication by group and
   // collective) per step, as metrics.jsonl's op_ms and op_calls.
   bool op_profile = false;

@@ -167,21 +167,6 @@ void check_endpoint(const Validator& v, const char* key, const std::string& valu
     v.fail_rule(str_cat(key, "='", value, "' is not HOST:PORT with a port in 1..65535 (e.g. 127.0.0.1:9400)"));
 }
 
-// metrics.trace_steps "A-B" (or "A"): 1 <= A <= B; sets trace_first and trace_last.
-void check_trace_steps(const Validator& v, MetricsConfig& m) {
-  const std::string& s = m.trace_steps;
-  const size_t dash = s.find('-');
-  const std::string a = s.substr(0, dash), b = dash == std::string::npos ? a : s.substr(dash + 1);
-  const auto number = [](const std::string& x) {
-    return !x.empty() && x.size() <= 9 && x.find_first_not_of("0123456789") == std::string::npos ? std::stoi(x) : -1;
-  };
-  const int first = number(a), last = number(b);
-  if (first < 1 || last < first)
-    v.fail_rule(str_cat("metrics.trace_steps='", s, "' is not a step range A-B with 1 <= A <= B (e.g. 2-4)"));
-  m.trace_first = first;
-  m.trace_last = last;
-}
-
 void check_metrics_memory(const Validator& v, const Config& c) {
   const MetricsConfig& m = c.metrics;
   v.non_negative("metrics.peak_tflops", m.peak_tflops, " (0 measures it at start)");
@@ -277,7 +262,6 @@ void validate(Config& c, int world_size) {
   check_pipeline(v, c);
   check_optimizer(v, c.train);
   check_metrics_memory(v, c);
-  check_trace_steps(v, c.metrics);
   check_sharding(v, c);
   check_loader(v, c.data);
   check_comm(v, c.comm);

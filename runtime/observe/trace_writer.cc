@@ -139,7 +139,7 @@ double barrier_clock_sync(Communicator& world) {
 }
 
 TraceWindow::TraceWindow(const MetricsConfig& m, ProcessGrid& grid)
-    : dir_(m.trace), first_(m.trace_first), last_(m.trace_last), grid_(grid) {
+    : dir_(m.trace), first_(m.trace_steps.first), last_(m.trace_steps.last), grid_(grid) {
   info_.world_rank = grid.world_rank();
   info_.world_size = grid.shape().world();
   info_.coords = grid.coords();

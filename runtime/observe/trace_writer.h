@@ -12,8 +12,8 @@
 // (docs/observability.md describes the format).
 //
 //   TraceWindow window(cfg.metrics, grid);     // nothing to do when metrics.trace is empty
-//   window.before_step(step, timeline);        // opens at trace_first (a barrier on the world)
-//   window.after_step(step, timeline);         // writes the file after trace_last
+//   window.before_step(step, timeline);        // opens at trace_steps.first (a barrier on the world)
+//   window.after_step(step, timeline);         // writes the file after trace_steps.last
 #pragma once
 
 #include <string>

@@ -481,10 +481,6 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"metrics.straggler_checks=0"}, 1, {"metrics.straggler_checks=0 must be >= 1"}},
       {{"metrics.baseline_tolerance=1"}, 1, {"metrics.baseline_tolerance=1 must be in (0, 1)"}},
       {{"metrics.baseline_steps=0"}, 1, {"metrics.baseline_steps=0 must be >= 1"}},
-      {{"metrics.trace_steps=4-2"}, 1, {"metrics.trace_steps='4-2' is not a step range A-B with 1 <= A <= B"}},
-      {{"metrics.trace_steps=0-3"}, 1, {"metrics.trace_steps='0-3'", "1 <= A <= B"}},
-      {{"metrics.trace_steps=2-"}, 1, {"metrics.trace_steps='2-'", "(e.g. 2-4)"}},
-      {{"metrics.trace_steps=two"}, 1, {"metrics.trace_steps='two'"}},
       {{"faults.kind=slow_rank", "faults.step=1"}, 1, {"faults.kind=slow_rank needs faults.delay_ms > 0"}},
       {{"faults.kind=slow_rank", "faults.step=1", "faults.delay_ms=-3"}, 1, {"faults.delay_ms=-3 must be >= 0"}},
       {{"memory.limit_gb=-2"}, 1, {"memory.limit_gb=-2 must be >= 0"}},
@@ -522,12 +518,19 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
 TEST_F(ConfigValidate, TraceStepsAreARange) {
   Config c = base({"metrics.trace_steps=3-7"});
   validate(c, 1);
-  EXPECT_EQ(c.metrics.trace_first, 3);
-  EXPECT_EQ(c.metrics.trace_last, 7);
+  EXPECT_EQ(c.metrics.trace_steps.first, 3);
+  EXPECT_EQ(c.metrics.trace_steps.last, 7);
+  EXPECT_NE(c.yaml.find("trace_steps: \"3-7\""), std::string::npos) << c.yaml;
   c = base({"metrics.trace_steps=5"});
   validate(c, 1);
-  EXPECT_EQ(c.metrics.trace_first, 5);
-  EXPECT_EQ(c.metrics.trace_last, 5);
+  EXPECT_EQ(c.metrics.trace_steps.first, 5);
+  EXPECT_EQ(c.metrics.trace_steps.last, 5);
+  EXPECT_EQ(parse_config(c.yaml).metrics.trace_steps.last, 5);
+  // Read when the config is: one line naming the key, the value and what a range is.
+  expect_parse_error("", {"metrics.trace_steps='4-2' is not a step range A-B with 1 <= A <= B"}, {"metrics.trace_steps=4-2"});
+  expect_parse_error("", {"metrics.trace_steps='0-3'", "1 <= A <= B"}, {"metrics.trace_steps=0-3"});
+  expect_parse_error("", {"metrics.trace_steps='2-'", "(e.g. 2-4)"}, {"metrics.trace_steps=2-"});
+  expect_parse_error("metrics:\n  trace_steps: two\n", {"test.yaml:2", "metrics.trace_steps='two'"});
 }
 
 TEST_F(ConfigValidate, BooleansAreTrueOrFalse) {

@@ -134,8 +134,8 @@ TEST(TraceWindow, OpensAtTheFirstStepAndWritesAfterTheLast) {
   const std::string dir = fresh_test_dir("trace");
   MetricsConfig mc;
   mc.trace = dir;
-  mc.trace_first = 2;
-  mc.trace_last = 3;
+  mc.trace_steps.first = 2;
+  mc.trace_steps.last = 3;
   auto grid = ProcessGrid::single();
   TraceWindow w(mc, *grid);
   Timeline tl;
@@ -159,8 +159,8 @@ TEST(TraceWindow, TrainingThatEndsInsideTheWindowWritesWhatItHas) {
   const std::string dir = fresh_test_dir("trace");
   MetricsConfig mc;
   mc.trace = dir;
-  mc.trace_first = 2;
-  mc.trace_last = 10;
+  mc.trace_steps.first = 2;
+  mc.trace_steps.last = 10;
   auto grid = ProcessGrid::single();
   TraceWindow w(mc, *grid);
   Timeline tl;
@@ -183,8 +183,8 @@ TEST(TraceWindow, WaitsForASpanBegunInsideTheWindow) {
   const std::string dir = fresh_test_dir("trace");
   MetricsConfig mc;
   mc.trace = dir;
-  mc.trace_first = 1;
-  mc.trace_last = 2;
+  mc.trace_steps.first = 1;
+  mc.trace_steps.last = 2;
   auto grid = ProcessGrid::single();
   TraceWindow w(mc, *grid);
   Timeline tl;
@@ -210,8 +210,8 @@ TEST(TraceWindow, AResumedRunOpensInsideTheWindow) {
   const std::string dir = fresh_test_dir("trace");
   MetricsConfig mc;
   mc.trace = dir;
-  mc.trace_first = 3;
-  mc.trace_last = 6;
+  mc.trace_steps.first = 3;
+  mc.trace_steps.last = 6;
   auto grid = ProcessGrid::single();
   TraceWindow w(mc, *grid);
   Timeline tl;
@@ -229,7 +229,7 @@ TEST(TraceWindow, NoDirectoryNoWindow) {
   auto grid = ProcessGrid::single();
   TraceWindow w(mc, *grid);
   Timeline tl;
-  w.before_step(mc.trace_first, tl);
+  w.before_step(mc.trace_steps.first, tl);
   EXPECT_FALSE(w.enabled());
   EXPECT_FALSE(tl.tracing());
 }
