@@ -201,7 +201,7 @@ void check_checkpoint_model(const CheckpointReader& r, const std::vector<Paramet
 
 // Reads a checkpoint's own configuration (meta.json) as a Config.
 Config checkpoint_config(const CheckpointReader& r) {
-  return parse_config(r.meta().config_yaml, {}, (fs::path(r.dir()) / "meta.json").string());
+  return parse_stored_config(r.meta().config_yaml, (fs::path(r.dir()) / "meta.json").string());
 }
 
 std::string layout_str(const CheckpointLayout& l) {

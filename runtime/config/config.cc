@@ -536,8 +536,10 @@ std::string emit_yaml(const Config& config) {
 
 }  // namespace
 
-Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                    const std::string& source) {
+namespace {
+
+Config parse_config_text(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                         const std::string& source, bool stored) {
   Config c;
   YAML::Node root;
   try {
@@ -547,13 +549,42 @@ Config parse_config(const std::string& yaml_text, const std::vector<std::string>
     config_fail(str_cat(source, ": YAML syntax error at line ", e.mark.line + 1, ", column ", e.mark.column + 1,
                         ": ", e.msg));
   }
+  // A stored config spells out every model key: a preset this build does
+  // not know (renamed or dropped since) stays a label.
+  std::string label;
+  if (stored && root.IsMap() && root["model"] && root["model"].IsMap() && root["model"]["preset"] &&
+      root["model"]["preset"].IsScalar()) {
+    const std::string name = root["model"]["preset"].Scalar();
+    bool known = name.empty();
+    try {
+      find_model_preset(name);
+      known = true;
+    } catch (const Error&) {
+    }
+    if (!known) {
+      label = name;
+      root["model"].remove("preset");
+    }
+  }
   const bool preset_overridden = apply_preset(c, root, overrides, source);
   apply_yaml(c, root, source, preset_overridden ? "model" : "");
   for (const std::string& item : overrides) apply_override(c, item);
-  check_preset_arch(c.model, source);
+  if (!label.empty()) c.model.preset = label;
+  else check_preset_arch(c.model, source);
   c.source = source;
   c.yaml = emit_yaml(c);
   return c;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                    const std::string& source) {
+  return parse_config_text(yaml_text, overrides, source, false);
+}
+
+Config parse_stored_config(const std::string& yaml_text, const std::string& source) {
+  return parse_config_text(yaml_text, {}, source, true);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -233,6 +233,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& yaml_text, const std::vector<std::string>& overrides = {},
                     const std::string& source = "<string>");
 
+// A config a run wrote (a checkpoint's meta.json): as parse_config, but a
+// model.preset this build does not know stays a label, since the text
+// spells out every model key.
+Config parse_stored_config(const std::string& yaml_text, const std::string& source);
+
 // Checks the rules between fields for a world of `world_size` ranks and fills
 // inferred values (parallel.dp). Throws ErrorKind::Config naming key, value, rule.
 void validate(Config& c, int world_size);

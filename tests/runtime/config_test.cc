@@ -599,6 +599,14 @@ TEST_F(ConfigValidate, PresetsFillTheModelAndKeysChangeIt) {
     EXPECT_EQ(p.model.preset, name);
     validate(p, 1);
   }
+  // A checkpoint's stored config keeps a preset a later build dropped as a label: it spells out every key.
+  std::string stored = c.yaml;
+  stored.replace(stored.find("qwen3_0.6b"), 10, "qwen3_old");
+  const Config s = parse_stored_config(stored, "meta.json");
+  EXPECT_EQ(s.model.preset, "qwen3_old");
+  EXPECT_EQ(s.model.d_model, 1024);
+  EXPECT_EQ(s.model.n_layer, 2);
+  expect_config_error([&] { parse_config(stored); }, {"model.preset='qwen3_old' is not a preset"});
   expect_parse_error("model:\n  preset: llama9\n", {"test.yaml:2: model.preset='llama9' is not a preset (presets: ",
                                                      "qwen3_0.6b"});
   expect_parse_error("", {"override 'model.preset=gpt3': model.preset='gpt3' is not a preset"},
