@@ -1,0 +1,319 @@
+// ConfigValidate: the rules between fields (runtime/config/validate.cc),
+// presets, and the shipped configs, each error one line naming key, value
+// and rule.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/config/config.h"
+#include "tests/runtime/config_errors.h"
+
+namespace xirang {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ConfigValidate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::path(::testing::TempDir()) /
+            ("xirang_config_test_" + std::to_string(getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(root_ / "train");
+    fs::create_directories(root_ / "val");
+    fs::create_directories(root_ / "empty");
+    std::ofstream(root_ / "train" / "index.json") << "{}";
+    std::ofstream(root_ / "val" / "index.json") << "{}";
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string dir(const char* name) const { return (root_ / name).string(); }
+
+  // A valid debug-sized config (world 1) plus `overrides`.
+  Config base(std::vector<std::string> overrides = {}) const {
+    std::vector<std::string> all = {"data.train=" + dir("train"), "data.val=" + dir("val")};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    return parse_config(
+        "model: {n_layer: 8, n_head: 4, d_model: 64, seq_len: 64, vocab_size: 256}\n"
+        "train: {steps: 10, global_batch: 8, micro_batch: 1, eval_every: 5}\n",
+        all, "v.yaml");
+  }
+
+  void expect_invalid(std::vector<std::string> overrides, int world, const std::vector<std::string>& needles) {
+    SCOPED_TRACE(::testing::PrintToString(overrides) + " world " + std::to_string(world));
+    Config c = base(overrides);
+    expect_config_error([&] { validate(c, world); }, needles);
+  }
+
+  fs::path root_;
+};
+
+TEST_F(ConfigValidate, ValidConfigPasses) {
+  Config c = base();
+  validate(c, 1);
+  Config observed = base({"metrics.prometheus=127.0.0.1:9400", "metrics.straggler_every=5", "metrics.job=run7",
+                          "faults.kind=slow_rank", "faults.step=2", "faults.delay_ms=40"});
+  validate(observed, 1);
+  EXPECT_EQ(observed.metrics.prometheus, "127.0.0.1:9400");
+  EXPECT_EQ(observed.faults.kind, FaultKind::SlowRank);
+  EXPECT_EQ(observed.faults.delay_ms, 40);
+  EXPECT_EQ(c.parallel.dp, 1);
+  EXPECT_EQ(c.microbatches(), 8);
+  EXPECT_EQ(c.seq_len(), 64);
+}
+
+TEST_F(ConfigValidate, InfersDataParallelSize) {
+  Config c = base({"parallel.tp=2", "parallel.pp=2"});
+  validate(c, 8);
+  EXPECT_EQ(c.parallel.dp, 2);
+  EXPECT_EQ(c.microbatches(), 4);
+
+  Config explicit_dp = base({"parallel.dp=4"});
+  validate(explicit_dp, 4);
+  EXPECT_EQ(explicit_dp.parallel.dp, 4);
+
+  expect_invalid({"parallel.tp=2"}, 3, {"world size 3", "parallel.tp (2)", "parallel.pp (1)", "not divisible"});
+  expect_invalid({"parallel.dp=1", "parallel.tp=2"}, 3,
+                 {"world size 3 != parallel.dp (1) x parallel.tp (2) x parallel.pp (1)"});
+  expect_invalid({}, 0, {"world size 0"});
+}
+
+TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
+  struct Case {
+    std::vector<std::string> overrides;
+    int world;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {{"model.arch=bert"}, 1, {"model.arch='bert'", "gpt2, llama"}},
+      {{"model.n_layer=0"}, 1, {"model.n_layer=0 must be >= 1"}},
+      {{"model.n_head=0"}, 1, {"model.n_head=0 must be >= 1"}},
+      {{"model.d_model=-64"}, 1, {"model.d_model=-64 must be >= 1"}},
+      {{"model.seq_len=0", "train.seq_len=0"}, 1, {"model.seq_len=0 must be >= 1"}},
+      {{"model.vocab_size=0"}, 1, {"model.vocab_size=0 must be >= 1"}},
+      {{"model.vocab_multiple=0"}, 1, {"model.vocab_multiple=0 must be >= 1"}},
+      {{"model.d_model=100", "model.n_head=3"}, 1, {"model.d_model=100 is not divisible by model.n_head=3"}},
+      {{"model.arch=llama", "model.n_kv_head=3"}, 1, {"model.n_kv_head=3 does not divide model.n_head=4"}},
+      {{"model.arch=llama", "model.n_head=8", "model.n_kv_head=2", "parallel.tp=4"}, 4,
+       {"model.n_kv_head=2 is not divisible by parallel.tp=4"}},
+      {{"model.arch=llama", "model.n_head=4", "model.d_model=12"}, 1, {"model.n_head=4", "odd", "rotary"}},
+      {{"model.arch=llama", "model.rope_theta=1"}, 1, {"model.rope_theta=1 must be > 1"}},
+      {{"model.arch=llama", "model.norm_eps=0"}, 1, {"model.norm_eps=0 must be > 0"}},
+      {{"model.arch=llama", "model.rope_scaling.type=llama3", "model.rope_scaling.high_freq_factor=1"}, 1,
+       {"model.rope_scaling.high_freq_factor=1 must be above model.rope_scaling.low_freq_factor=1"}},
+      {{"model.arch=gpt2", "model.n_kv_head=2"}, 1, {"model.n_kv_head=2", "gpt2 has no grouped-query attention"}},
+      {{"model.tie_embeddings=false"}, 1, {"model.tie_embeddings=false", "gpt2 always ties"}},
+      {{"train.steps=0"}, 1, {"train.steps=0 must be >= 1"}},
+      {{"train.global_batch=0"}, 1, {"train.global_batch=0 must be >= 1"}},
+      {{"train.micro_batch=0"}, 1, {"train.micro_batch=0 must be >= 1"}},
+      {{"train.seq_len=-1"}, 1, {"train.seq_len=-1 must be >= 0"}},
+      {{"train.seq_len=128"}, 1, {"train.seq_len=128 exceeds model.seq_len=64"}},
+      {{"parallel.schedule=zb_h1"}, 1, {"parallel.schedule=zb_h1 needs parallel.pp >= 2"}},
+      {{"parallel.schedule=zb_h1", "parallel.pp=2", "parallel.virtual_stages=2"}, 2,
+       {"parallel.virtual_stages=2 needs parallel.schedule=interleaved (got zb_h1)"}},
+      {{"parallel.tp=0"}, 1, {"parallel.tp=0 must be >= 1"}},
+      {{"parallel.pp=0"}, 1, {"parallel.pp=0 must be >= 1"}},
+      {{"parallel.dp=-1"}, 1, {"parallel.dp=-1 must be >= 0"}},
+      {{"model.n_head=6", "model.d_model=96", "parallel.tp=4"}, 4,
+       {"model.n_head=6 is not divisible by parallel.tp=4"}},
+      {{"model.vocab_size=250", "model.vocab_multiple=2", "parallel.tp=4"}, 4,
+       {"padded vocabulary 250", "model.vocab_size=250", "model.vocab_multiple=2", "parallel.tp=4"}},
+      {{"model.n_layer=6", "parallel.pp=4"}, 4, {"model.n_layer=6 is not divisible by parallel.pp (4) x parallel.virtual_stages (1)"}},
+      {{"train.global_batch=10", "train.micro_batch=4"}, 1,
+       {"train.global_batch=10 is not divisible by train.micro_batch (4) x parallel.dp (1)"}},
+      {{"train.global_batch=8", "train.micro_batch=2"}, 3,
+       {"train.global_batch=8 is not divisible by train.micro_batch (2) x parallel.dp (3)"}},
+      {{"train.lr=0"}, 1, {"train.lr=0 must be > 0"}},
+      {{"train.warmup_steps=-1"}, 1, {"train.warmup_steps=-1 must be >= 0"}},
+      {{"train.weight_decay=-0.1"}, 1, {"train.weight_decay=-0.1 must be >= 0"}},
+      {{"train.beta1=1"}, 1, {"train.beta1=1 must be in [0, 1)"}},
+      {{"train.beta2=-0.5"}, 1, {"train.beta2=-0.5 must be in [0, 1)"}},
+      {{"train.eps=0"}, 1, {"train.eps=0 must be > 0"}},
+      {{"train.grad_clip=-1"}, 1, {"train.grad_clip=-1 must be >= 0"}},
+      {{"train.min_lr_ratio=1.5"}, 1, {"train.min_lr_ratio=1.5 must be in [0, 1]"}},
+      {{"train.min_lr_ratio=-0.1"}, 1, {"train.min_lr_ratio=-0.1 must be in [0, 1]"}},
+      {{"train.eval_every=-1"}, 1, {"train.eval_every=-1 must be >= 0"}},
+      {{"train.eval_batches=0"}, 1, {"train.eval_batches=0 must be >= 1"}},
+      {{"metrics.peak_tflops=-1"}, 1, {"metrics.peak_tflops=-1 must be >= 0"}},
+      {{"metrics.log_every=0"}, 1, {"metrics.log_every=0 must be >= 1"}},
+      {{"metrics.job="}, 1, {"metrics.job is empty"}},
+      {{"metrics.prometheus=localhost"}, 1, {"metrics.prometheus='localhost' is not HOST:PORT"}},
+      {{"metrics.prometheus=127.0.0.1:70000"}, 1, {"metrics.prometheus='127.0.0.1:70000'", "1..65535"}},
+      {{"metrics.prometheus=:9400"}, 1, {"metrics.prometheus=':9400' is not HOST:PORT"}},
+      {{"metrics.straggler_every=-1"}, 1, {"metrics.straggler_every=-1 must be >= 0"}},
+      {{"metrics.straggler_ratio=1"}, 1, {"metrics.straggler_ratio=1 must be > 1"}},
+      {{"metrics.straggler_checks=0"}, 1, {"metrics.straggler_checks=0 must be >= 1"}},
+      {{"metrics.baseline_tolerance=1"}, 1, {"metrics.baseline_tolerance=1 must be in (0, 1)"}},
+      {{"metrics.baseline_steps=0"}, 1, {"metrics.baseline_steps=0 must be >= 1"}},
+      {{"faults.kind=slow_rank", "faults.step=1"}, 1, {"faults.kind=slow_rank needs faults.delay_ms > 0"}},
+      {{"faults.kind=slow_rank", "faults.step=1", "faults.delay_ms=-3"}, 1, {"faults.delay_ms=-3 must be >= 0"}},
+      {{"memory.limit_gb=-2"}, 1, {"memory.limit_gb=-2 must be >= 0"}},
+      {{"data.train="}, 1, {"data.train is empty: set it to a dataset directory written by `xirang data prepare`"}},
+      {{"data.train=/nonexistent/xirang"}, 1, {"data.train='/nonexistent/xirang'", "no such directory"}},
+      {{"data.train=" + dir("empty")}, 1,
+       {"data.train='" + dir("empty") + "': no dataset there (missing " + dir("empty") + "/index.json)"}},
+      {{"data.val=" + dir("empty")}, 1, {"data.val='" + dir("empty") + "'", "index.json"}},
+      {{"data.val=", "train.eval_every=5"}, 1, {"train.eval_every=5", "data.val"}},
+      {{"parallel.zero=2"}, 1, {"parallel.zero=2 must be 0 or 1"}},
+      {{"parallel.bucket_mb=0"}, 1, {"parallel.bucket_mb=0 must be > 0"}},
+      {{"parallel.tp=4", "parallel.sequence_parallel=true", "train.micro_batch=1", "train.seq_len=30"}, 4,
+       {"parallel.sequence_parallel", "30 token rows", "parallel.tp=4"}},
+      {{"comm.timeout_s=0"}, 1, {"comm.timeout_s=0 must be > 0"}},
+      {{"comm.latency_us=-1"}, 1, {"comm.latency_us=-1 must be >= 0"}},
+      {{"faults.kind=kill", "faults.rank=3", "faults.step=1"}, 2, {"faults.rank=3", "0..1"}},
+      {{"faults.kind=hang", "faults.step=0"}, 1, {"faults.step=0 must be >= 1"}},
+      {{"precision.loss_scale=-2"}, 1, {"precision.loss_scale", "must be >= 0"}},
+      {{"precision.initial_scale=0"}, 1, {"precision.initial_scale=0 must be > 0"}},
+      {{"precision.growth_interval=0"}, 1, {"precision.growth_interval=0 must be >= 1"}},
+      {{"precision.min_scale=0"}, 1, {"precision.min_scale=0 must be > 0"}},
+      {{"precision.hysteresis=0"}, 1, {"precision.hysteresis=0 must be >= 1"}},
+      {{"precision.min_scale=131072"}, 1, {"precision.min_scale=131072 is above precision.initial_scale=65536"}},
+      {{"train.max_nonfinite_steps=0"}, 1, {"train.max_nonfinite_steps=0 must be >= 1"}},
+
+      {{"faults.kind=nan_grad", "faults.step=2", "faults.steps=0"}, 1, {"faults.steps=0 must be >= 1"}},
+      {{"train.skip_loss_spikes_zscore=-1"}, 1, {"train.skip_loss_spikes_zscore=-1 must be >= 0"}},
+
+  };
+  for (const Case& c : cases) expect_invalid(c.overrides, c.world, c.needles);
+  // Messages start with the config's source so a multi-file run says which file.
+  expect_invalid({"train.lr=0"}, 1, {"v.yaml: train.lr=0"});
+}
+
+TEST_F(ConfigValidate, TraceStepsAreARange) {
+  Config c = base({"metrics.trace_steps=3-7"});
+  validate(c, 1);
+  EXPECT_EQ(c.metrics.trace_steps.first, 3);
+  EXPECT_EQ(c.metrics.trace_steps.last, 7);
+  EXPECT_NE(c.yaml.find("trace_steps: \"3-7\""), std::string::npos) << c.yaml;
+  c = base({"metrics.trace_steps=5"});
+  validate(c, 1);
+  EXPECT_EQ(c.metrics.trace_steps.first, 5);
+  EXPECT_EQ(c.metrics.trace_steps.last, 5);
+  EXPECT_EQ(parse_config(c.yaml).metrics.trace_steps.last, 5);
+  // Read when the config is: one line naming the key, the value and what a range is.
+  expect_parse_error("", {"metrics.trace_steps='4-2' is not a step range A-B with 1 <= A <= B"}, {"metrics.trace_steps=4-2"});
+  expect_parse_error("", {"metrics.trace_steps='0-3'", "1 <= A <= B"}, {"metrics.trace_steps=0-3"});
+  expect_parse_error("", {"metrics.trace_steps='2-'", "(e.g. 2-4)"}, {"metrics.trace_steps=2-"});
+  expect_parse_error("metrics:\n  trace_steps: two\n", {"test.yaml:2", "metrics.trace_steps='two'"});
+}
+
+TEST_F(ConfigValidate, BooleansAreTrueOrFalse) {
+  EXPECT_TRUE(base({"parallel.sequence_parallel=true"}).parallel.sequence_parallel);
+  EXPECT_FALSE(base({"parallel.overlap_grad_reduce=false"}).parallel.overlap_grad_reduce);
+  try {
+    base({"parallel.sequence_parallel=yes"});
+    FAIL() << "expected a config error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config);
+    EXPECT_NE(std::string(e.what()).find("expected true or false"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ConfigValidate, SlowRankStartsAtStepOneByDefault) {
+  Config c = base({"faults.kind=slow_rank", "faults.delay_ms=150"});
+  validate(c, 1);
+  EXPECT_EQ(c.faults.step, 1);
+  c = base({"faults.kind=slow_rank", "faults.delay_ms=150", "faults.step=3"});
+  validate(c, 1);
+  EXPECT_EQ(c.faults.step, 3);
+  // The other kinds still need their step.
+  expect_invalid({"faults.kind=kill"}, 1, {"faults.step=0 must be >= 1"});
+}
+
+TEST_F(ConfigValidate, EmptyResumePath) {
+  expect_invalid({"checkpoint.resume="}, 1, {"checkpoint.resume is empty", "auto, none"});
+}
+
+TEST_F(ConfigValidate, EvalDisabledNeedsNoValidationSplit) {
+  Config c = base({"data.val=", "train.eval_every=0"});
+  validate(c, 1);
+}
+
+// model.preset fills every model field first, wherever it is written; the
+// other model keys (file, then overrides) change it; the emitted YAML reads
+// back to the same config.
+TEST_F(ConfigValidate, PresetsFillTheModelAndKeysChangeIt) {
+  Config c = parse_config("model:\n  n_layer: 2\n  preset: qwen3_0.6b\n", {"model.seq_len=128"});
+  EXPECT_EQ(c.model.arch, "qwen3");
+  EXPECT_EQ(c.model.preset, "qwen3_0.6b");
+  EXPECT_EQ(c.model.n_layer, 2);  // the file's key, though written before the preset
+  EXPECT_EQ(c.model.max_seq_len, 128);
+  EXPECT_EQ(c.model.d_model, 1024);
+  EXPECT_EQ(c.model.head_size(), 128);
+  EXPECT_EQ(c.model.rope.theta, 1e6);
+  EXPECT_EQ(c.model.tie_embeddings, std::optional<bool>(true));
+  EXPECT_EQ(parse_config(c.yaml).yaml, c.yaml);
+  // An override's preset replaces the file's whole model section; the overrides after it change it.
+  Config o = parse_config("model:\n  arch: gpt2\n  preset: gpt2_124m\n  n_layer: 3\n",
+                          {"model.preset=llama3.1_8b", "model.n_layer=4"});
+  EXPECT_EQ(o.model.arch, "llama");
+  EXPECT_EQ(o.model.n_layer, 4);
+  EXPECT_EQ(o.model.kv_heads(), 8);
+  EXPECT_EQ(parse_config("model:\n  n_layer: 3\n", {"model.preset=llama3_8b"}).model.n_layer, 32);
+  EXPECT_EQ(o.model.rope.scaling.type, RopeScaling::Type::Llama3);
+  EXPECT_EQ(o.model.max_seq_len, 131072);
+  // Every preset validates as it is.
+  auto preset = [&](const std::vector<std::string>& overrides) {
+    std::vector<std::string> all = {"data.train=" + dir("train"), "data.val=" + dir("val")};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    return parse_config("train: {steps: 10, global_batch: 8, micro_batch: 1}\n", all, "v.yaml");
+  };
+  for (const std::string name : {"gpt2_124m", "llama3_70b", "llama3.2_1b", "qwen3_8b"}) {
+    Config p = preset({"model.preset=" + name});
+    EXPECT_EQ(p.model.preset, name);
+    validate(p, 1);
+  }
+  // A checkpoint's stored config keeps a preset a later build dropped as a label: it spells out every key.
+  std::string stored = c.yaml;
+  stored.replace(stored.find("qwen3_0.6b"), 10, "qwen3_old");
+  const Config s = parse_stored_config(stored, "meta.json");
+  EXPECT_EQ(s.model.preset, "qwen3_old");
+  EXPECT_EQ(s.model.d_model, 1024);
+  EXPECT_EQ(s.model.n_layer, 2);
+  expect_config_error([&] { parse_config(stored); }, {"model.preset='qwen3_old' is not a preset"});
+  expect_parse_error("model:\n  preset: llama9\n", {"test.yaml:2: model.preset='llama9' is not a preset (presets: ",
+                                                     "qwen3_0.6b"});
+  expect_parse_error("", {"override 'model.preset=gpt3': model.preset='gpt3' is not a preset"},
+                     {"model.preset=gpt3"});
+  expect_parse_error("model:\n  preset: llama3_8b\n  arch: gpt2\n",
+                     {"test.yaml: model.preset=llama3_8b is a model.arch=llama model (Llama 3 8B), but model.arch=gpt2"});
+  expect_parse_error("", {"model.preset=qwen3_8b is a model.arch=qwen3 model"}, {"model.preset=qwen3_8b", "model.arch=llama"});
+}
+
+// The shipped configs parse, and the debug config fits every layout the
+// multi-rank tests use (dp, tp, pp each up to 4).
+TEST_F(ConfigValidate, ShippedConfigs) {
+  const std::string configs = std::string(XIRANG_SOURCE_DIR) + "/configs/";
+  const std::vector<std::string> data = {"data.train=" + dir("train"), "data.val=" + dir("val")};
+  for (const char* name : {"gpt2_debug.yaml", "gpt2_demo.yaml", "gpt2_124m.yaml", "llama_debug.yaml", "llama_demo.yaml",
+                           "llama3_8b.yaml", "qwen3_debug.yaml"}) {
+    SCOPED_TRACE(name);
+    Config c = load_config(configs + name, data);
+    validate(c, 1);
+  }
+  Config debug = load_config(configs + "gpt2_debug.yaml");
+  EXPECT_EQ(debug.data.train, "data/debug/train");
+  EXPECT_EQ(debug.model.vocab_size, 256);
+  for (int dp : {1, 2, 4})
+    for (int tp : {1, 2, 4})
+      for (int pp : {1, 2, 4}) {
+        SCOPED_TRACE(::testing::Message() << "dp " << dp << " tp " << tp << " pp " << pp);
+        std::vector<std::string> layout = data;
+        layout.push_back("parallel.tp=" + std::to_string(tp));
+        layout.push_back("parallel.pp=" + std::to_string(pp));
+        Config c = load_config(configs + "gpt2_debug.yaml", layout);
+        validate(c, dp * tp * pp);
+        EXPECT_EQ(c.parallel.dp, dp);
+        // pp=2 with 2 virtual stages needs n_layer % 4 == 0.
+        EXPECT_EQ(c.model.n_layer % (pp * 2), 0);
+      }
+}
+
+}  // namespace
+}  // namespace xirang
