@@ -1,22 +1,13 @@
 #include "analysis/plan/output.h"
 
 #include <algorithm>
-#include <cstdarg>
 #include <cstdio>
+
+#include "analysis/format.h"
 
 namespace xirang::analysis::plan {
 
 namespace {
-
-std::string line(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string line(const char* f, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
 
 std::vector<std::pair<const char*, double>> terms(const StepTime& t) {
   return {{"forward", t.forward_s},           {"backward", t.backward_s},
@@ -29,7 +20,7 @@ std::vector<std::pair<const char*, double>> terms(const StepTime& t) {
 }  // namespace
 
 std::string table(const std::vector<Prediction>& ps, const Cluster& c) {
-  std::string s = line("%-3s %-4s %-3s %-4s %-2s %-3s %-4s %-2s %-9s %9s %9s %12s %8s %6s  %s\n", "#", "dp", "tp", "pp",
+  std::string s = format("%-3s %-4s %-3s %-4s %-2s %-3s %-4s %-2s %-9s %9s %9s %12s %8s %6s  %s\n", "#", "dp", "tp", "pp",
                        "v", "mb", "zero", "sp", "recompute", "mem GB", "step s", "tokens/s", "TFLOP/s", "MFU",
                        "largest terms (share of step)");
   int rank = 1;
@@ -39,10 +30,10 @@ std::string table(const std::vector<Prediction>& ps, const Cluster& c) {
     std::sort(ts.begin(), ts.end(), [](auto& a, auto& b) { return a.second > b.second; });
     std::string big;
     for (int i = 0; i < 3; ++i)
-      if (ts[size_t(i)].second > 0) big += line("%s %.0f%% ", ts[size_t(i)].first, 100 * ts[size_t(i)].second / p.time.step_s);
-    s += line("%-3d %-4d %-3d %-4d %-2d %-3d %-4d %-2d %-9s %9s %9.4g %12.4g %8.1f %5.1f%%  %s\n", rank++, l.dp, l.tp,
+      if (ts[size_t(i)].second > 0) big += format("%s %.0f%% ", ts[size_t(i)].first, 100 * ts[size_t(i)].second / p.time.step_s);
+    s += format("%-3d %-4d %-3d %-4d %-2d %-3d %-4d %-2d %-9s %9s %9.4g %12.4g %8.1f %5.1f%%  %s\n", rank++, l.dp, l.tp,
               l.pp, l.virtual_stages, l.micro_batch, l.zero, int(l.sequence_parallel), recompute_name(l.recompute),
-              p.memory_known ? line("%.2f", double(p.memory_total) / 1e9).c_str() : "?", p.time.step_s,
+              p.memory_known ? format("%.2f", double(p.memory_total) / 1e9).c_str() : "?", p.time.step_s,
               p.tokens_per_s, p.model_tflops, 100 * p.mfu, big.c_str());
   }
   (void)c;
@@ -51,27 +42,27 @@ std::string table(const std::vector<Prediction>& ps, const Cluster& c) {
 
 std::string explain(const Prediction& p, const Workload& w, const Cluster& c) {
   const StepTime& t = p.time;
-  std::string s = line("layout %s on %s (%d devices)\n", p.layout.str().c_str(), c.name.c_str(), p.layout.devices());
-  s += line("  model: %d layers, d_model %d, %d heads, seq %d, vocab %d; %.4g GFLOP/token per layer, %.4g rest\n",
+  std::string s = format("layout %s on %s (%d devices)\n", p.layout.str().c_str(), c.name.c_str(), p.layout.devices());
+  s += format("  model: %d layers, d_model %d, %d heads, seq %d, vocab %d; %.4g GFLOP/token per layer, %.4g rest\n",
             w.cfg.model.n_layer, w.cfg.model.d_model, w.cfg.model.n_head, w.cfg.seq_len(), w.cfg.model.padded_vocab(),
             w.layer_flops_per_token / 1e9, w.head_flops_per_token / 1e9);
   s += "  step time, by term (busiest pipeline stage):\n";
-  for (const auto& [name, v] : terms(t)) s += line("    %-16s %10.4g s  %5.1f%%\n", name, v, 100 * v / t.step_s);
-  s += line("    %-16s %10.4g s\n", "step", t.step_s);
+  for (const auto& [name, v] : terms(t)) s += format("    %-16s %10.4g s  %5.1f%%\n", name, v, 100 * v / t.step_s);
+  s += format("    %-16s %10.4g s\n", "step", t.step_s);
   if (p.layout.recompute == Recompute::Full)
     s += "    (recomputation: train.recompute=full, each block's forward again before its backward ('recompute');\n"
          "     activations measured by the trainer's own accounting for that mode)\n";
   if (p.layout.recompute == Recompute::Selective)
     s += "    (recomputation: train.recompute=selective, each layer's attention core and MLP activation again\n"
          "     before its backward ('recompute'); activations measured by the trainer's own accounting for that mode)\n";
-  for (const auto& [k, v] : t.notes) s += line("  %s: %s\n", k.c_str(), v.c_str());
-  s += line("  throughput: %.5g tokens/s, %.1f model TFLOP/s per device (%.1f counting recomputation), MFU %.1f%%\n",
+  for (const auto& [k, v] : t.notes) s += format("  %s: %s\n", k.c_str(), v.c_str());
+  s += format("  throughput: %.5g tokens/s, %.1f model TFLOP/s per device (%.1f counting recomputation), MFU %.1f%%\n",
             p.tokens_per_s, p.model_tflops, p.hardware_tflops, 100 * p.mfu);
   if (p.memory_known) {
     s += "  memory per device (largest stage; the trainer's plan):\n";
     for (const auto& it : p.memory.items())
-      s += line("    %-22s %12s  %s\n", it.category.c_str(), format_bytes(it.bytes).c_str(), it.detail.c_str());
-    s += line("    %-22s %12s  of %.1f GB usable: %s\n", "total", format_bytes(p.memory_total).c_str(),
+      s += format("    %-22s %12s  %s\n", it.category.c_str(), format_bytes(it.bytes).c_str(), it.detail.c_str());
+    s += format("    %-22s %12s  of %.1f GB usable: %s\n", "total", format_bytes(p.memory_total).c_str(),
               c.usable_memory_bytes() / 1e9, p.fits ? "fits" : "does NOT fit");
   }
   return s;

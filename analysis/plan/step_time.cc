@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "analysis/format.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/step/schedule.h"
 #include "analysis/plan/collectives.h"
@@ -15,12 +16,6 @@
 namespace xirang::analysis::plan {
 
 namespace {
-
-std::string fmt(const char* f, double a, double b = 0, double c = 0) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, f, a, b, c);
-  return buf;
-}
 
 // Simulations repeat across layouts with the same pipeline and costs.
 SimResult simulate_cached(ScheduleKind k, int p, int m, int v, const SimCosts& costs) {
@@ -78,11 +73,11 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
   t.pp_bubble_s = free.makespan - busy;
   t.pp_comm_exposed_s = real.makespan - free.makespan;
   t.notes.push_back({"pipeline", str_cat(schedule_name(kind), ", ", m, " microbatches, v=", l.virtual_stages,
-                                         ": simulated makespan ", fmt("%.4g s", real.makespan), ", busiest stage ",
-                                         busiest, " busy ", fmt("%.4g s", busy))});
+                                         ": simulated makespan ", format("%.4g s", real.makespan), ", busiest stage ",
+                                         busiest, " busy ", format("%.4g s", busy))});
   if (kind == ScheduleKind::ZeroBubbleH1)
-    t.notes.push_back({"zb_h1", fmt("weight part W = %.4f of a backward", costs.weight_share)});
-  t.notes.push_back({"pp transfer", fmt("%.4g MB per message, %.4g ms each", msg / 1e6, costs.transfer * 1e3)});
+    t.notes.push_back({"zb_h1", format("weight part W = %.4f of a backward", costs.weight_share)});
+  t.notes.push_back({"pp transfer", format("%.4g MB per message, %.4g ms each", msg / 1e6, costs.transfer * 1e3)});
 }
 
 // The data-parallel reduction after (and during) the last backward, and ZeRO's parameter gather.
@@ -105,7 +100,7 @@ void dp_terms(const Workload& w, const PlanLayout& l, const Cluster& c, const Fe
   const double skew = c.rank_skew * (t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s);
   t.dp_comm_s = grads + gather;
   t.dp_comm_exposed_s = grads_exposed + gather_exposed + skew;
-  t.notes.push_back({"dp comm", fmt("%.4g M params x 4 B over %.0f ranks: %.4g ms", local / 1e6, l.dp, (grads + gather) * 1e3)});
+  t.notes.push_back({"dp comm", format("%.4g M params x 4 B over %d ranks: %.4g ms", local / 1e6, l.dp, (grads + gather) * 1e3)});
 }
 
 // AdamW: memory-bound over this rank's (shard of the) parameters, plus the gradient norm and zeroing.

@@ -8,16 +8,11 @@
 #include "core/error.h"
 #include "runtime/step/schedule.h"
 #include "analysis/report/report.h"
+#include "analysis/format.h"
 
 namespace xirang::analysis::report {
 
 namespace {
-
-std::string fmt(const char* f, double a, double b = 0, double c = 0) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, f, a, b, c);
-  return buf;
-}
 
 // The simulator's bubble for one layout, or a negative value when the
 // schedule does not support it (interleaved needs m % p == 0).
@@ -40,21 +35,21 @@ void bubble_advice(const Summary& s, const Config* cfg, std::vector<std::string>
   const int p = par.pp, m = cfg->microbatches(), v = par.virtual_stages;
   const ScheduleKind kind = par.schedule;
   if (p <= 1) return out.push_back("parallel.pp=1: the time counted as bubble is not a pipeline's fill and drain");
-  out.push_back(fmt("measured bubble %.1f%% of the step; the simulator predicts %.1f%% (analytic %.1f%%)",
+  out.push_back(format("measured bubble %.1f%% of the step; the simulator predicts %.1f%% (analytic %.1f%%)",
                     100 * s.share[int(Part::PpBubble)], 100 * simulated_bubble(kind, p, m, v),
                     100 * analytic_bubble(kind, p, m, v)) +
                 " for " + schedule_name(par.schedule) + ", pp=" + std::to_string(p) + ", " + std::to_string(m) + " microbatches");
   for (int k : {2, 4}) {
     const double b = simulated_bubble(kind, p, k * m, v);
     if (b >= 0)
-      out.push_back(fmt("%.0f microbatches (train.global_batch=%.0f): simulated bubble %.1f%%", double(k * m),
+      out.push_back(format("%.0f microbatches (train.global_batch=%.0f): simulated bubble %.1f%%", double(k * m),
                         double(k * cfg->train.global_batch), 100 * b));
   }
   const int v2 = kind == ScheduleKind::Interleaved ? 2 * v : 2;
   if (cfg->model.n_layer % (p * v2) == 0) {
     const double b = simulated_bubble(ScheduleKind::Interleaved, p, m, v2);
     if (b >= 0)
-      out.push_back(fmt("parallel.schedule=interleaved with parallel.virtual_stages=%.0f: simulated bubble %.1f%%",
+      out.push_back(format("parallel.schedule=interleaved with parallel.virtual_stages=%.0f: simulated bubble %.1f%%",
                         double(v2), 100 * b));
   }
   // The split backward fills the cool-down with weight-gradient work at
@@ -63,7 +58,7 @@ void bubble_advice(const Summary& s, const Config* cfg, std::vector<std::string>
   if (kind != ScheduleKind::ZeroBubbleH1 && v == 1) {
     const double b = simulated_bubble(ScheduleKind::ZeroBubbleH1, p, m, 1);
     if (b >= 0)
-      out.push_back(fmt("parallel.schedule=zb_h1 (the backward split, its weight part filling the bubble): simulated "
+      out.push_back(format("parallel.schedule=zb_h1 (the backward split, its weight part filling the bubble): simulated "
                         "bubble %.1f%%, with about twice 1F1B's activation memory",
                         100 * b));
   }
@@ -72,26 +67,26 @@ void bubble_advice(const Summary& s, const Config* cfg, std::vector<std::string>
 void dp_advice(const Summary& s, const Config* cfg, std::vector<std::string>& out) {
   const double exposed = s.ms[int(Part::DpExposed)];
   if (s.dp_comm_ms > 0)
-    out.push_back(fmt("dp communication takes %.2f ms a step, %.2f ms of it exposed (%.0f%% hidden behind backward)",
+    out.push_back(format("dp communication takes %.2f ms a step, %.2f ms of it exposed (%.0f%% hidden behind backward)",
                       s.dp_comm_ms, exposed, 100 * (1 - exposed / s.dp_comm_ms)));
   if (cfg && !cfg->parallel.overlap_grad_reduce)
     return out.push_back("set parallel.overlap_grad_reduce=true: buckets reduce during the backward pass");
   const double mb = cfg ? cfg->parallel.bucket_mb : 25;
-  out.push_back(fmt("lower parallel.bucket_mb from %g to %g: the first bucket's reduction starts earlier in the "
+  out.push_back(format("lower parallel.bucket_mb from %g to %g: the first bucket's reduction starts earlier in the "
                     "backward pass, so less of it is left after the last gradient",
                     mb, mb / 2));
   if (!cfg) out.push_back("(with the run's config, --config FILE, the advice uses its bucket size and overlap setting)");
 }
 
 void data_advice(const Summary& s, const Config* cfg, std::vector<std::string>& out) {
-  out.push_back(fmt("the step waits %.2f ms for input (%.1f%% of the step): the loader is slower than training",
+  out.push_back(format("the step waits %.2f ms for input (%.1f%% of the step): the loader is slower than training",
                     s.ms[int(Part::DataWait)], 100 * s.share[int(Part::DataWait)]));
   if (cfg && !cfg->data.prefetch)
     out.push_back("set data.prefetch=true: loader threads prepare microbatches while the step computes");
   const int threads = cfg ? cfg->data.loader_threads : 2, depth = cfg ? cfg->data.prefetch_max : 8;
-  out.push_back(fmt("raise data.loader_threads from %.0f to %.0f and data.prefetch_max from %.0f", double(threads),
+  out.push_back(format("raise data.loader_threads from %.0f to %.0f and data.prefetch_max from %.0f", double(threads),
                     double(2 * threads), double(depth)) +
-                fmt(" to %.0f (the prefetch depth)", double(2 * depth)));
+                format(" to %.0f (the prefetch depth)", double(2 * depth)));
 }
 
 void ckpt_advice(const Summary& s, const Config* cfg, std::vector<std::string>& out) {
@@ -103,9 +98,9 @@ void ckpt_advice(const Summary& s, const Config* cfg, std::vector<std::string>& 
   }
   const double per_save = stall * cfg->checkpoint.every;  // the stall is averaged over all steps
   const double every = std::ceil(per_save / (0.01 * s.step_ms));
-  out.push_back(fmt("each save stops training about %.0f ms; checkpoint.every=%.0f", per_save,
+  out.push_back(format("each save stops training about %.0f ms; checkpoint.every=%.0f", per_save,
                     double(cfg->checkpoint.every)) +
-                fmt(" -> %.0f keeps the stall under 1%% of the time", every));
+                format(" -> %.0f keeps the stall under 1%% of the time", every));
 }
 
 void other_advice(Part p, const Config* cfg, std::vector<std::string>& out) {
@@ -142,11 +137,11 @@ void part_advice(Part p, const Summary& s, const Config* cfg, std::vector<std::s
 // around the wait without shortening it.
 void straggler_advice(const Summary& s, const Config* cfg, const Straggler& st, std::vector<std::string>& out) {
   const std::string who = "rank " + std::to_string(st.rank);
-  const std::string ratio = st.ratio > 0 ? fmt(" (%.2f x)", st.ratio) : "";
+  const std::string ratio = st.ratio > 0 ? format(" (%.2f x)", st.ratio) : "";
   out.push_back(who +
                 (st.cause == Part::DataWait
-                     ? fmt(" waits %.2f ms a step longer for its input than the median of the other ranks", st.extra_ms)
-                     : fmt(" computes %.2f ms a step longer than the median of the other ranks", st.extra_ms)) +
+                     ? format(" waits %.2f ms a step longer for its input than the median of the other ranks", st.extra_ms)
+                     : format(" computes %.2f ms a step longer than the median of the other ranks", st.extra_ms)) +
                 ratio + ", " + st.evidence +
                 (st.estimated ? "; estimated from straggler_ratio and rank 0's compute (the metrics predate "
                                 "straggler_extra_ms)"
@@ -158,7 +153,7 @@ void straggler_advice(const Summary& s, const Config* cfg, const Straggler& st, 
                   "parts): " + not_tuning);
   else {
     const std::string waits = std::string("rank 0's wait for it shows as ") + part_name(st.waits_in) +
-                              fmt(", %.2f ms a step: ", st.wait_ms) + not_tuning;
+                              format(", %.2f ms a step: ", st.wait_ms) + not_tuning;
     if (st.waits_in == Part::PpBubble)
       out.push_back(waits + ", nor will more microbatches or an interleaved schedule: the pipeline moves at its "
                             "slowest stage's pace");
@@ -174,7 +169,7 @@ void straggler_advice(const Summary& s, const Config* cfg, const Straggler& st, 
     out.push_back("find what slows " + who + ": other processes on its host or device (its cpu_wait_ms), a slower or "
                   "throttled device; or, for a pipeline stage with more work than the others, rebalance the stages");
   if (cfg && cfg->faults.kind == FaultKind::SlowRank && cfg->faults.rank == st.rank)
-    out.push_back(fmt("the run's config injects it: faults.kind=slow_rank, faults.rank=%.0f, faults.delay_ms=%g",
+    out.push_back(format("the run's config injects it: faults.kind=slow_rank, faults.rank=%.0f, faults.delay_ms=%g",
                       double(st.rank), cfg->faults.delay_ms));
   // Where the straggler explains less than half of the wait, the rest is
   // worth the part's own advice. (Not for less: on a loaded machine the wait
@@ -182,7 +177,7 @@ void straggler_advice(const Summary& s, const Config* cfg, const Straggler& st, 
   const double rest = st.wait_ms - st.extra_ms;
   if (st.rank != 0 && rest >= std::max(st.extra_ms, kSignificant * s.step_ms)) {
     out.push_back(std::string("beyond the straggler, ") + part_name(st.waits_in) +
-                  fmt(" still takes %.2f ms a step:", rest));
+                  format(" still takes %.2f ms a step:", rest));
     part_advice(st.waits_in, s, cfg, out);
   }
 }
@@ -201,8 +196,8 @@ Advice advise(const Summary& s, const Config* cfg, const std::optional<Straggler
     return a;
   }
   if (!a.significant) {
-    a.lines.push_back(fmt("no part besides compute takes %.0f%% of the step (the largest, ", 100 * kSignificant) +
-                      part_name(a.bottleneck) + fmt(", takes %.1f%%): the run is compute-bound", 100 * best));
+    a.lines.push_back(format("no part besides compute takes %.0f%% of the step (the largest, ", 100 * kSignificant) +
+                      part_name(a.bottleneck) + format(", takes %.1f%%): the run is compute-bound", 100 * best));
     return a;
   }
   part_advice(a.bottleneck, s, cfg, a.lines);

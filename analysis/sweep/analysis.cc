@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "analysis/format.h"
 #include "runtime/step/schedule.h"
 #include "runtime/observe/step_fields.h"
 #include "analysis/sweep/sweep.h"
@@ -124,16 +125,6 @@ std::vector<BubbleRow> bubble_rows(const std::vector<Json>& rows) {
 
 namespace {
 
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
-
 // The id column's width: the longest id.
 int id_width(const std::vector<Json>& rows) {
   size_t w = 10;
@@ -143,18 +134,18 @@ int id_width(const std::vector<Json>& rows) {
 
 std::string points_table(const std::vector<Json>& rows) {
   const int w = id_width(rows);
-  std::string t = fmt("%-4s %-*s %5s %-8s %10s %10s %10s %12s %7s %10s\n", "pt", w, "id", "ranks", "status", "step_ms",
+  std::string t = format("%-4s %-*s %5s %-8s %10s %10s %10s %12s %7s %10s\n", "pt", w, "id", "ranks", "status", "step_ms",
                       "p10", "p90", "tokens/s", "MFU %", "mem/rank");
   for (const Json& r : rows) {
     const double mem = num(r, "memory_bytes_per_rank") / (1 << 20);
-    std::string mem_text = r["memory_bytes_per_rank"].is_number() ? fmt("%.2f MiB", mem) : "-";
+    std::string mem_text = r["memory_bytes_per_rank"].is_number() ? format("%.2f MiB", mem) : "-";
     if (!ok(r)) {
-      t += fmt("%-4d %-*s %5d %-8s %10s %10s %10s %12s %7s %10s\n", r["point"].get<int>(), w, r["id"].get<std::string>().c_str(),
+      t += format("%-4d %-*s %5d %-8s %10s %10s %10s %12s %7s %10s\n", r["point"].get<int>(), w, r["id"].get<std::string>().c_str(),
                r["ranks"].get<int>(), r["status"].get<std::string>().c_str(), "-", "-", "-", "-", "-", mem_text.c_str());
       t += "       " + r["reason"].get<std::string>() + "\n";
       continue;
     }
-    t += fmt("%-4d %-*s %5d %-8s %10.2f %10.2f %10.2f %12.0f %7.3f %10s\n", r["point"].get<int>(), w,
+    t += format("%-4d %-*s %5d %-8s %10.2f %10.2f %10.2f %12.0f %7.3f %10s\n", r["point"].get<int>(), w,
              r["id"].get<std::string>().c_str(), r["ranks"].get<int>(), "ok", num(r, "step_ms_median"),
              num(r, "step_ms_p10"), num(r, "step_ms_p90"), num(r, "tokens_per_s"), 100 * num(r, "mfu"), mem_text.c_str());
   }
@@ -163,13 +154,13 @@ std::string points_table(const std::vector<Json>& rows) {
 
 std::string shares_table(const std::vector<Json>& rows) {
   const int w = id_width(rows);
-  std::string t = fmt("%-*s", w, "id");
-  for (const std::string& k : breakdown_keys()) t += fmt(" %8.8s", k.substr(0, k.size() - 3).c_str());
+  std::string t = format("%-*s", w, "id");
+  for (const std::string& k : breakdown_keys()) t += format(" %8.8s", k.substr(0, k.size() - 3).c_str());
   t += "\n";
   for (const Json& r : rows) {
     if (!ok(r)) continue;
-    t += fmt("%-*s", w, r["id"].get<std::string>().c_str());
-    for (const std::string& k : breakdown_keys()) t += fmt(" %7.1f%%", 100 * num(r, "shares", k.substr(0, k.size() - 3).c_str()));
+    t += format("%-*s", w, r["id"].get<std::string>().c_str());
+    for (const std::string& k : breakdown_keys()) t += format(" %7.1f%%", 100 * num(r, "shares", k.substr(0, k.size() - 3).c_str()));
     t += "\n";
   }
   return t;
@@ -186,7 +177,7 @@ std::string summary_tables(const std::vector<Json>& rows) {
   for (const ScalingSeries& s : series) {
     t += s.label + "\n";
     for (const ScalingPoint& p : s.points)
-      t += fmt("  %5d ranks %12.0f tokens/s  efficiency %6.1f%%  (%s)\n", p.ranks, p.tokens_per_s, 100 * p.efficiency,
+      t += format("  %5d ranks %12.0f tokens/s  efficiency %6.1f%%  (%s)\n", p.ranks, p.tokens_per_s, 100 * p.efficiency,
                p.id.c_str());
   }
   const std::vector<BubbleRow> bubbles = bubble_rows(rows);
@@ -194,10 +185,10 @@ std::string summary_tables(const std::vector<Json>& rows) {
   if (!bubbles.empty())
     t += "\npipeline bubble: measured pp_bubble / (fwd + bwd + tp + bubble + pp sends + data wait) on rank 0,\n"
          "simulated by runtime/schedule with the measured backward/forward ratio, analytic (p-1)/(v m + p - 1)\n" +
-         fmt("%-*s %3s %-12s %2s %4s %9s %9s %9s %7s\n", w, "id", "pp", "schedule", "v", "m", "measured", "simulated",
+         format("%-*s %3s %-12s %2s %4s %9s %9s %9s %7s\n", w, "id", "pp", "schedule", "v", "m", "measured", "simulated",
              "analytic", "bwd/fwd");
   for (const BubbleRow& b : bubbles)
-    t += fmt("%-*s %3d %-12s %2d %4d %8.1f%% %8.1f%% %8.1f%% %7.2f\n", w, b.id.c_str(), b.pp, b.schedule.c_str(), b.v, b.m,
+    t += format("%-*s %3d %-12s %2d %4d %8.1f%% %8.1f%% %8.1f%% %7.2f\n", w, b.id.c_str(), b.pp, b.schedule.c_str(), b.v, b.m,
              100 * b.measured, 100 * b.simulated, 100 * b.analytic, b.backward_over_forward);
   return t;
 }
