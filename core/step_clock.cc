@@ -35,18 +35,22 @@ void StepClock::stop() {
   running_ = false;
 }
 
-void StepClock::open(StepPart part) {
+double StepClock::open(StepPart part) {
   XR_CHECK(running_, "StepClock: ", step_part_name(part), " opened outside a step");
   XR_CHECK(depth_ < kDepth, "StepClock: parts nested deeper than ", kDepth);
-  charge(now_seconds());
+  const double now = now_seconds();
+  charge(now);
   open_[depth_++] = part;
+  return now;
 }
 
-void StepClock::close() {
-  if (!running_) return;  // stop() closed it
+double StepClock::close() {
+  const double now = now_seconds();
+  if (!running_) return now;  // stop() closed it
   XR_CHECK(depth_ > 0, "StepClock: close() without an open part");
-  charge(now_seconds());
+  charge(now);
   --depth_;
+  return now;
 }
 
 }  // namespace xirang

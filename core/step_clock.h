@@ -10,12 +10,18 @@
 // time add up to the step's time by construction: each transition charges
 // the time since the previous one, read from one clock.
 //
+// A scope that names a trace span (SpanTag) draws the part on the
+// timeline as well (core/timeline.h, when it is tracing): the span's ends
+// are the clock's own transitions, so the trace shows exactly the time the
+// part was charged.
+//
 // Code that may run outside a step (evaluation, a test of one layer) holds
-// a null clock or one that is not running: scopes then do nothing.
+// a null clock or one that is not running: scopes then charge nothing (a
+// span is still drawn, on the steady clock).
 //
 //   StepClock clock;
 //   clock.start();
-//   { StepClock::Scope f(&clock, StepPart::Forward);
+//   { StepClock::Scope f(&clock, StepPart::Forward, {tl, "forward"});
 //     { StepClock::Scope c(&clock, StepPart::TpComm); ...collective... }   // not forward's
 //   }
 //   clock.stop();
@@ -24,6 +30,8 @@
 
 #include <array>
 #include <cstddef>
+
+#include "core/timeline.h"
 
 namespace xirang {
 
@@ -43,6 +51,14 @@ enum class StepPart {
 constexpr size_t kStepParts = 10;
 const char* step_part_name(StepPart p);
 
+// The trace span a part draws: none when `tl` is null or not tracing.
+struct SpanTag {
+  Timeline* tl = nullptr;
+  const char* name = "";  // a literal
+  Track track = Track::Main;
+  int microbatch = -1, chunk = -1, index = -1;
+};
+
 class StepClock {
  public:
   // The step begins now: every part at zero, none open.
@@ -50,9 +66,10 @@ class StepClock {
   // The step ends now; what is still open is closed.
   void stop();
   bool running() const { return running_; }
-  // Opens `part` (the open part pauses) until the matching close().
-  void open(StepPart part);
-  void close();
+  // Opens `part` (the open part pauses) until the matching close(). Both
+  // return the instant of the transition (now_seconds()).
+  double open(StepPart part);
+  double close();
 
   // Of the last step (or so far): a part's time, what no part claimed, and the whole.
   double ms(StepPart part) const { return 1e3 * s_[size_t(part)]; }
@@ -61,22 +78,37 @@ class StepClock {
   // When the step began (now_seconds): with step_ms, the step's span on the same clock.
   double started_at() const { return start_; }
 
-  // A part open for a scope's lifetime; a null or stopped clock does nothing.
+  // A part open for a scope's lifetime, and its span; a null or stopped
+  // clock charges nothing.
   class Scope {
    public:
-    Scope(StepClock* clock, StepPart part) : clock_(clock && clock->running() ? clock : nullptr) {
-      if (clock_) clock_->open(part);
+    Scope(StepClock* clock, StepPart part, const SpanTag& span = {})
+        : clock_(clock && clock->running() ? clock : nullptr), tl_(span.tl && span.tl->tracing() ? span.tl : nullptr) {
+      const double t = clock_ ? clock_->open(part) : tl_ ? now_seconds() : 0;
+      if (tl_) {
+        span_ = Span{span.name, span.track, span.microbatch, span.chunk, span.index, -1, t, t};
+        tl_->span_opened();
+      }
     }
     ~Scope() { end(); }
+    // Ends the part (and its span) before the scope does.
     void end() {
-      if (clock_) clock_->close();
+      const double t = clock_ ? clock_->close() : tl_ ? now_seconds() : 0;
+      if (tl_) {
+        span_.t1 = t;
+        tl_->add_span(span_);
+        tl_->span_closed();
+      }
       clock_ = nullptr;
+      tl_ = nullptr;
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
 
    private:
     StepClock* clock_;
+    Timeline* tl_;
+    Span span_;
   };
 
  private:

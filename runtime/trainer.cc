@@ -83,8 +83,7 @@ TrainResult Trainer::run() {
 // The gradient norm, the skip vote and the update: the optimizer's part of
 // the step. Returns this rank's loss (summed over the job by global_loss).
 double Trainer::optimizer_step(StepMetrics& m, int step) {
-  StepClock::Scope optimizer(&clock_, StepPart::Optimizer);
-  SpanScope optimizer_span(ctx_.timeline, "optimizer");
+  StepClock::Scope optimizer(&clock_, StepPart::Optimizer, {ctx_.timeline, "optimizer"});
   const double scale = loss_scale_.scale();
   m.loss_scale = scale;
   // The step's one host wait (on a device): the norm decides clipping and skipping.
@@ -147,8 +146,7 @@ void Trainer::zero_gradients() {
 void Trainer::reduce_tied(Parameter& p) {
   // On a device the compute stream waits for the sum; the host goes on (and
   // waits with the timeout at the end of the step).
-  StepClock::Scope part(&clock_, StepPart::PpCommExposed);
-  SpanScope span(ctx_.timeline, "tied_all_reduce");
+  StepClock::Scope part(&clock_, StepPart::PpCommExposed, {ctx_.timeline, "tied_all_reduce"});
   WorkPtr w = comm_->embedding().all_reduce_async(p.grad, ReduceOp::Sum);
   w->join(ctx_.cuda_stream);
   if (ctx_.timeline) ctx_.timeline->add_op_later(OpKind::TiedAllReduce, [w] { return w->duration_ms(); });
@@ -167,8 +165,8 @@ void Trainer::accumulate_gradients(int step) {
   // a slow stage (a receive, the gradient reduction), not inside their own
   // compute (a tied gradient's reduction runs inside the first stage's backward).
   {
-    SpanScope span(cfg_.faults.kind == FaultKind::SlowRank ? ctx_.timeline : nullptr, "fault_delay");
-    StepClock::Scope part(&clock_, StepPart::Forward);
+    StepClock::Scope part(&clock_, StepPart::Forward,
+                          {cfg_.faults.kind == FaultKind::SlowRank ? ctx_.timeline : nullptr, "fault_delay"});
     faults_->delay_compute(step + 1);
   }
   exec_->run(ctx_, schedule_, feed, dloss);
@@ -179,8 +177,8 @@ void Trainer::accumulate_gradients(int step) {
   // which is bubble too (the reductions and bucket launches in it are
   // their own parts).
   const bool pipelined = cfg_.parallel.pp > 1;
-  SpanScope drain_span(pipelined ? ctx_.timeline : nullptr, "pipeline_drain");
-  StepClock::Scope drain(pipelined ? &clock_ : nullptr, StepPart::PpBubble);
+  StepClock::Scope drain(pipelined ? &clock_ : nullptr, StepPart::PpBubble,
+                         {pipelined ? ctx_.timeline : nullptr, "pipeline_drain"});
   for (Parameter* t : tied_copies_) {
     reduce_tied(*t);
     sync_->layer_done(t->layer);
@@ -250,8 +248,7 @@ double Trainer::global_loss(double local_loss) {
 }
 
 void Trainer::save_checkpoint(StepMetrics& m) {
-  StepClock::Scope part(&clock_, StepPart::CkptStall);
-  SpanScope span(ctx_.timeline, "checkpoint_save", Track::Main, -1, -1, m.step);
+  StepClock::Scope part(&clock_, StepPart::CkptStall, {ctx_.timeline, "checkpoint_save", Track::Main, -1, -1, m.step});
   ckpt_->save(m.step, ctx_.cuda_stream, ctx_.timeline);
   m.checkpoint_saved = true;
 }

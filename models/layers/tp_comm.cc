@@ -1,6 +1,5 @@
 #include "models/layers/tp_comm.h"
 
-#include "core/clock.h"
 #include "core/error.h"
 
 namespace xirang {
@@ -28,44 +27,43 @@ void TpComm::layout(Arena& acts, int64_t width, DType dtype) {
   }
 }
 
-void TpComm::join(const WorkPtr& w, OpKind kind, double t0) {
+// The collective's part of the step and its span: the launch and the wait.
+StepClock::Scope TpComm::part(OpKind kind) const {
+  return StepClock::Scope(clock_, StepPart::TpComm, {timeline_, op_kind_name(kind)});
+}
+
+void TpComm::join(const WorkPtr& w, OpKind kind) {
   w->join(stream_);
-  const double t1 = now_seconds();
   if (stream_) device_work_.push_back(w);
-  if (!timeline_) return;
-  add_span(timeline_, op_kind_name(kind), Track::Main, t0, t1);
   // A collective's own duration is known once it has completed (at once on the host).
-  timeline_->add_op_later(kind, [w] { return w->duration_ms(); });
+  if (timeline_) timeline_->add_op_later(kind, [w] { return w->duration_ms(); });
 }
 
 void TpComm::all_reduce(Tensor t, ReduceOp op) {
   if (size_ == 1) return;
-  StepClock::Scope part(clock_, StepPart::TpComm);
-  const double t0 = now_seconds();
-  join(group_->all_reduce_async(t, op), OpKind::TpAllReduce, t0);
+  const StepClock::Scope scope = part(OpKind::TpAllReduce);
+  join(group_->all_reduce_async(t, op), OpKind::TpAllReduce);
 }
 
 Tensor TpComm::gathered(const Tensor& local) {
   if (!sp_) return local;
-  StepClock::Scope part(clock_, StepPart::TpComm);
-  const double t0 = now_seconds();
-  join(group_->all_gather_async(local, gather_), OpKind::TpAllGather, t0);
+  const StepClock::Scope scope = part(OpKind::TpAllGather);
+  join(group_->all_gather_async(local, gather_), OpKind::TpAllGather);
   return gather_;
 }
 
 void TpComm::reduce_rows(Tensor partial, Tensor out) {
   if (size_ == 1) return;
-  StepClock::Scope part(clock_, StepPart::TpComm);
-  const double t0 = now_seconds();
-  if (sp_) join(group_->reduce_scatter_async(partial, out, ReduceOp::Sum), OpKind::TpReduceScatter, t0);
-  else join(group_->all_reduce_async(partial, ReduceOp::Sum), OpKind::TpAllReduce, t0);
+  const OpKind kind = sp_ ? OpKind::TpReduceScatter : OpKind::TpAllReduce;
+  const StepClock::Scope scope = part(kind);
+  if (sp_) join(group_->reduce_scatter_async(partial, out, ReduceOp::Sum), kind);
+  else join(group_->all_reduce_async(partial, ReduceOp::Sum), kind);
 }
 
 Tensor TpComm::full_rows(Tensor local) {
   if (!sp_) return local;
-  StepClock::Scope part(clock_, StepPart::TpComm);
-  const double t0 = now_seconds();
-  join(group_->all_gather_async(local, grad_), OpKind::TpAllGather, t0);
+  const StepClock::Scope scope = part(OpKind::TpAllGather);
+  join(group_->all_gather_async(local, grad_), OpKind::TpAllGather);
   return grad_;
 }
 

@@ -77,7 +77,8 @@ class TpComm {
   Tensor gather_;   // (N, width) an activation gathered for one product (sequence parallel)
   Tensor grad_;     // (N, width) a gathered residual gradient (sequence parallel)
   // Joins `w` to the pass's stream (recording it on the timeline as `kind`, launched at t0).
-  void join(const WorkPtr& w, OpKind kind, double t0);
+  StepClock::Scope part(OpKind kind) const;
+  void join(const WorkPtr& w, OpKind kind);
 
   std::vector<WorkPtr> device_work_;  // the collectives joined to a device stream since take()
   void* stream_ = nullptr;

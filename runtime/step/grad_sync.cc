@@ -180,8 +180,7 @@ void GradSync::finish(void* stream) {
   // On the host each join waits; on a device the stream waits for every
   // bucket and the host goes on (settle() waits once, with the timeout).
   {
-    SpanScope span(tl_, "dp_wait", Track::Main);
-    StepClock::Scope part(clock_, StepPart::DpCommExposed);
+    StepClock::Scope part(clock_, StepPart::DpCommExposed, {tl_, "dp_wait"});
 #ifdef XIRANG_HAVE_CUDA
     if (stream) {
       if (!waits_) waits_ = std::make_unique<DeviceWaits>();
@@ -202,13 +201,13 @@ void GradSync::finish(void* stream) {
 
 void GradSync::settle() {
   if (settled_) return;
-  StepClock::Scope part(stream_ ? clock_ : nullptr, StepPart::DpCommExposed);  // on the host finish() waited
+  // On the host finish() waited.
+  StepClock::Scope part(stream_ ? clock_ : nullptr, StepPart::DpCommExposed, {stream_ ? tl_ : nullptr, "dp_wait"});
   // A bucket's completion is its launch plus its duration; the span to the
   // last one is the communication time (operations overlap one another).
   // On the host the communication lasts at least until the waits for it
   // returned: the step was held that long, so exposed_ms <= comm_ms.
   double last_done = stream_ ? first_launch_ : std::max(first_launch_, joined_at_);
-  SpanScope span(stream_ ? tl_ : nullptr, "dp_wait", Track::Main);
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
     b.work->wait();
@@ -233,8 +232,8 @@ void GradSync::settle() {
 void GradSync::gather_parameters() {
   if (!opts_.zero) return;
   gather_start_ = now_seconds();  // before the part opens, as a launch's time
-  StepClock::Scope part(clock_, StepPart::DpCommExposed);
-  SpanScope span(stream_ ? nullptr : tl_, "dp_wait", Track::Main);  // on the host a blocking gather
+  // On the host a blocking gather: its wait is drawn.
+  StepClock::Scope part(clock_, StepPart::DpCommExposed, {stream_ ? nullptr : tl_, "dp_wait"});
   gathers_.clear();
   for (auto& b : buckets_)
     gathers_.push_back(dp_.all_gather_async(flat_params_.flat_range(b.chunk_begin, b.chunk_end),

@@ -159,8 +159,7 @@ void PipelineExecutor::layout(Arena& a) {
 }
 
 void PipelineExecutor::join_send(WorkPtr& w, int chunk) {
-  SpanScope span(tl_, "wait_send", Track::Main, -1, chunk);
-  StepClock::Scope part(clock_, StepPart::PpCommExposed);
+  StepClock::Scope part(clock_, StepPart::PpCommExposed, {tl_, "wait_send", Track::Main, -1, chunk});
   w->join(stream_);
 }
 
@@ -212,9 +211,9 @@ void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t 
 void PipelineExecutor::wait_recv(PipeOp op, int mb, int chunk) {
   auto it = posted_.find({op == PipeOp::RecvActivation ? 0 : 1, mb, chunk});
   XR_CHECK(it != posted_.end(), "pipeline: ", pipe_op_name(op), " of microbatch ", mb, " was not posted");
-  SpanScope span(tl_, op == PipeOp::RecvActivation ? "wait_activation" : "wait_gradient", Track::Main, mb,
-                 chunks_[size_t(chunk)].g);
-  StepClock::Scope part(clock_, StepPart::PpBubble);
+  StepClock::Scope part(clock_, StepPart::PpBubble,
+                        {tl_, op == PipeOp::RecvActivation ? "wait_activation" : "wait_gradient", Track::Main, mb,
+                         chunks_[size_t(chunk)].g});
   it->second->join(stream_);
   posted_.erase(it);
 }
@@ -279,8 +278,8 @@ void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i) {
 template <class Pass>
 void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, const char* name, int mb, Pass&& pass) {
   // The host span: on a device the time the host took to queue the pass.
-  SpanScope span(tl_, name, Track::Main, mb, c.g);
-  StepClock::Scope part(clock_, kind == ComputeSpans::Forward ? StepPart::Forward : StepPart::Backward);
+  StepClock::Scope part(clock_, kind == ComputeSpans::Forward ? StepPart::Forward : StepPart::Backward,
+                        {tl_, name, Track::Main, mb, c.g});
   spans_.begin(stream_);
   pass();
   spans_.end(stream_, kind, mb, c.g, c.model->take_tp_comm().device_work);
@@ -293,8 +292,7 @@ void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const
   Tensor targets = c.last ? c.targets[size_t(s)] : Tensor();
   if (c.first || c.last) {
     // The feed fills the slot wherever it lives (a device slot through the loader's staging upload).
-    SpanScope span(tl_, "data_wait", Track::Main, mb, c.g);
-    StepClock::Scope part(clock_, StepPart::DataWait);
+    StepClock::Scope part(clock_, StepPart::DataWait, {tl_, "data_wait", Track::Main, mb, c.g});
     feed(mb, tokens, targets);
   }
   timed_pass(c, ComputeSpans::Forward, "forward", mb, [&] { c.model->forward(ctx, s, tokens, targets, dloss); });
@@ -347,8 +345,7 @@ void PipelineExecutor::send_gradient(const KernelContext& ctx, Chunk& c, int mb)
 // Every send must be delivered before its buffer is written again: on the
 // host the step waits for them; on a device the compute stream does.
 void PipelineExecutor::join_sends() {
-  SpanScope span(p_ > 1 ? tl_ : nullptr, "wait_send", Track::Main);
-  StepClock::Scope part(clock_, StepPart::PpCommExposed);
+  StepClock::Scope part(clock_, StepPart::PpCommExposed, {p_ > 1 ? tl_ : nullptr, "wait_send"});
   in_flight_.clear();
   for (Chunk& c : chunks_) {
     for (auto* list : {&c.slot_send, &c.send_work})

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "tests/support/expect_error.h"
@@ -67,6 +68,55 @@ TEST(StepClock, StopClosesOpenPartsAndStartResets) {
   EXPECT_EQ(c.step_ms(), 0);
   c.stop();
   EXPECT_EQ(c.ms(StepPart::Backward), 0);
+}
+
+// A part that names a span draws it with the clock's own transitions: a
+// lone part's span lasts exactly its charged time, a nested part's span lies
+// inside the enclosing one's, and the enclosing part's time is its span less
+// the nested span. Without tracing nothing is drawn; without a running clock
+// the span is still drawn (evaluation outside a step).
+TEST(StepClock, PartsDrawTheirSpansAtTheClocksTransitions) {
+  Timeline tl;
+  tl.set_tracing(true);
+  StepClock c;
+  c.start();
+  {
+    StepClock::Scope f(&c, StepPart::Forward, {&tl, "forward", Track::Main, 3, 1});
+    sleep_ms(2);
+    {
+      StepClock::Scope w(&c, StepPart::PpBubble, {&tl, "wait_activation", Track::Main, 4});
+      sleep_ms(3);
+    }
+    sleep_ms(1);
+  }
+  { StepClock::Scope o(&c, StepPart::Optimizer); }  // no span named
+  c.stop();
+  EXPECT_EQ(tl.open_spans(), 0);
+  const std::vector<Span> spans = tl.take_spans();
+  ASSERT_EQ(spans.size(), 2u);
+  const Span& inner = spans[0];
+  const Span& outer = spans[1];
+  EXPECT_STREQ(inner.name, "wait_activation");
+  EXPECT_EQ(inner.microbatch, 4);
+  EXPECT_STREQ(outer.name, "forward");
+  EXPECT_EQ(outer.microbatch, 3);
+  EXPECT_EQ(outer.chunk, 1);
+  EXPECT_NEAR((inner.t1 - inner.t0) * 1e3, c.ms(StepPart::PpBubble), 1e-9);
+  EXPECT_NEAR((outer.t1 - outer.t0 - (inner.t1 - inner.t0)) * 1e3, c.ms(StepPart::Forward), 1e-9);
+  EXPECT_GE(inner.t0, outer.t0);
+  EXPECT_LE(inner.t1, outer.t1);
+  EXPECT_GE(outer.t0, c.started_at());
+
+  tl.set_tracing(false);
+  c.start();
+  { StepClock::Scope f(&c, StepPart::Forward, {&tl, "forward"}); }
+  c.stop();
+  EXPECT_TRUE(tl.take_spans().empty());
+
+  tl.set_tracing(true);
+  { StepClock::Scope e(&c, StepPart::Forward, {&tl, "forward"}); }  // the clock is stopped
+  EXPECT_EQ(c.ms(StepPart::Forward), 0);
+  ASSERT_EQ(tl.take_spans().size(), 1u);
 }
 
 TEST(StepClock, MisuseIsAnInternalError) {
