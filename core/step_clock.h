@@ -15,6 +15,10 @@
 // are the clock's own transitions, so the trace shows exactly the time the
 // part was charged.
 //
+// On a device the clock also owns the step's one pool of timing events
+// (core/device_events.h): the passes, the dp joins' waits and the per-op
+// profile record their event pairs from it.
+//
 // Code that may run outside a step (evaluation, a test of one layer) holds
 // a null clock or one that is not running: scopes then charge nothing (a
 // span is still drawn, on the steady clock).
@@ -31,6 +35,7 @@
 #include <array>
 #include <cstddef>
 
+#include "core/device_events.h"
 #include "core/timeline.h"
 
 namespace xirang {
@@ -77,6 +82,8 @@ class StepClock {
   double step_ms() const { return 1e3 * step_s_; }
   // When the step began (now_seconds): with step_ms, the step's span on the same clock.
   double started_at() const { return start_; }
+  // The step's device timing events (CUDA builds; see core/device_events.h).
+  DeviceEvents& device_events() { return events_; }
 
   // A part open for a scope's lifetime, and its span; a null or stopped
   // clock charges nothing.
@@ -122,6 +129,7 @@ class StepClock {
   std::array<StepPart, kDepth> open_{};
   size_t depth_ = 0;
   bool running_ = false;
+  DeviceEvents events_;
 };
 
 }  // namespace xirang

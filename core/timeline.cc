@@ -1,9 +1,6 @@
 #include "core/timeline.h"
 
 #include "core/error.h"
-#ifdef XIRANG_HAVE_CUDA
-#include "core/cuda_stream.h"
-#endif
 
 namespace xirang {
 
@@ -30,17 +27,7 @@ const char* op_kind_name(OpKind k) {
 
 bool op_kind_is_comm(OpKind k) { return int(k) >= int(OpKind::TpAllReduce); }
 
-#ifdef XIRANG_HAVE_CUDA
-struct Timeline::DeviceOps {
-  std::vector<CudaEvent> pool;  // start and end of op i at 2i, 2i + 1
-  std::vector<OpKind> kinds;
-  size_t used = 0;
-};
-#else
-struct Timeline::DeviceOps {};
-#endif
-
-Timeline::Timeline() : dev_(std::make_unique<DeviceOps>()) {}
+Timeline::Timeline() = default;
 Timeline::~Timeline() = default;
 
 void Timeline::add_span(const Span& s) {
@@ -65,40 +52,29 @@ void Timeline::add_op_later(OpKind k, std::function<double()> ms) {
 }
 
 void Timeline::begin_device_op(void* stream) {
-#ifdef XIRANG_HAVE_CUDA
-  DeviceOps& d = *dev_;
-  if (d.pool.size() < 2 * (d.used + 1)) {  // grows during the first profiled step only
-    d.pool.emplace_back(EventTiming::Enabled);
-    d.pool.emplace_back(EventTiming::Enabled);
-    d.kinds.push_back(OpKind::Matmul);
+  if (!events_) {
+    own_events_ = std::make_unique<DeviceEvents>();
+    events_ = own_events_.get();
   }
-  d.pool[2 * d.used].record(static_cast<cudaStream_t>(stream));
-#else
-  (void)stream;
-  XR_CHECK(false, "a device op timed in a build without CUDA");
-#endif
+  if (op_kinds_.size() == device_ops_) {  // grows during the first profiled step only
+    op_events_.push_back(events_->take());
+    op_events_.push_back(events_->take());
+    op_kinds_.push_back(OpKind::Matmul);
+  }
+  events_->record(op_events_[2 * device_ops_], stream);
 }
 
 void Timeline::end_device_op(void* stream, OpKind k) {
-#ifdef XIRANG_HAVE_CUDA
-  DeviceOps& d = *dev_;
-  d.pool[2 * d.used + 1].record(static_cast<cudaStream_t>(stream));
-  d.kinds[d.used++] = k;
-#else
-  (void)stream;
-  (void)k;
-#endif
+  events_->record(op_events_[2 * device_ops_ + 1], stream);
+  op_kinds_[device_ops_++] = k;
 }
 
 OpTimes Timeline::take_ops() {
   for (auto& [k, ms] : later_) add_op_ms(k, ms());
   later_.clear();
-#ifdef XIRANG_HAVE_CUDA
-  DeviceOps& d = *dev_;
-  if (d.used > 0) d.pool[2 * d.used - 1].synchronize();  // profiling's one host wait per step
-  for (size_t i = 0; i < d.used; ++i) add_op_ms(d.kinds[i], elapsed_ms(d.pool[2 * i], d.pool[2 * i + 1]));
-  d.used = 0;
-#endif
+  if (device_ops_ > 0) events_->wait(op_events_[2 * device_ops_ - 1]);  // profiling's one host wait per step
+  for (size_t i = 0; i < device_ops_; ++i) add_op_ms(op_kinds_[i], events_->ms(op_events_[2 * i], op_events_[2 * i + 1]));
+  device_ops_ = 0;
   OpTimes out = ops_;
   ops_ = OpTimes{};
   return out;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/device_events.h"
 
 namespace xirang {
 
@@ -109,7 +110,10 @@ class Timeline {
   // A time known later (a transfer's duration, valid once it completed):
   // `ms` is called by take_ops().
   void add_op_later(OpKind k, std::function<double()> ms);
-  // Device ops: a pair of timing events around the op on `stream`, read by take_ops().
+  // Device ops: a pair of timing events around the op on `stream`, read by
+  // take_ops(), from `events` (the step clock's pool; a timeline with none
+  // set makes its own on first use).
+  void set_device_events(DeviceEvents* events) { events_ = events; }
   void begin_device_op(void* stream);
   void end_device_op(void* stream, OpKind k);
   // The ops since the last call. On a device only after their work has completed.
@@ -126,8 +130,11 @@ class Timeline {
   std::vector<Span> spans_;
   OpTimes ops_;
   std::vector<std::pair<OpKind, std::function<double()>>> later_;
-  struct DeviceOps;  // a reused pool of timing events (CUDA builds)
-  std::unique_ptr<DeviceOps> dev_;
+  DeviceEvents* events_ = nullptr;
+  std::unique_ptr<DeviceEvents> own_events_;
+  std::vector<int> op_events_;  // op i's start and end at 2i, 2i + 1 (reused every step)
+  std::vector<OpKind> op_kinds_;
+  size_t device_ops_ = 0;       // recorded since the last take_ops
   int op_depth_ = 0;
 };
 

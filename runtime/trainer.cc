@@ -160,22 +160,27 @@ void Trainer::accumulate_gradients(int step) {
   // Under fp16 it is scaled up so that small gradients survive 16-bit storage.
   const double dloss = loss_scale_.scale() / (double(B) * T * micro * cfg_.parallel.dp);
   const auto feed = [&](int mb, const Tensor& tk, const Tensor& tg) { loader_->next(step, mb, tk, tg, ctx_.cuda_stream); };
-  // faults.kind=slow_rank: a slow device, seen as a longer first forward. Before
-  // the schedule, so that the neighbours wait for it where they would wait for
-  // a slow stage (a receive, the gradient reduction), not inside their own
-  // compute (a tied gradient's reduction runs inside the first stage's backward).
-  {
-    StepClock::Scope part(&clock_, StepPart::Forward,
-                          {cfg_.faults.kind == FaultKind::SlowRank ? ctx_.timeline : nullptr, "fault_delay"});
-    faults_->delay_compute(step + 1);
-  }
+  delay_if_slow(step);
   exec_->run(ctx_, schedule_, feed, dloss);
-  // A tied copy (the last stage's token table) is final once its head
-  // passes are done. Its reduction waits for the original's chunk to
-  // finish, and so does the barrier after it on every stage: a stage that
-  // finished its list early idles here until the pipeline has drained,
-  // which is bubble too (the reductions and bucket launches in it are
-  // their own parts).
+  drain_pipeline();
+}
+
+// faults.kind=slow_rank: a slow device, seen as a longer first forward. Before
+// the schedule, so that the neighbours wait for it where they would wait for
+// a slow stage (a receive, the gradient reduction), not inside their own
+// compute (a tied gradient's reduction runs inside the first stage's backward).
+void Trainer::delay_if_slow(int step) {
+  StepClock::Scope part(&clock_, StepPart::Forward,
+                        {cfg_.faults.kind == FaultKind::SlowRank ? ctx_.timeline : nullptr, "fault_delay"});
+  faults_->delay_compute(step + 1);
+}
+
+// A tied copy (the last stage's token table) is final once its head passes
+// are done. Its reduction waits for the original's chunk to finish, and so
+// does the barrier after it on every stage: a stage that finished its list
+// early idles here until the pipeline has drained, which is bubble too (the
+// reductions and bucket launches in it are their own parts).
+void Trainer::drain_pipeline() {
   const bool pipelined = cfg_.parallel.pp > 1;
   StepClock::Scope drain(pipelined ? &clock_ : nullptr, StepPart::PpBubble,
                          {pipelined ? ctx_.timeline : nullptr, "pipeline_drain"});

@@ -133,6 +133,8 @@ class Trainer {
   // sum), then the tied copies' reductions and the pipeline drain, each in
   // its part of the step clock.
   void accumulate_gradients(int step);
+  void delay_if_slow(int step);  // faults.kind=slow_rank
+  void drain_pipeline();
   // On a device: timed host waits for the transfers the compute stream
   // joined, before the step's untimed stream synchronization.
   void wait_step_transfers();

@@ -102,6 +102,7 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   if (cfg_.metrics.op_profile || !cfg_.metrics.trace.empty()) ctx_.timeline = &timeline_;
   ctx_.clock = &clock_;
   timeline_.set_profiling(cfg_.metrics.op_profile);
+  timeline_.set_device_events(&clock_.device_events());  // the step's one pool of timing events
   faults_ = std::make_unique<FaultInjector>(cfg_.faults, *grid_, device_);
   loss_scale_ = loss_scale_of(cfg_.precision, model_dtype_);
   build_schedule();

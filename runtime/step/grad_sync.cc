@@ -7,24 +7,8 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "kernels/elementwise.h"
-#ifdef XIRANG_HAVE_CUDA
-#include "core/cuda_stream.h"
-#endif
 
 namespace xirang {
-
-// The compute stream's waits for dp communication on a device: events
-// recorded before and after each join; the time between a pair is the
-// stream's wait beyond its own work. Created on first use.
-#ifdef XIRANG_HAVE_CUDA
-struct GradSync::DeviceWaits {
-  CudaEvent before{EventTiming::Enabled}, after{EventTiming::Enabled};              // the buckets
-  CudaEvent gather_before{EventTiming::Enabled}, gather_after{EventTiming::Enabled};  // the ZeRO gather
-  bool buckets = false, gather = false;  // a pair is recorded and not yet read
-};
-#else
-struct GradSync::DeviceWaits {};
-#endif
 
 namespace {
 // The bytes of parameters a bucket's ZeRO gather delivers.
@@ -144,14 +128,31 @@ void GradSync::launch(Bucket& b) {
     b.work = dp_.all_reduce_async(grads, ReduceOp::Sum);
 }
 
-double GradSync::device_exposed_ms() {
-#ifdef XIRANG_HAVE_CUDA
-  // Read once the stream has passed the joins (grad_norm synchronized it).
-  if (waits_ && waits_->buckets && waits_->after.query()) {
-    device_exposed_ms_ += elapsed_ms(waits_->before, waits_->after);
-    waits_->buckets = false;
+void GradSync::open_wait(StreamWait& w) {
+  XR_CHECK(clock_, "GradSync: joins on a device stream need the step clock's device events");
+  DeviceEvents& ev = clock_->device_events();
+  if (w.before < 0) {
+    w.before = ev.take();
+    w.after = ev.take();
   }
-#endif
+  ev.record(w.before, stream_);
+}
+
+void GradSync::close_wait(StreamWait& w) {
+  clock_->device_events().record(w.after, stream_);
+  w.pending = true;
+}
+
+void GradSync::read_wait(StreamWait& w) {
+  if (!w.pending) return;
+  DeviceEvents& ev = clock_->device_events();
+  if (!ev.done(w.after)) return;
+  device_exposed_ms_ += ev.ms(w.before, w.after);
+  w.pending = false;
+}
+
+double GradSync::device_exposed_ms() {
+  read_wait(bucket_wait_);  // the stream has passed the joins (grad_norm synchronized it)
   return device_exposed_ms_;
 }
 
@@ -181,19 +182,9 @@ void GradSync::finish(void* stream) {
   // bucket and the host goes on (settle() waits once, with the timeout).
   {
     StepClock::Scope part(clock_, StepPart::DpCommExposed, {tl_, "dp_wait"});
-#ifdef XIRANG_HAVE_CUDA
-    if (stream) {
-      if (!waits_) waits_ = std::make_unique<DeviceWaits>();
-      waits_->before.record(static_cast<cudaStream_t>(stream));
-    }
-#endif
+    if (stream) open_wait(bucket_wait_);
     for (auto& b : buckets_) b.work->join(stream);
-#ifdef XIRANG_HAVE_CUDA
-    if (stream) {
-      waits_->after.record(static_cast<cudaStream_t>(stream));
-      waits_->buckets = true;
-    }
-#endif
+    if (stream) close_wait(bucket_wait_);
   }
   joined_at_ = now_seconds();  // after the part closed: the communication lasts at least this long
   if (!stream) settle();
@@ -240,22 +231,12 @@ void GradSync::gather_parameters() {
                                             flat_params_.flat_range(b.begin, b.end)));
   // On a device the next step's kernels wait for the gathers on the stream,
   // and their time is counted when the next step settles.
-#ifdef XIRANG_HAVE_CUDA
   if (stream_) {
-    if (!waits_) waits_ = std::make_unique<DeviceWaits>();
-    // The previous step's gather: the stream passed it before this step's grad_norm returned.
-    if (waits_->gather && waits_->gather_after.query())
-      device_exposed_ms_ += elapsed_ms(waits_->gather_before, waits_->gather_after);
-    waits_->gather_before.record(static_cast<cudaStream_t>(stream_));
+    read_wait(gather_wait_);  // the previous step's: the stream passed it before this step's grad_norm returned
+    open_wait(gather_wait_);
   }
-#endif
   for (auto& w : gathers_) w->join(stream_);
-#ifdef XIRANG_HAVE_CUDA
-  if (stream_) {
-    waits_->gather_after.record(static_cast<cudaStream_t>(stream_));
-    waits_->gather = true;
-  }
-#endif
+  if (stream_) close_wait(gather_wait_);
   if (stream_) return;
   for (size_t i = 0; i < gathers_.size(); ++i)
     record(gathers_[i], OpKind::DpAllGather, gather_start_, int(i), gather_bytes(buckets_[i], dtype_size(flat_params_.dtype())));

@@ -139,8 +139,18 @@ class GradSync {
   std::vector<Tensor> norm_grads_;  // the gradients the norm counts (fixed once the optimizer is laid out)
   std::vector<WorkPtr> gathers_;  // ZeRO gathers not yet counted (device)
   double gather_start_ = 0;
-  struct DeviceWaits;  // timing events around the compute stream's joins (CUDA builds)
-  std::unique_ptr<DeviceWaits> waits_;
+  // The compute stream's wait at a join on a device: a pair of the step
+  // clock's timing events around it; the time between them is the stream's
+  // wait beyond its own work.
+  struct StreamWait {
+    int before = -1, after = -1;
+    bool pending = false;  // recorded and not yet read
+  };
+  void open_wait(StreamWait& w);
+  void close_wait(StreamWait& w);
+  // Adds a completed pending wait to device_exposed_ms_.
+  void read_wait(StreamWait& w);
+  StreamWait bucket_wait_, gather_wait_;
   Timeline* tl_ = nullptr;
   StepClock* clock_ = nullptr;
 };

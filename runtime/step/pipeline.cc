@@ -1,101 +1,68 @@
 #include "runtime/step/pipeline.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "core/clock.h"
 #include "core/device_memory.h"
 #include "core/error.h"
-#ifdef XIRANG_HAVE_CUDA
-#include "core/cuda_stream.h"
-#endif
 
 namespace xirang {
 
-#ifdef XIRANG_HAVE_CUDA
-struct ComputeSpans::Events {
-  std::vector<CudaEvent> pool;  // start and end of span i at 2i, 2i + 1
-  std::vector<Kind> kinds;
-  std::vector<std::pair<int, int>> labels;  // (microbatch, chunk) of span i
-  std::vector<std::vector<WorkPtr>> tp_work;  // span i's tensor-parallel collectives
-  size_t used = 0;              // spans recorded since the last take
-  cudaStream_t stream = nullptr;
-  std::optional<CudaEvent> reference;  // places the spans on the host clock (made when first traced)
-};
-#else
-struct ComputeSpans::Events {};
-#endif
-
-ComputeSpans::ComputeSpans() : ev_(std::make_unique<Events>()) {}
-ComputeSpans::~ComputeSpans() = default;
-
-void ComputeSpans::begin(void* stream) {
-#ifdef XIRANG_HAVE_CUDA
-  if (stream) {
-    Events& e = *ev_;
-    if (e.pool.size() < 2 * (e.used + 1)) {  // grows during the first step only
-      e.pool.emplace_back(EventTiming::Enabled);
-      e.pool.emplace_back(EventTiming::Enabled);
-      e.kinds.push_back(Forward);
-      e.labels.emplace_back(-1, -1);
-      e.tp_work.emplace_back();
-    }
-    e.stream = static_cast<cudaStream_t>(stream);
-    e.pool[2 * e.used].record(static_cast<cudaStream_t>(stream));
+void ComputeSpans::begin(void* stream, DeviceEvents* events) {
+  if (!stream) return;
+  XR_CHECK(events, "pipeline: passes on a device stream need the step clock's device events");
+  events_ = events;
+  stream_ = stream;
+  if (passes_.size() == used_) {  // grows during the first step only
+    Pass p;
+    p.start = events->take();
+    p.end = events->take();
+    passes_.push_back(std::move(p));
   }
-#else
-  (void)stream;
-#endif
+  events->record(passes_[used_].start, stream);
 }
 
 void ComputeSpans::end(void* stream, Kind kind, int microbatch, int chunk, std::vector<WorkPtr> tp_work) {
-#ifdef XIRANG_HAVE_CUDA
-  if (stream) {
-    Events& e = *ev_;
-    e.pool[2 * e.used + 1].record(static_cast<cudaStream_t>(stream));
-    e.labels[e.used] = {microbatch, chunk};
-    e.tp_work[e.used] = std::move(tp_work);
-    e.kinds[e.used++] = kind;
-  }
-#else
-  (void)stream, (void)kind, (void)microbatch, (void)chunk, (void)tp_work;
-#endif
+  if (!stream) return;
+  Pass& p = passes_[used_++];
+  events_->record(p.end, stream);
+  p.kind = kind;
+  p.microbatch = microbatch;
+  p.chunk = chunk;
+  p.tp_work = std::move(tp_work);
 }
 
 void ComputeSpans::take(DeviceTimes& times, Timeline* tl) {
-#ifdef XIRANG_HAVE_CUDA
-  Events& e = *ev_;
-  if (e.used == 0) return;
+  if (used_ == 0) return;
+  DeviceEvents& ev = *events_;
   const bool trace = tl && tl->tracing();
   double ref_s = 0;
   if (trace) {  // the stream has finished the step's passes: the reference completes at once
-    if (!e.reference) e.reference.emplace(EventTiming::Enabled);
-    e.reference->record(e.stream);
-    e.reference->synchronize();
+    if (reference_ < 0) reference_ = ev.take();
+    ev.record(reference_, stream_);
+    ev.wait(reference_);
     ref_s = now_seconds();
   }
   double busy = 0;
-  for (size_t i = 0; i < e.used; ++i) {
-    const double ms = elapsed_ms(e.pool[2 * i], e.pool[2 * i + 1]);
+  for (size_t i = 0; i < used_; ++i) {
+    Pass& p = passes_[i];
+    const double ms = ev.ms(p.start, p.end);
     // The stream waited for the pass's collectives inside the span: their time is tp_comm_ms.
     double tp_ms = 0;
-    for (const WorkPtr& w : e.tp_work[i]) tp_ms += w->duration_ms();
-    e.tp_work[i].clear();
-    tp_ms = std::min(tp_ms, double(ms));
-    (e.kinds[i] == Forward ? times.forward_ms : times.backward_ms) += ms - tp_ms;
+    for (const WorkPtr& w : p.tp_work) tp_ms += w->duration_ms();
+    p.tp_work.clear();
+    tp_ms = std::min(tp_ms, ms);
+    (p.kind == Forward ? times.forward_ms : times.backward_ms) += ms - tp_ms;
     times.tp_comm_ms += tp_ms;
     busy += ms;
     if (trace) {
-      const double t1 = ref_s - elapsed_ms(e.pool[2 * i + 1], *e.reference) / 1e3;
-      add_span(tl, e.kinds[i] == Forward ? "forward" : "backward", Track::Device, t1 - ms / 1e3, t1,
-               e.labels[i].first, e.labels[i].second);
+      const double t1 = ref_s - ev.ms(p.end, reference_) / 1e3;
+      add_span(tl, p.kind == Forward ? "forward" : "backward", Track::Device, t1 - ms / 1e3, t1, p.microbatch,
+               p.chunk);
     }
   }
-  times.bubble_ms += std::max(0.0, elapsed_ms(e.pool[0], e.pool[2 * e.used - 1]) - busy);
-  e.used = 0;
-#else
-  (void)times, (void)tl;
-#endif
+  times.bubble_ms += std::max(0.0, ev.ms(passes_[0].start, passes_[used_ - 1].end) - busy);
+  used_ = 0;
 }
 
 namespace {
@@ -280,7 +247,7 @@ void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, const char*
   // The host span: on a device the time the host took to queue the pass.
   StepClock::Scope part(clock_, kind == ComputeSpans::Forward ? StepPart::Forward : StepPart::Backward,
                         {tl_, name, Track::Main, mb, c.g});
-  spans_.begin(stream_);
+  spans_.begin(stream_, clock_ ? &clock_->device_events() : nullptr);
   pass();
   spans_.end(stream_, kind, mb, c.g, c.model->take_tp_comm().device_work);
 }

@@ -44,6 +44,7 @@
 
 #include "comm/communicator.h"
 #include "core/arena.h"
+#include "core/device_events.h"
 #include "models/model.h"
 #include "runtime/step/schedule.h"
 
@@ -87,9 +88,8 @@ struct DeviceTimes {
 class ComputeSpans {
  public:
   enum Kind { Forward, Backward };
-  ComputeSpans();
-  ~ComputeSpans();
-  void begin(void* stream);
+  // `events`: the step clock's pool, which a device needs (null on the host).
+  void begin(void* stream, DeviceEvents* events);
   // `microbatch` and `chunk` label the span in a trace. `tp_work`: the
   // pass's tensor-parallel collectives, whose device time take() moves
   // from the pass to tp_comm_ms.
@@ -101,8 +101,17 @@ class ComputeSpans {
   void take(DeviceTimes& times, Timeline* tl = nullptr);
 
  private:
-  struct Events;  // the device's timing events (a pool reused every step)
-  std::unique_ptr<Events> ev_;
+  struct Pass {
+    int start = -1, end = -1;  // the pool's events around it
+    Kind kind = Forward;
+    int microbatch = -1, chunk = -1;
+    std::vector<WorkPtr> tp_work;
+  };
+  DeviceEvents* events_ = nullptr;
+  std::vector<Pass> passes_;  // reused every step: events are taken during the first only
+  size_t used_ = 0;           // passes recorded since the last take
+  void* stream_ = nullptr;
+  int reference_ = -1;        // places the spans on the host clock (taken when first traced)
 };
 
 class PipelineExecutor {
