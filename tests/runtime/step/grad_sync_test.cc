@@ -219,6 +219,25 @@ TEST(GradSyncBuckets, TileTheBufferWithItsPadding) {
   EXPECT_EQ(got.front().second % kBlock, 0);
 }
 
+// A hook launches every bucket it completes, in bucket order, and nothing
+// else; layer 2 (the 192 elements and the 64 + 30 before them) completes
+// two buckets, layer 0 none.
+TEST(GradSyncBuckets, HooksLaunchTheBucketsTheyCompleteInOrder) {
+  const std::vector<Spec> specs = {{128, -1}, {64, 0}, {64, 1}, {64, 2}, {64, 2}, {192, 2}};
+  DataParallel two(specs, 2, {.bucket_mb = bucket_mb(128), .overlap = true, .zero = false});
+  two.run({2, 1, 0, -1});
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::pair<int, std::pair<int64_t, int64_t>>> got;  // (hooks done before the launch, range)
+    auto& R = two.rank(r);
+    for (size_t i = 0; i < R.wire.size(); ++i)
+      if (!R.wire[i].wait && R.wire[i].kind == CommEvent::AllReduce)
+        got.push_back({R.wire_at_hook[i], {R.wire[i].begin, R.wire[i].end}});
+    const std::vector<std::pair<int, std::pair<int64_t, int64_t>>> want = {
+        {0, {384, 576}}, {0, {256, 384}}, {2, {128, 256}}, {3, {0, 128}}};  // layer 2: two; layer 1: none
+    EXPECT_EQ(got, want) << "rank " << r;
+  }
+}
+
 class GradSyncLayouts : public testing::TestWithParam<Layout> {
  protected:
   GradSyncOptions options() const {
