@@ -165,8 +165,10 @@ void GradSync::record(const WorkPtr& w, OpKind kind, double t0, int bucket, int6
 
 void GradSync::layer_done(int layer) {
   if (!opts_.overlap) return;
-  // Buckets complete in order during backward; launch each as soon as it is whole.
-  for (size_t i = 0; i < params_.size(); ++i) {
+  // Buckets complete in order during backward; launch each as soon as it is
+  // whole. From the last parameter: a layer that completes several buckets
+  // (one larger than bucket_mb) launches them in bucket order, as finish() does.
+  for (size_t i = params_.size(); i-- > 0;) {
     if (params_[i].layer != layer) continue;
     Bucket& b = buckets_[size_t(bucket_of_[i])];
     if (--b.pending == 0) launch(b);
