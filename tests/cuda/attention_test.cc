@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -44,10 +45,17 @@
 #include "kernels/cuda/ops.h"
 #include "tests/cuda/cuda_test_util.h"
 
+namespace xirang {
+// A DType test parameter prints as its name ("bf16"), not as a byte.
+inline void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+}  // namespace xirang
+
 namespace xirang::test {
 namespace {
 
 enum class Heads { MHA, GQA, MQA };
+const char* heads_name(Heads h) { return h == Heads::MHA ? "MHA" : h == Heads::GQA ? "GQA" : "MQA"; }
+void PrintTo(Heads h, std::ostream* os) { *os << heads_name(h); }
 
 // T = 70, 130, 45, 67 end in a partial 64-row tile (130 spans three); D =
 // 40 is padded to 64 inside the kernels; T = 1 is a single row; scale 3
@@ -150,9 +158,7 @@ class CudaFlashAttentionTest : public CudaTest, public ::testing::WithParamInter
 };
 
 std::string attention_param_name(const ::testing::TestParamInfo<std::tuple<DType, Heads>>& info) {
-  const Heads h = std::get<1>(info.param);
-  return std::string(dtype_name(std::get<0>(info.param))) + "_" +
-         (h == Heads::MHA ? "MHA" : h == Heads::GQA ? "GQA" : "MQA");
+  return std::string(dtype_name(std::get<0>(info.param))) + "_" + heads_name(std::get<1>(info.param));
 }
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaFlashAttentionTest,
                          ::testing::Combine(::testing::Values(DType::F32, DType::BF16, DType::F16),

@@ -62,6 +62,7 @@ struct FlashTol {
 
 enum class Heads { MHA, GQA, MQA };
 const char* heads_name(Heads h) { return h == Heads::MHA ? "MHA" : h == Heads::GQA ? "GQA" : "MQA"; }
+void PrintTo(Heads h, std::ostream* os) { *os << heads_name(h); }
 
 struct AttnShape {
   int64_t B, T, H, KV, D;

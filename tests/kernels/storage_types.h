@@ -21,10 +21,16 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <type_traits>
 
 #include "tests/kernels/reference.h"
+
+namespace xirang {
+// A DType test parameter prints as its name ("bf16"), not as a byte.
+inline void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+}  // namespace xirang
 
 namespace xirang::test {
 
