@@ -1,11 +1,13 @@
-// runtime/config/config.cc: the schema: every key, its field and its
-// spellings; reading a YAML tree and overrides into a Config, writing one
-// back; named values. Presets and files are config_read.cc's; the rules
-// between fields are validate.cc's.
+// runtime/config/config.cc: the schema: every key, its field and the rule
+// its value meets on its own; reading a YAML tree and overrides into a
+// Config, writing one back. Presets and files are config_read.cc's; the
+// rules between fields are validate.cc's; named values' spellings are
+// named_values.h's.
 //
 // One table (schema()) lists every section and key with a pointer to its
-// field; parsing, overrides, error messages and the emitted YAML all walk it,
-// so a field added to config.h needs one line here and nothing can drift.
+// field and its rule (field_check.h); parsing, overrides, error messages,
+// the emitted YAML and the single-key checks all walk it, so a field added
+// to config.h needs one line here and nothing can drift.
 //
 // Messages carry no "config error:" prefix: tools/ adds error_kind_name() when
 // it prints the Error, so the printed line reads "config error: <what()>".
@@ -22,7 +24,9 @@
 #include <variant>
 
 #include "core/error.h"
+#include "models/model.h"
 #include "runtime/config/config_text.h"
+#include "runtime/config/field_check.h"
 
 namespace xirang {
 
@@ -62,45 +66,39 @@ struct ResumeRef {
 // model.tie_embeddings: auto (unset: the architecture's default), true or false.
 using TieRef = std::optional<bool>*;
 
-using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*,
-                              RopeScaling::Type*, TieRef, Recompute*, ScheduleKind*, BusyPollMode*, SaveErrorPolicy*,
-                              StepRange*, ResumeRef>;
+// A named value's field (named_values.h): the enum behind the pointer is
+// read and written as its index in the ConfigNames table, so one
+// alternative serves every named value.
+struct NamedRef {
+  void* field;
+  std::span<const char* const> names;
+  size_t (*get)(const void* field);
+  void (*set)(void* field, size_t index);
 
-// Each named value's spellings, in enum order.
-constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
-constexpr const char* kBackendNames[] = {"cpu", "cuda"};
-constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank",
-                                       "nan_grad", "io_error"};
-constexpr const char* kRopeScalingNames[] = {"none", "llama3"};
-constexpr const char* kTieNames[] = {"auto", "true", "false"};
-constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
-constexpr const char* kScheduleNames[] = {"gpipe", "1f1b", "interleaved", "zb_h1"};
-constexpr const char* kBusyPollNames[] = {"auto", "on", "off"};
-constexpr const char* kSaveErrorNames[] = {"stop", "continue"};
+  const char* spelling() const { return names[get(field)]; }
+  // Whether `text` is a spelling; if so the field takes its value.
+  bool parse(std::string_view text) const {
+    for (size_t i = 0; i < names.size(); ++i)
+      if (text == names[i]) {
+        set(field, i);
+        return true;
+      }
+    return false;
+  }
+};
 
-std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
-std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
-std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
-std::span<const char* const> spellings(const RopeScaling::Type*) { return kRopeScalingNames; }
-std::span<const char* const> spellings(const Recompute*) { return kRecomputeNames; }
-std::span<const char* const> spellings(const ScheduleKind*) { return kScheduleNames; }
-std::span<const char* const> spellings(const BusyPollMode*) { return kBusyPollNames; }
-std::span<const char* const> spellings(const SaveErrorPolicy*) { return kSaveErrorNames; }
-
-template <class T>
-constexpr bool is_named_v = std::is_enum_v<T>;
-
-std::string join_names(std::span<const char* const> names) {
-  std::string out;
-  for (const char* n : names) out += (out.empty() ? "" : ", ") + std::string(n);
-  return out;
+template <NamedValue E>
+NamedRef named_ref(E* p) {
+  return NamedRef{p, config_names<E>(), [](const void* f) { return size_t(*static_cast<const E*>(f)); },
+                  [](void* f, size_t i) { *static_cast<E*>(f) = E(i); }};
 }
+
+using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, NamedRef, TieRef, StepRange*, ResumeRef>;
+
+constexpr const char* kTieNames[] = {"auto", "true", "false"};
 
 // The text a field holds, as the emitted YAML spells it (named values by name).
-template <class E>
-const char* spelling(const E* v) {
-  return spellings(v)[size_t(*v)];
-}
+const char* spelling(const NamedRef& r) { return r.spelling(); }
 std::string spelling(const StepRange* r) {
   return r->first == r->last ? std::to_string(r->first) : str_cat(r->first, "-", r->last);
 }
@@ -114,9 +112,21 @@ std::string spelling(const ResumeRef& r) {
   return *r.path;
 }
 
+template <class P>
+FieldPtr field_ptr(P p) {
+  if constexpr (std::is_pointer_v<P> && NamedValue<std::remove_pointer_t<P>>) return named_ref(p);
+  else return p;
+}
+
+// One schema row: the key, the field, and the rule the value must meet on
+// its own (field_check.h; the rules between fields are validate.cc's).
 struct Field {
   const char* key;
   FieldPtr ptr;
+  FieldCheck check;
+
+  template <class P>
+  Field(const char* k, P p, FieldCheck c = {}) : key(k), ptr(field_ptr(p)), check(c) {}
 };
 
 struct Section {
@@ -124,66 +134,134 @@ struct Section {
   std::vector<Field> fields;
 };
 
-// The order here is the order of the emitted YAML.
+// "" when model.arch names an architecture of the registry (models/model.h).
+std::string arch_problem(std::string_view key, const std::string& arch) {
+  return model_arch_known(arch) ? ""
+                                : str_cat(key, "='", arch, "' is not supported (supported: ", model_arch_names(), ")");
+}
+
+// The order here is the order of the emitted YAML and of the rules' checks.
+// The third column is the rule the value meets on its own (field_check.h).
 std::vector<Section> schema(Config& c) {
   ModelDims& m = c.model;
   RopeScaling& rs = m.rope.scaling;
   ParallelConfig& p = c.parallel;
   TrainConfig& t = c.train;
+  DataConfig& d = c.data;
+  MetricsConfig& mc = c.metrics;
+  PrecisionConfig& pc = c.precision;
+  CheckpointConfig& ck = c.checkpoint;
   return {
       {"model",
-       {{"arch", &m.arch}, {"preset", &m.preset}, {"n_layer", &m.n_layer}, {"n_head", &m.n_head},
-        {"d_model", &m.d_model}, {"seq_len", &m.max_seq_len}, {"vocab_size", &m.vocab_size},
-        {"vocab_multiple", &m.vocab_multiple}, {"n_kv_head", &m.n_kv_head}, {"head_dim", &m.head_dim},
-        {"ffn_hidden", &m.ffn_hidden}, {"ffn_multiple_of", &m.ffn_multiple_of},
-        {"ffn_dim_multiplier", &m.ffn_dim_multiplier}, {"rope_theta", &m.rope.theta},
-        {"rope_scaling.type", &rs.type}, {"rope_scaling.factor", &rs.factor},
-        {"rope_scaling.low_freq_factor", &rs.low_freq_factor}, {"rope_scaling.high_freq_factor", &rs.high_freq_factor},
+       {{"arch", &m.arch, TextRule{arch_problem}},
+        {"preset", &m.preset},
+        {"n_layer", &m.n_layer, AtLeast{1}},
+        {"n_head", &m.n_head, AtLeast{1}},
+        {"d_model", &m.d_model, AtLeast{1}},
+        {"seq_len", &m.max_seq_len, AtLeast{1}},
+        {"vocab_size", &m.vocab_size, AtLeast{1}},
+        {"vocab_multiple", &m.vocab_multiple, AtLeast{1}},
+        {"n_kv_head", &m.n_kv_head, AtLeast{0, " (0 means model.n_head)"}},
+        {"head_dim", &m.head_dim, AtLeast{0, " (0 means model.d_model / model.n_head)"}},
+        // The architecture's own keys are checked by its KeyRules (validate.cc).
+        {"ffn_hidden", &m.ffn_hidden},
+        {"ffn_multiple_of", &m.ffn_multiple_of},
+        {"ffn_dim_multiplier", &m.ffn_dim_multiplier},
+        {"rope_theta", &m.rope.theta},
+        {"rope_scaling.type", &rs.type},
+        {"rope_scaling.factor", &rs.factor},
+        {"rope_scaling.low_freq_factor", &rs.low_freq_factor},
+        {"rope_scaling.high_freq_factor", &rs.high_freq_factor},
         {"rope_scaling.original_max_position_embeddings", &rs.original_max_position_embeddings},
-        {"norm_eps", &m.norm_eps}, {"tie_embeddings", TieRef(&m.tie_embeddings)}}},
+        {"norm_eps", &m.norm_eps},
+        {"tie_embeddings", TieRef(&m.tie_embeddings)}}},
       {"parallel",
-       {{"dp", &p.dp}, {"tp", &p.tp}, {"pp", &p.pp}, {"zero", &p.zero}, {"bucket_mb", &p.bucket_mb},
-        {"overlap_grad_reduce", &p.overlap_grad_reduce}, {"sequence_parallel", &p.sequence_parallel},
-        {"schedule", &p.schedule}, {"virtual_stages", &p.virtual_stages}}},
+       {{"dp", &p.dp, AtLeast{0, " (0 infers it from the world size)"}},
+        {"tp", &p.tp, AtLeast{1}},
+        {"pp", &p.pp, AtLeast{1}},
+        {"zero", &p.zero, Within{0, 1}},
+        {"bucket_mb", &p.bucket_mb, Positive},
+        {"overlap_grad_reduce", &p.overlap_grad_reduce},
+        {"sequence_parallel", &p.sequence_parallel},
+        {"schedule", &p.schedule},
+        {"virtual_stages", &p.virtual_stages, AtLeast{1}}}},
       {"train",
-       {{"steps", &t.steps}, {"global_batch", &t.global_batch}, {"micro_batch", &t.micro_batch},
-        {"seq_len", &t.seq_len}, {"lr", &t.lr}, {"min_lr_ratio", &t.min_lr_ratio},
-        {"warmup_steps", &t.warmup_steps}, {"weight_decay", &t.weight_decay}, {"beta1", &t.beta1},
-        {"beta2", &t.beta2}, {"eps", &t.eps}, {"grad_clip", &t.grad_clip}, {"seed", &t.seed},
-        {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}, {"recompute", &t.recompute}, {"stop_after", &t.stop_after},
-        {"max_nonfinite_steps", &t.max_nonfinite_steps}, {"skip_loss_spikes_zscore", &t.skip_loss_spikes_zscore}}},
+       {{"steps", &t.steps, AtLeast{1}},
+        {"global_batch", &t.global_batch, AtLeast{1}},
+        {"micro_batch", &t.micro_batch, AtLeast{1}},
+        {"seq_len", &t.seq_len, AtLeast{0, " (0 means model.seq_len)"}},
+        {"lr", &t.lr, Positive},
+        {"min_lr_ratio", &t.min_lr_ratio, Within{0, 1}},
+        {"warmup_steps", &t.warmup_steps, AtLeast{0}},
+        {"weight_decay", &t.weight_decay, AtLeast{0}},
+        {"beta1", &t.beta1, Within{0, 1, Ends::ClosedOpen}},
+        {"beta2", &t.beta2, Within{0, 1, Ends::ClosedOpen}},
+        {"eps", &t.eps, Positive},
+        {"grad_clip", &t.grad_clip, AtLeast{0, " (0 disables clipping)"}},
+        {"seed", &t.seed},
+        {"eval_every", &t.eval_every, AtLeast{0, " (0 disables validation)"}},
+        {"eval_batches", &t.eval_batches, AtLeast{1}},
+        {"recompute", &t.recompute},
+        {"stop_after", &t.stop_after, AtLeast{0, " (0 runs to train.steps)"}},
+        {"max_nonfinite_steps", &t.max_nonfinite_steps, AtLeast{1, " (skipped steps in a row before the run stops)"}},
+        {"skip_loss_spikes_zscore", &t.skip_loss_spikes_zscore, AtLeast{0, " (0 turns the loss-spike guard off)"}}}},
       {"data",
-       {{"train", &c.data.train}, {"val", &c.data.val}, {"prefetch", &c.data.prefetch},
-        {"prefetch_min", &c.data.prefetch_min}, {"prefetch_max", &c.data.prefetch_max},
-        {"loader_threads", &c.data.loader_threads}, {"read_delay_ms", &c.data.read_delay_ms},
-        {"verify", &c.data.verify}}},
+       {{"train", &d.train},  // validate.cc checks it last: the rules above need no filesystem
+        {"val", &d.val},
+        {"prefetch", &d.prefetch},
+        {"prefetch_min", &d.prefetch_min, AtLeast{1}},
+        {"prefetch_max", &d.prefetch_max},
+        {"loader_threads", &d.loader_threads, AtLeast{1}},
+        {"read_delay_ms", &d.read_delay_ms, AtLeast{0}},
+        {"verify", &d.verify}}},
       {"metrics",
-       {{"jsonl", &c.metrics.jsonl}, {"peak_tflops", &c.metrics.peak_tflops},
-        {"log_every", &c.metrics.log_every}, {"job", &c.metrics.job}, {"prometheus", &c.metrics.prometheus},
-        {"prometheus_per_rank", &c.metrics.prometheus_per_rank}, {"straggler_every", &c.metrics.straggler_every},
-        {"straggler_ratio", &c.metrics.straggler_ratio}, {"straggler_checks", &c.metrics.straggler_checks},
-        {"baseline", &c.metrics.baseline}, {"baseline_tolerance", &c.metrics.baseline_tolerance},
-        {"baseline_steps", &c.metrics.baseline_steps}, {"trace", &c.metrics.trace},
-        {"trace_steps", &c.metrics.trace_steps}, {"op_profile", &c.metrics.op_profile}}},
-      {"memory", {{"limit_gb", &c.memory.limit_gb}}},
+       {{"jsonl", &mc.jsonl},
+        {"peak_tflops", &mc.peak_tflops, AtLeast{0, " (0 measures it at start)"}},
+        {"log_every", &mc.log_every, AtLeast{1}},
+        {"job", &mc.job, NotEmpty{"it names the job in exported metrics"}},
+        {"prometheus", &mc.prometheus, TextRule{host_port_problem}},
+        {"prometheus_per_rank", &mc.prometheus_per_rank},
+        {"straggler_every", &mc.straggler_every, AtLeast{0, " (0 disables straggler detection)"}},
+        {"straggler_ratio", &mc.straggler_ratio, Above{1}},
+        {"straggler_checks", &mc.straggler_checks, AtLeast{1}},
+        {"baseline", &mc.baseline},
+        {"baseline_tolerance", &mc.baseline_tolerance, Within{0, 1, Ends::Open}},
+        {"baseline_steps", &mc.baseline_steps, AtLeast{1}},
+        {"trace", &mc.trace},
+        {"trace_steps", &mc.trace_steps},
+        {"op_profile", &mc.op_profile}}},
+      {"memory", {{"limit_gb", &c.memory.limit_gb, AtLeast{0, " (0 is no limit)"}}}},
       {"precision",
-       {{"dtype", &c.precision.dtype}, {"loss_scale", &c.precision.loss_scale},
-        {"initial_scale", &c.precision.initial_scale}, {"growth_interval", &c.precision.growth_interval},
-        {"min_scale", &c.precision.min_scale}, {"hysteresis", &c.precision.hysteresis}}},
+       {{"dtype", &pc.dtype},
+        {"loss_scale", &pc.loss_scale, AtLeast{0, " (0 is dynamic under fp16, off otherwise)"}},
+        {"initial_scale", &pc.initial_scale, Positive},
+        {"growth_interval", &pc.growth_interval, AtLeast{1}},
+        {"min_scale", &pc.min_scale, Positive},
+        {"hysteresis", &pc.hysteresis, AtLeast{1}}}},
       {"device", {{"backend", &c.device.backend}}},
       {"checkpoint",
-       {{"dir", &c.checkpoint.dir}, {"every", &c.checkpoint.every}, {"keep", &c.checkpoint.keep},
-        {"resume", ResumeRef{&c.checkpoint.resume, &c.checkpoint.resume_path}}, {"async", &c.checkpoint.async},
-        {"on_error", &c.checkpoint.on_error}}},
+       {{"dir", &ck.dir},
+        {"every", &ck.every, AtLeast{0, " (0 saves only at the end)"}},
+        {"keep", &ck.keep, AtLeast{1}},
+        {"resume", ResumeRef{&ck.resume, &ck.resume_path},
+         NotEmpty{"use auto, none, or the path of a checkpoint step directory"}},
+        {"async", &ck.async},
+        {"on_error", &ck.on_error}}},
       {"comm",
-       {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
-        {"bandwidth_gbps", &c.comm.bandwidth_gbps}, {"ordered_p2p", &c.comm.ordered_p2p},
+       {{"timeout_s", &c.comm.timeout_s, Positive},
+        {"latency_us", &c.comm.latency_us, AtLeast{0}},
+        {"bandwidth_gbps", &c.comm.bandwidth_gbps, AtLeast{0, " (0 is no limit)"}},
+        {"ordered_p2p", &c.comm.ordered_p2p},
         {"nccl_alone", &c.comm.nccl_alone},
         {"busy_poll", &c.comm.busy_poll},
         {"trace_dir", &c.comm.trace_dir}}},
       {"faults",
-       {{"kind", &c.faults.kind}, {"rank", &c.faults.rank}, {"step", &c.faults.step},
-        {"delay_ms", &c.faults.delay_ms}, {"steps", &c.faults.steps}}},
+       // faults.rank and faults.step depend on the kind and the world: validate.cc's.
+       {{"kind", &c.faults.kind},
+        {"rank", &c.faults.rank},
+        {"step", &c.faults.step},
+        {"delay_ms", &c.faults.delay_ms, AtLeast{0}},
+        {"steps", &c.faults.steps, AtLeast{1}}}},
   };
 }
 
@@ -231,31 +309,12 @@ std::string expected_name(const FieldPtr& ptr) {
     std::string operator()(double*) const { return "a finite number"; }
     std::string operator()(std::string*) const { return "a string"; }
     std::string operator()(bool*) const { return "true or false"; }
-    std::string operator()(Precision* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(Backend* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(FaultKind* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(RopeScaling::Type* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(TieRef) const { return "one of " + join_names(kTieNames); }
+    std::string operator()(const NamedRef& r) const { return "one of " + join_config_names(r.names); }
+    std::string operator()(TieRef) const { return "one of " + join_config_names(kTieNames); }
     std::string operator()(StepRange*) const { return "a step range A-B with 1 <= A <= B (e.g. 2-4)"; }
-    std::string operator()(Recompute* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(ScheduleKind* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(BusyPollMode* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(SaveErrorPolicy* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
   return std::visit(v, ptr);
-}
-
-// A named value: the spelling's index is the enum value.
-template <class E>
-bool parse_named(std::string_view text, E* out) {
-  const auto names = spellings(out);
-  for (size_t i = 0; i < names.size(); ++i)
-    if (text == names[i]) {
-      *out = E(i);
-      return true;
-    }
-  return false;
 }
 
 // Any text is a path but the two words; an empty one is validate()'s to refuse.
@@ -283,22 +342,23 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
   if (const TieRef* t = std::get_if<TieRef>(&f.ptr)) {
     if (text == kTieNames[0]) **t = std::nullopt;
     else if (text == kTieNames[1] || text == kTieNames[2]) **t = text == kTieNames[1];
-    else config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_names(kTieNames)));
+    else config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_config_names(kTieNames)));
+    return;
+  }
+  // Same words as the other rules' messages: key='value' and what it may be.
+  if (const NamedRef* r = std::get_if<NamedRef>(&f.ptr)) {
+    if (!r->parse(text))
+      config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_config_names(r->names)));
     return;
   }
   bool ok = std::visit(
       [&](auto p) {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
-                      std::is_same_v<T, StepRange>) {
+        if constexpr (std::is_same_v<decltype(p), ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
+                      std::is_same_v<decltype(p), NamedRef> || std::is_same_v<T, StepRange>) {
           return true;  // handled above
         } else if constexpr (std::is_same_v<T, std::string>) {
           *p = text;
-          return true;
-        } else if constexpr (is_named_v<T>) {
-          // Same words as the other rules' messages: key='value' and what it may be.
-          if (!parse_named(text, p))
-            config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_names(spellings(p))));
           return true;
         } else if constexpr (std::is_same_v<T, double>) {
           return parse_double(text, p);
@@ -319,11 +379,8 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
 // Strings and named values read an empty value as the empty text.
 bool takes_text(const FieldPtr& ptr) {
   return std::holds_alternative<std::string*>(ptr) || std::holds_alternative<ResumeRef>(ptr) ||
-         std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
-         std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScaling::Type*>(ptr) ||
-         std::holds_alternative<TieRef>(ptr) || std::holds_alternative<Recompute*>(ptr) ||
-         std::holds_alternative<ScheduleKind*>(ptr) || std::holds_alternative<BusyPollMode*>(ptr) ||
-         std::holds_alternative<SaveErrorPolicy*>(ptr) || std::holds_alternative<StepRange*>(ptr);
+         std::holds_alternative<NamedRef>(ptr) || std::holds_alternative<TieRef>(ptr) ||
+         std::holds_alternative<StepRange*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {
@@ -481,8 +538,8 @@ std::string emit_yaml(const Config& config) {
           [&](auto p) {
             using T = std::remove_pointer_t<decltype(p)>;
             // Quoted so that a path spelled "null" or "~" does not read back as unset.
-            if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
-                          std::is_same_v<T, StepRange> || is_named_v<T>)
+            if constexpr (std::is_same_v<decltype(p), ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
+                          std::is_same_v<decltype(p), NamedRef> || std::is_same_v<T, StepRange>)
               out << YAML::DoubleQuoted << spelling(p);
             else if constexpr (std::is_same_v<T, double>) out << format_double(*p);
             else if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
@@ -499,23 +556,45 @@ std::string emit_yaml(const Config& config) {
 }
 
 
-// ---------------------------------------------------------------------------
-// Named values
-
-ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
-  ScheduleKind k{};
-  if (!parse_named(name, &k))
-    fail(ErrorKind::Config, where, "='", name, "' is not a schedule (expected one of ", join_names(kScheduleNames), ")");
-  return k;
+// The rule of each row's third column, in schema order: the first broken one's message, or "".
+std::string first_field_problem(const Config& config) {
+  Config copy = config;  // schema() wants mutable fields; checking must not touch the caller's
+  for (const Section& s : schema(copy))
+    for (const Field& f : s.fields) {
+      const std::string key = str_cat(s.name, ".", f.key);
+      const std::string problem = std::visit(
+          [&](auto p) -> std::string {
+            using P = decltype(p);
+            if constexpr (std::is_same_v<P, int*>) return field_problem(f.check, key, int64_t{*p});
+            else if constexpr (std::is_same_v<P, double*>) return field_problem(f.check, key, *p);
+            else if constexpr (std::is_same_v<P, std::string*>) return field_problem(f.check, key, *p);
+            else if constexpr (std::is_same_v<P, ResumeRef>) return field_problem(f.check, key, spelling(p));
+            else {
+              XR_CHECK(std::holds_alternative<std::monostate>(f.check), "config schema: ", key,
+                       " has a rule its kind of value cannot meet");
+              return "";
+            }
+          },
+          f.ptr);
+      if (!problem.empty()) return problem;
+    }
+  return "";
 }
 
-const char* config_name(Precision v) { return spelling(&v); }
-const char* config_name(Backend v) { return spelling(&v); }
-const char* config_name(FaultKind v) { return spelling(&v); }
-const char* config_name(Recompute v) { return spelling(&v); }
+std::vector<NamedKey> named_keys() {
+  Config c;
+  std::vector<NamedKey> out;
+  for (const Section& s : schema(c))
+    for (const Field& f : s.fields) {
+      std::span<const char* const> names;
+      if (const NamedRef* r = std::get_if<NamedRef>(&f.ptr)) names = r->names;
+      else if (std::holds_alternative<TieRef>(f.ptr)) names = kTieNames;
+      else continue;
+      out.push_back({str_cat(s.name, ".", f.key), {names.begin(), names.end()}});
+    }
+  return out;
+}
 
 bool splits_backward(ScheduleKind k) { return k == ScheduleKind::ZeroBubbleH1; }
-
-const char* schedule_name(ScheduleKind k) { return spelling(&k); }
 
 }  // namespace xirang
