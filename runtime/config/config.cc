@@ -1,13 +1,12 @@
-// runtime/config/config.cc: the schema: every key, its field and the rule
-// its value meets on its own; reading a YAML tree and overrides into a
-// Config, writing one back. Presets and files are config_read.cc's; the
-// rules between fields are validate.cc's; named values' spellings are
-// named_values.h's.
+// runtime/config/config.cc: reading a YAML tree and overrides into a
+// Config and writing one back, by walking the schema (config_schema.cc:
+// every key, its field and the rule its value meets on its own). Presets
+// and files are config_read.cc's; the rules between fields are
+// validate.cc's; named values' spellings are named_values.h's.
 //
-// One table (schema()) lists every section and key with a pointer to its
-// field and its rule (field_check.h); parsing, overrides, error messages,
-// the emitted YAML and the single-key checks all walk it, so a field added
-// to config.h needs one line here and nothing can drift.
+// Parsing, overrides, error messages, the emitted YAML and the single-key
+// checks all walk the one table, so a field added to config.h needs one row
+// there and nothing can drift.
 //
 // Messages carry no "config error:" prefix: tools/ adds error_kind_name() when
 // it prints the Error, so the printed line reads "config error: <what()>".
@@ -24,9 +23,8 @@
 #include <variant>
 
 #include "core/error.h"
-#include "models/model.h"
+#include "runtime/config/config_schema.h"
 #include "runtime/config/config_text.h"
-#include "runtime/config/field_check.h"
 
 namespace xirang {
 
@@ -56,214 +54,6 @@ std::string format_double(double v) {
 }
 
 namespace {
-
-// checkpoint.resume: a mode and, for a path, the path itself.
-struct ResumeRef {
-  ResumeMode* mode;
-  std::string* path;
-};
-
-// model.tie_embeddings: auto (unset: the architecture's default), true or false.
-using TieRef = std::optional<bool>*;
-
-// A named value's field (named_values.h): the enum behind the pointer is
-// read and written as its index in the ConfigNames table, so one
-// alternative serves every named value.
-struct NamedRef {
-  void* field;
-  std::span<const char* const> names;
-  size_t (*get)(const void* field);
-  void (*set)(void* field, size_t index);
-
-  const char* spelling() const { return names[get(field)]; }
-  // Whether `text` is a spelling; if so the field takes its value.
-  bool parse(std::string_view text) const {
-    for (size_t i = 0; i < names.size(); ++i)
-      if (text == names[i]) {
-        set(field, i);
-        return true;
-      }
-    return false;
-  }
-};
-
-template <NamedValue E>
-NamedRef named_ref(E* p) {
-  return NamedRef{p, config_names<E>(), [](const void* f) { return size_t(*static_cast<const E*>(f)); },
-                  [](void* f, size_t i) { *static_cast<E*>(f) = E(i); }};
-}
-
-using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, NamedRef, TieRef, StepRange*, ResumeRef>;
-
-constexpr const char* kTieNames[] = {"auto", "true", "false"};
-
-// The text a field holds, as the emitted YAML spells it (named values by name).
-const char* spelling(const NamedRef& r) { return r.spelling(); }
-std::string spelling(const StepRange* r) {
-  return r->first == r->last ? std::to_string(r->first) : str_cat(r->first, "-", r->last);
-}
-const char* spelling(TieRef t) { return !t->has_value() ? kTieNames[0] : **t ? kTieNames[1] : kTieNames[2]; }
-std::string spelling(const ResumeRef& r) {
-  switch (*r.mode) {
-    case ResumeMode::Auto: return "auto";
-    case ResumeMode::None: return "none";
-    case ResumeMode::Path: break;
-  }
-  return *r.path;
-}
-
-template <class P>
-FieldPtr field_ptr(P p) {
-  if constexpr (std::is_pointer_v<P> && NamedValue<std::remove_pointer_t<P>>) return named_ref(p);
-  else return p;
-}
-
-// One schema row: the key, the field, and the rule the value must meet on
-// its own (field_check.h; the rules between fields are validate.cc's).
-struct Field {
-  const char* key;
-  FieldPtr ptr;
-  FieldCheck check;
-
-  template <class P>
-  Field(const char* k, P p, FieldCheck c = {}) : key(k), ptr(field_ptr(p)), check(c) {}
-};
-
-struct Section {
-  const char* name;
-  std::vector<Field> fields;
-};
-
-// "" when model.arch names an architecture of the registry (models/model.h).
-std::string arch_problem(std::string_view key, const std::string& arch) {
-  return model_arch_known(arch) ? ""
-                                : str_cat(key, "='", arch, "' is not supported (supported: ", model_arch_names(), ")");
-}
-
-// The order here is the order of the emitted YAML and of the rules' checks.
-// The third column is the rule the value meets on its own (field_check.h).
-std::vector<Section> schema(Config& c) {
-  ModelDims& m = c.model;
-  RopeScaling& rs = m.rope.scaling;
-  ParallelConfig& p = c.parallel;
-  TrainConfig& t = c.train;
-  DataConfig& d = c.data;
-  MetricsConfig& mc = c.metrics;
-  PrecisionConfig& pc = c.precision;
-  CheckpointConfig& ck = c.checkpoint;
-  return {
-      {"model",
-       {{"arch", &m.arch, TextRule{arch_problem}},
-        {"preset", &m.preset},
-        {"n_layer", &m.n_layer, AtLeast{1}},
-        {"n_head", &m.n_head, AtLeast{1}},
-        {"d_model", &m.d_model, AtLeast{1}},
-        {"seq_len", &m.max_seq_len, AtLeast{1}},
-        {"vocab_size", &m.vocab_size, AtLeast{1}},
-        {"vocab_multiple", &m.vocab_multiple, AtLeast{1}},
-        {"n_kv_head", &m.n_kv_head, AtLeast{0, " (0 means model.n_head)"}},
-        {"head_dim", &m.head_dim, AtLeast{0, " (0 means model.d_model / model.n_head)"}},
-        // The architecture's own keys are checked by its KeyRules (validate.cc).
-        {"ffn_hidden", &m.ffn_hidden},
-        {"ffn_multiple_of", &m.ffn_multiple_of},
-        {"ffn_dim_multiplier", &m.ffn_dim_multiplier},
-        {"rope_theta", &m.rope.theta},
-        {"rope_scaling.type", &rs.type},
-        {"rope_scaling.factor", &rs.factor},
-        {"rope_scaling.low_freq_factor", &rs.low_freq_factor},
-        {"rope_scaling.high_freq_factor", &rs.high_freq_factor},
-        {"rope_scaling.original_max_position_embeddings", &rs.original_max_position_embeddings},
-        {"norm_eps", &m.norm_eps},
-        {"tie_embeddings", TieRef(&m.tie_embeddings)}}},
-      {"parallel",
-       {{"dp", &p.dp, AtLeast{0, " (0 infers it from the world size)"}},
-        {"tp", &p.tp, AtLeast{1}},
-        {"pp", &p.pp, AtLeast{1}},
-        {"zero", &p.zero, Within{0, 1}},
-        {"bucket_mb", &p.bucket_mb, Positive},
-        {"overlap_grad_reduce", &p.overlap_grad_reduce},
-        {"sequence_parallel", &p.sequence_parallel},
-        {"schedule", &p.schedule},
-        {"virtual_stages", &p.virtual_stages, AtLeast{1}}}},
-      {"train",
-       {{"steps", &t.steps, AtLeast{1}},
-        {"global_batch", &t.global_batch, AtLeast{1}},
-        {"micro_batch", &t.micro_batch, AtLeast{1}},
-        {"seq_len", &t.seq_len, AtLeast{0, " (0 means model.seq_len)"}},
-        {"lr", &t.lr, Positive},
-        {"min_lr_ratio", &t.min_lr_ratio, Within{0, 1}},
-        {"warmup_steps", &t.warmup_steps, AtLeast{0}},
-        {"weight_decay", &t.weight_decay, AtLeast{0}},
-        {"beta1", &t.beta1, Within{0, 1, Ends::ClosedOpen}},
-        {"beta2", &t.beta2, Within{0, 1, Ends::ClosedOpen}},
-        {"eps", &t.eps, Positive},
-        {"grad_clip", &t.grad_clip, AtLeast{0, " (0 disables clipping)"}},
-        {"seed", &t.seed},
-        {"eval_every", &t.eval_every, AtLeast{0, " (0 disables validation)"}},
-        {"eval_batches", &t.eval_batches, AtLeast{1}},
-        {"recompute", &t.recompute},
-        {"stop_after", &t.stop_after, AtLeast{0, " (0 runs to train.steps)"}},
-        {"max_nonfinite_steps", &t.max_nonfinite_steps, AtLeast{1, " (skipped steps in a row before the run stops)"}},
-        {"skip_loss_spikes_zscore", &t.skip_loss_spikes_zscore, AtLeast{0, " (0 turns the loss-spike guard off)"}}}},
-      {"data",
-       {{"train", &d.train},  // validate.cc checks it last: the rules above need no filesystem
-        {"val", &d.val},
-        {"prefetch", &d.prefetch},
-        {"prefetch_min", &d.prefetch_min, AtLeast{1}},
-        {"prefetch_max", &d.prefetch_max},
-        {"loader_threads", &d.loader_threads, AtLeast{1}},
-        {"read_delay_ms", &d.read_delay_ms, AtLeast{0}},
-        {"verify", &d.verify}}},
-      {"metrics",
-       {{"jsonl", &mc.jsonl},
-        {"peak_tflops", &mc.peak_tflops, AtLeast{0, " (0 measures it at start)"}},
-        {"log_every", &mc.log_every, AtLeast{1}},
-        {"job", &mc.job, NotEmpty{"it names the job in exported metrics"}},
-        {"prometheus", &mc.prometheus, TextRule{host_port_problem}},
-        {"prometheus_per_rank", &mc.prometheus_per_rank},
-        {"straggler_every", &mc.straggler_every, AtLeast{0, " (0 disables straggler detection)"}},
-        {"straggler_ratio", &mc.straggler_ratio, Above{1}},
-        {"straggler_checks", &mc.straggler_checks, AtLeast{1}},
-        {"baseline", &mc.baseline},
-        {"baseline_tolerance", &mc.baseline_tolerance, Within{0, 1, Ends::Open}},
-        {"baseline_steps", &mc.baseline_steps, AtLeast{1}},
-        {"trace", &mc.trace},
-        {"trace_steps", &mc.trace_steps},
-        {"op_profile", &mc.op_profile}}},
-      {"memory", {{"limit_gb", &c.memory.limit_gb, AtLeast{0, " (0 is no limit)"}}}},
-      {"precision",
-       {{"dtype", &pc.dtype},
-        {"loss_scale", &pc.loss_scale, AtLeast{0, " (0 is dynamic under fp16, off otherwise)"}},
-        {"initial_scale", &pc.initial_scale, Positive},
-        {"growth_interval", &pc.growth_interval, AtLeast{1}},
-        {"min_scale", &pc.min_scale, Positive},
-        {"hysteresis", &pc.hysteresis, AtLeast{1}}}},
-      {"device", {{"backend", &c.device.backend}}},
-      {"checkpoint",
-       {{"dir", &ck.dir},
-        {"every", &ck.every, AtLeast{0, " (0 saves only at the end)"}},
-        {"keep", &ck.keep, AtLeast{1}},
-        {"resume", ResumeRef{&ck.resume, &ck.resume_path},
-         NotEmpty{"use auto, none, or the path of a checkpoint step directory"}},
-        {"async", &ck.async},
-        {"on_error", &ck.on_error}}},
-      {"comm",
-       {{"timeout_s", &c.comm.timeout_s, Positive},
-        {"latency_us", &c.comm.latency_us, AtLeast{0}},
-        {"bandwidth_gbps", &c.comm.bandwidth_gbps, AtLeast{0, " (0 is no limit)"}},
-        {"ordered_p2p", &c.comm.ordered_p2p},
-        {"nccl_alone", &c.comm.nccl_alone},
-        {"busy_poll", &c.comm.busy_poll},
-        {"trace_dir", &c.comm.trace_dir}}},
-      {"faults",
-       // faults.rank and faults.step depend on the kind and the world: validate.cc's.
-       {{"kind", &c.faults.kind},
-        {"rank", &c.faults.rank},
-        {"step", &c.faults.step},
-        {"delay_ms", &c.faults.delay_ms, AtLeast{0}},
-        {"steps", &c.faults.steps, AtLeast{1}}}},
-  };
-}
 
 std::string join_keys(const Section& s) {
   std::string out;
@@ -555,45 +345,6 @@ std::string emit_yaml(const Config& config) {
   return std::string(out.c_str()) + "\n";
 }
 
-
-// The rule of each row's third column, in schema order: the first broken one's message, or "".
-std::string first_field_problem(const Config& config) {
-  Config copy = config;  // schema() wants mutable fields; checking must not touch the caller's
-  for (const Section& s : schema(copy))
-    for (const Field& f : s.fields) {
-      const std::string key = str_cat(s.name, ".", f.key);
-      const std::string problem = std::visit(
-          [&](auto p) -> std::string {
-            using P = decltype(p);
-            if constexpr (std::is_same_v<P, int*>) return field_problem(f.check, key, int64_t{*p});
-            else if constexpr (std::is_same_v<P, double*>) return field_problem(f.check, key, *p);
-            else if constexpr (std::is_same_v<P, std::string*>) return field_problem(f.check, key, *p);
-            else if constexpr (std::is_same_v<P, ResumeRef>) return field_problem(f.check, key, spelling(p));
-            else {
-              XR_CHECK(std::holds_alternative<std::monostate>(f.check), "config schema: ", key,
-                       " has a rule its kind of value cannot meet");
-              return "";
-            }
-          },
-          f.ptr);
-      if (!problem.empty()) return problem;
-    }
-  return "";
-}
-
-std::vector<NamedKey> named_keys() {
-  Config c;
-  std::vector<NamedKey> out;
-  for (const Section& s : schema(c))
-    for (const Field& f : s.fields) {
-      std::span<const char* const> names;
-      if (const NamedRef* r = std::get_if<NamedRef>(&f.ptr)) names = r->names;
-      else if (std::holds_alternative<TieRef>(f.ptr)) names = kTieNames;
-      else continue;
-      out.push_back({str_cat(s.name, ".", f.key), {names.begin(), names.end()}});
-    }
-  return out;
-}
 
 bool splits_backward(ScheduleKind k) { return k == ScheduleKind::ZeroBubbleH1; }
 
