@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -35,9 +36,10 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   const std::string prec = j.value("precision", std::string("fp32"));
   cfg.precision.dtype = prec == "bf16" ? Precision::BF16 : prec == "fp16" ? Precision::FP16 : Precision::FP32;
   const std::string rc = l.value("recompute", std::string("none"));  // rows of older sweeps have no field
-  if (rc != "none" && rc != "selective" && rc != "full")
-    fail(ErrorKind::Data, where, ": layout.recompute is '", rc, "', expected none, selective or full");
-  cfg.train.recompute = rc == "full" ? Recompute::Full : rc == "selective" ? Recompute::Selective : Recompute::None;
+  const std::optional<Recompute> recompute = parse_config_name<Recompute>(rc);
+  if (!recompute)
+    fail(ErrorKind::Data, where, ": layout.recompute is '", rc, "', expected one of ", config_names_text<Recompute>());
+  cfg.train.recompute = *recompute;
   // Rows of older sweeps have no field.
   cfg.parallel.schedule = parse_schedule(l.value("schedule", std::string("1f1b")), str_cat(where, ": layout.schedule"));
   SweepPoint p;

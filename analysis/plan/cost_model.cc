@@ -4,11 +4,13 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
 #include "models/model.h"
 #include "runtime/config/model_layout.h"
+#include "runtime/config/schedule_rules.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/step/schedule.h"
 #include "analysis/plan/collectives.h"
@@ -126,7 +128,7 @@ std::string PlanLayout::str() const {
   std::ostringstream o;
   o << "dp=" << dp << ",tp=" << tp << ",pp=" << pp << ",virtual_stages=" << virtual_stages
     << ",micro_batch=" << micro_batch << ",zero=" << zero << ",sequence_parallel=" << int(sequence_parallel)
-    << ",recompute=" << recompute_name(recompute);
+    << ",recompute=" << config_name(recompute);
   return o.str();
 }
 
@@ -138,10 +140,11 @@ PlanLayout parse_layout(const std::string& text, PlanLayout l) {
     if (eq == std::string::npos) fail(ErrorKind::Usage, "--layout: '", item, "' is not key=value");
     const std::string k = item.substr(0, eq), vs = item.substr(eq + 1);
     if (k == "recompute") {  // the config's words (train.recompute)
-      if (vs == "none") l.recompute = Recompute::None;
-      else if (vs == "selective") l.recompute = Recompute::Selective;
-      else if (vs == "full") l.recompute = Recompute::Full;
-      else fail(ErrorKind::Usage, "--layout: recompute=", vs, " is not one of none, selective, full (train.recompute)");
+      const std::optional<Recompute> r = parse_config_name<Recompute>(vs);
+      if (!r)
+        fail(ErrorKind::Usage, "--layout: recompute=", vs, " is not one of ", config_names_text<Recompute>(),
+             " (train.recompute)");
+      l.recompute = *r;
       continue;
     }
     int v = 0;
@@ -209,6 +212,18 @@ Workload workload_of(const Config& cfg) {
   return w;
 }
 
+namespace {
+
+// The schedule a layout runs: interleaved when v > 1; else the config's
+// gpipe or zb_h1 where pp > 1, 1F1B otherwise (one stage: no pipeline).
+ScheduleKind layout_schedule(const Workload& w, const PlanLayout& l) {
+  const ScheduleKind own = w.cfg.parallel.schedule;
+  const bool keep = l.pp > 1 && (own == ScheduleKind::GPipe || own == ScheduleKind::ZeroBubbleH1);
+  return l.virtual_stages > 1 ? ScheduleKind::Interleaved : keep ? own : ScheduleKind::OneFOneB;
+}
+
+}  // namespace
+
 Config layout_config(const Workload& w, const PlanLayout& l) {
   Config c = w.cfg;
   c.parallel.dp = l.dp;
@@ -217,10 +232,7 @@ Config layout_config(const Workload& w, const PlanLayout& l) {
   c.parallel.virtual_stages = l.virtual_stages;
   c.parallel.zero = l.zero;
   c.parallel.sequence_parallel = l.sequence_parallel;
-  // Interleaved when v > 1; else the config's gpipe or zb_h1 where pp > 1, 1F1B otherwise.
-  const ScheduleKind own = w.cfg.parallel.schedule;
-  const bool keep = l.pp > 1 && (own == ScheduleKind::GPipe || own == ScheduleKind::ZeroBubbleH1);
-  c.parallel.schedule = l.virtual_stages > 1 ? ScheduleKind::Interleaved : keep ? own : ScheduleKind::OneFOneB;
+  c.parallel.schedule = layout_schedule(w, l);
   c.train.micro_batch = l.micro_batch;
   c.train.recompute = l.recompute;
   return c;
@@ -239,8 +251,9 @@ std::string layout_problem(const Workload& w, const PlanLayout& l, const Cluster
   const std::string model = xirang::layout_problem(w.cfg.model, ParallelLayout{l.dp, l.tp, l.pp, l.virtual_stages});
   if (!model.empty()) return model;
   const int m = gb / (l.micro_batch * l.dp);
-  if (l.virtual_stages > 1 && m % l.pp != 0)
-    return str_cat("the interleaved schedule needs microbatches (", m, ") divisible by pp=", l.pp);
+  // The schedule this layout runs, under the rules validation and make_schedule apply.
+  const std::string schedule = schedule_problem(layout_schedule(w, l), l.pp, l.virtual_stages, m);
+  if (!schedule.empty()) return schedule;
   if (c.nodes > 0 && l.devices() > c.nodes * c.devices_per_node)
     return str_cat(l.devices(), " devices is more than the cluster's ", c.nodes * c.devices_per_node);
   return "";

@@ -1,11 +1,12 @@
-// runtime/config/config.cc: the schema: every key, its field and its
-// spellings; reading a YAML tree and overrides into a Config, writing one
-// back; named values. Presets and files are config_read.cc's; the rules
-// between fields are validate.cc's.
+// runtime/config/config.cc: reading a YAML tree and overrides into a
+// Config and writing one back, by walking the schema (config_schema.cc:
+// every key, its field and the rule its value meets on its own). Presets
+// and files are config_read.cc's; the rules between fields are
+// validate.cc's; named values' spellings are named_values.h's.
 //
-// One table (schema()) lists every section and key with a pointer to its
-// field; parsing, overrides, error messages and the emitted YAML all walk it,
-// so a field added to config.h needs one line here and nothing can drift.
+// Parsing, overrides, error messages, the emitted YAML and the single-key
+// checks all walk the one table, so a field added to config.h needs one row
+// there and nothing can drift.
 //
 // Messages carry no "config error:" prefix: tools/ adds error_kind_name() when
 // it prints the Error, so the printed line reads "config error: <what()>".
@@ -22,6 +23,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "runtime/config/config_schema.h"
 #include "runtime/config/config_text.h"
 
 namespace xirang {
@@ -52,140 +54,6 @@ std::string format_double(double v) {
 }
 
 namespace {
-
-// checkpoint.resume: a mode and, for a path, the path itself.
-struct ResumeRef {
-  ResumeMode* mode;
-  std::string* path;
-};
-
-// model.tie_embeddings: auto (unset: the architecture's default), true or false.
-using TieRef = std::optional<bool>*;
-
-using FieldPtr = std::variant<int*, uint64_t*, double*, std::string*, bool*, Precision*, Backend*, FaultKind*,
-                              RopeScaling::Type*, TieRef, Recompute*, ScheduleKind*, BusyPollMode*, SaveErrorPolicy*,
-                              StepRange*, ResumeRef>;
-
-// Each named value's spellings, in enum order.
-constexpr const char* kPrecisionNames[] = {"fp32", "bf16", "fp16"};
-constexpr const char* kBackendNames[] = {"cpu", "cuda"};
-constexpr const char* kFaultNames[] = {"none", "kill", "hang", "fail_transfer", "kill_in_save", "slow_rank",
-                                       "nan_grad", "io_error"};
-constexpr const char* kRopeScalingNames[] = {"none", "llama3"};
-constexpr const char* kTieNames[] = {"auto", "true", "false"};
-constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
-constexpr const char* kScheduleNames[] = {"gpipe", "1f1b", "interleaved", "zb_h1"};
-constexpr const char* kBusyPollNames[] = {"auto", "on", "off"};
-constexpr const char* kSaveErrorNames[] = {"stop", "continue"};
-
-std::span<const char* const> spellings(const Precision*) { return kPrecisionNames; }
-std::span<const char* const> spellings(const Backend*) { return kBackendNames; }
-std::span<const char* const> spellings(const FaultKind*) { return kFaultNames; }
-std::span<const char* const> spellings(const RopeScaling::Type*) { return kRopeScalingNames; }
-std::span<const char* const> spellings(const Recompute*) { return kRecomputeNames; }
-std::span<const char* const> spellings(const ScheduleKind*) { return kScheduleNames; }
-std::span<const char* const> spellings(const BusyPollMode*) { return kBusyPollNames; }
-std::span<const char* const> spellings(const SaveErrorPolicy*) { return kSaveErrorNames; }
-
-template <class T>
-constexpr bool is_named_v = std::is_enum_v<T>;
-
-std::string join_names(std::span<const char* const> names) {
-  std::string out;
-  for (const char* n : names) out += (out.empty() ? "" : ", ") + std::string(n);
-  return out;
-}
-
-// The text a field holds, as the emitted YAML spells it (named values by name).
-template <class E>
-const char* spelling(const E* v) {
-  return spellings(v)[size_t(*v)];
-}
-std::string spelling(const StepRange* r) {
-  return r->first == r->last ? std::to_string(r->first) : str_cat(r->first, "-", r->last);
-}
-const char* spelling(TieRef t) { return !t->has_value() ? kTieNames[0] : **t ? kTieNames[1] : kTieNames[2]; }
-std::string spelling(const ResumeRef& r) {
-  switch (*r.mode) {
-    case ResumeMode::Auto: return "auto";
-    case ResumeMode::None: return "none";
-    case ResumeMode::Path: break;
-  }
-  return *r.path;
-}
-
-struct Field {
-  const char* key;
-  FieldPtr ptr;
-};
-
-struct Section {
-  const char* name;
-  std::vector<Field> fields;
-};
-
-// The order here is the order of the emitted YAML.
-std::vector<Section> schema(Config& c) {
-  ModelDims& m = c.model;
-  RopeScaling& rs = m.rope.scaling;
-  ParallelConfig& p = c.parallel;
-  TrainConfig& t = c.train;
-  return {
-      {"model",
-       {{"arch", &m.arch}, {"preset", &m.preset}, {"n_layer", &m.n_layer}, {"n_head", &m.n_head},
-        {"d_model", &m.d_model}, {"seq_len", &m.max_seq_len}, {"vocab_size", &m.vocab_size},
-        {"vocab_multiple", &m.vocab_multiple}, {"n_kv_head", &m.n_kv_head}, {"head_dim", &m.head_dim},
-        {"ffn_hidden", &m.ffn_hidden}, {"ffn_multiple_of", &m.ffn_multiple_of},
-        {"ffn_dim_multiplier", &m.ffn_dim_multiplier}, {"rope_theta", &m.rope.theta},
-        {"rope_scaling.type", &rs.type}, {"rope_scaling.factor", &rs.factor},
-        {"rope_scaling.low_freq_factor", &rs.low_freq_factor}, {"rope_scaling.high_freq_factor", &rs.high_freq_factor},
-        {"rope_scaling.original_max_position_embeddings", &rs.original_max_position_embeddings},
-        {"norm_eps", &m.norm_eps}, {"tie_embeddings", TieRef(&m.tie_embeddings)}}},
-      {"parallel",
-       {{"dp", &p.dp}, {"tp", &p.tp}, {"pp", &p.pp}, {"zero", &p.zero}, {"bucket_mb", &p.bucket_mb},
-        {"overlap_grad_reduce", &p.overlap_grad_reduce}, {"sequence_parallel", &p.sequence_parallel},
-        {"schedule", &p.schedule}, {"virtual_stages", &p.virtual_stages}}},
-      {"train",
-       {{"steps", &t.steps}, {"global_batch", &t.global_batch}, {"micro_batch", &t.micro_batch},
-        {"seq_len", &t.seq_len}, {"lr", &t.lr}, {"min_lr_ratio", &t.min_lr_ratio},
-        {"warmup_steps", &t.warmup_steps}, {"weight_decay", &t.weight_decay}, {"beta1", &t.beta1},
-        {"beta2", &t.beta2}, {"eps", &t.eps}, {"grad_clip", &t.grad_clip}, {"seed", &t.seed},
-        {"eval_every", &t.eval_every}, {"eval_batches", &t.eval_batches}, {"recompute", &t.recompute}, {"stop_after", &t.stop_after},
-        {"max_nonfinite_steps", &t.max_nonfinite_steps}, {"skip_loss_spikes_zscore", &t.skip_loss_spikes_zscore}}},
-      {"data",
-       {{"train", &c.data.train}, {"val", &c.data.val}, {"prefetch", &c.data.prefetch},
-        {"prefetch_min", &c.data.prefetch_min}, {"prefetch_max", &c.data.prefetch_max},
-        {"loader_threads", &c.data.loader_threads}, {"read_delay_ms", &c.data.read_delay_ms},
-        {"verify", &c.data.verify}}},
-      {"metrics",
-       {{"jsonl", &c.metrics.jsonl}, {"peak_tflops", &c.metrics.peak_tflops},
-        {"log_every", &c.metrics.log_every}, {"job", &c.metrics.job}, {"prometheus", &c.metrics.prometheus},
-        {"prometheus_per_rank", &c.metrics.prometheus_per_rank}, {"straggler_every", &c.metrics.straggler_every},
-        {"straggler_ratio", &c.metrics.straggler_ratio}, {"straggler_checks", &c.metrics.straggler_checks},
-        {"baseline", &c.metrics.baseline}, {"baseline_tolerance", &c.metrics.baseline_tolerance},
-        {"baseline_steps", &c.metrics.baseline_steps}, {"trace", &c.metrics.trace},
-        {"trace_steps", &c.metrics.trace_steps}, {"op_profile", &c.metrics.op_profile}}},
-      {"memory", {{"limit_gb", &c.memory.limit_gb}}},
-      {"precision",
-       {{"dtype", &c.precision.dtype}, {"loss_scale", &c.precision.loss_scale},
-        {"initial_scale", &c.precision.initial_scale}, {"growth_interval", &c.precision.growth_interval},
-        {"min_scale", &c.precision.min_scale}, {"hysteresis", &c.precision.hysteresis}}},
-      {"device", {{"backend", &c.device.backend}}},
-      {"checkpoint",
-       {{"dir", &c.checkpoint.dir}, {"every", &c.checkpoint.every}, {"keep", &c.checkpoint.keep},
-        {"resume", ResumeRef{&c.checkpoint.resume, &c.checkpoint.resume_path}}, {"async", &c.checkpoint.async},
-        {"on_error", &c.checkpoint.on_error}}},
-      {"comm",
-       {{"timeout_s", &c.comm.timeout_s}, {"latency_us", &c.comm.latency_us},
-        {"bandwidth_gbps", &c.comm.bandwidth_gbps}, {"ordered_p2p", &c.comm.ordered_p2p},
-        {"nccl_alone", &c.comm.nccl_alone},
-        {"busy_poll", &c.comm.busy_poll},
-        {"trace_dir", &c.comm.trace_dir}}},
-      {"faults",
-       {{"kind", &c.faults.kind}, {"rank", &c.faults.rank}, {"step", &c.faults.step},
-        {"delay_ms", &c.faults.delay_ms}, {"steps", &c.faults.steps}}},
-  };
-}
 
 std::string join_keys(const Section& s) {
   std::string out;
@@ -231,31 +99,12 @@ std::string expected_name(const FieldPtr& ptr) {
     std::string operator()(double*) const { return "a finite number"; }
     std::string operator()(std::string*) const { return "a string"; }
     std::string operator()(bool*) const { return "true or false"; }
-    std::string operator()(Precision* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(Backend* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(FaultKind* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(RopeScaling::Type* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(TieRef) const { return "one of " + join_names(kTieNames); }
+    std::string operator()(const NamedRef& r) const { return "one of " + join_config_names(r.names); }
+    std::string operator()(TieRef) const { return "one of " + join_config_names(kTieNames); }
     std::string operator()(StepRange*) const { return "a step range A-B with 1 <= A <= B (e.g. 2-4)"; }
-    std::string operator()(Recompute* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(ScheduleKind* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(BusyPollMode* p) const { return "one of " + join_names(spellings(p)); }
-    std::string operator()(SaveErrorPolicy* p) const { return "one of " + join_names(spellings(p)); }
     std::string operator()(ResumeRef) const { return "auto, none or a checkpoint path"; }
   } v;
   return std::visit(v, ptr);
-}
-
-// A named value: the spelling's index is the enum value.
-template <class E>
-bool parse_named(std::string_view text, E* out) {
-  const auto names = spellings(out);
-  for (size_t i = 0; i < names.size(); ++i)
-    if (text == names[i]) {
-      *out = E(i);
-      return true;
-    }
-  return false;
 }
 
 // Any text is a path but the two words; an empty one is validate()'s to refuse.
@@ -283,22 +132,23 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
   if (const TieRef* t = std::get_if<TieRef>(&f.ptr)) {
     if (text == kTieNames[0]) **t = std::nullopt;
     else if (text == kTieNames[1] || text == kTieNames[2]) **t = text == kTieNames[1];
-    else config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_names(kTieNames)));
+    else config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_config_names(kTieNames)));
+    return;
+  }
+  // Same words as the other rules' messages: key='value' and what it may be.
+  if (const NamedRef* r = std::get_if<NamedRef>(&f.ptr)) {
+    if (!r->parse(text))
+      config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_config_names(r->names)));
     return;
   }
   bool ok = std::visit(
       [&](auto p) {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
-                      std::is_same_v<T, StepRange>) {
+        if constexpr (std::is_same_v<decltype(p), ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
+                      std::is_same_v<decltype(p), NamedRef> || std::is_same_v<T, StepRange>) {
           return true;  // handled above
         } else if constexpr (std::is_same_v<T, std::string>) {
           *p = text;
-          return true;
-        } else if constexpr (is_named_v<T>) {
-          // Same words as the other rules' messages: key='value' and what it may be.
-          if (!parse_named(text, p))
-            config_fail(str_cat(where, ": ", dotted, "='", text, "' is not one of ", join_names(spellings(p))));
           return true;
         } else if constexpr (std::is_same_v<T, double>) {
           return parse_double(text, p);
@@ -319,11 +169,8 @@ void assign(const Field& f, const std::string& dotted, const std::string& text, 
 // Strings and named values read an empty value as the empty text.
 bool takes_text(const FieldPtr& ptr) {
   return std::holds_alternative<std::string*>(ptr) || std::holds_alternative<ResumeRef>(ptr) ||
-         std::holds_alternative<Precision*>(ptr) || std::holds_alternative<Backend*>(ptr) ||
-         std::holds_alternative<FaultKind*>(ptr) || std::holds_alternative<RopeScaling::Type*>(ptr) ||
-         std::holds_alternative<TieRef>(ptr) || std::holds_alternative<Recompute*>(ptr) ||
-         std::holds_alternative<ScheduleKind*>(ptr) || std::holds_alternative<BusyPollMode*>(ptr) ||
-         std::holds_alternative<SaveErrorPolicy*>(ptr) || std::holds_alternative<StepRange*>(ptr);
+         std::holds_alternative<NamedRef>(ptr) || std::holds_alternative<TieRef>(ptr) ||
+         std::holds_alternative<StepRange*>(ptr);
 }
 
 const char* node_kind(const YAML::Node& n) {
@@ -481,8 +328,8 @@ std::string emit_yaml(const Config& config) {
           [&](auto p) {
             using T = std::remove_pointer_t<decltype(p)>;
             // Quoted so that a path spelled "null" or "~" does not read back as unset.
-            if constexpr (std::is_same_v<T, ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
-                          std::is_same_v<T, StepRange> || is_named_v<T>)
+            if constexpr (std::is_same_v<decltype(p), ResumeRef> || std::is_same_v<decltype(p), TieRef> ||
+                          std::is_same_v<decltype(p), NamedRef> || std::is_same_v<T, StepRange>)
               out << YAML::DoubleQuoted << spelling(p);
             else if constexpr (std::is_same_v<T, double>) out << format_double(*p);
             else if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
@@ -499,23 +346,6 @@ std::string emit_yaml(const Config& config) {
 }
 
 
-// ---------------------------------------------------------------------------
-// Named values
-
-ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
-  ScheduleKind k{};
-  if (!parse_named(name, &k))
-    fail(ErrorKind::Config, where, "='", name, "' is not a schedule (expected one of ", join_names(kScheduleNames), ")");
-  return k;
-}
-
-const char* config_name(Precision v) { return spelling(&v); }
-const char* config_name(Backend v) { return spelling(&v); }
-const char* config_name(FaultKind v) { return spelling(&v); }
-const char* config_name(Recompute v) { return spelling(&v); }
-
 bool splits_backward(ScheduleKind k) { return k == ScheduleKind::ZeroBubbleH1; }
-
-const char* schedule_name(ScheduleKind k) { return spelling(&k); }
 
 }  // namespace xirang

@@ -16,43 +16,32 @@
 
 #include "models/dims.h"
 #include "models/layers/activation.h"
+#include "runtime/config/named_values.h"
 
 namespace xirang {
 
-// parallel.schedule.
-// zb_h1: 1F1B with each backward split into its input- and weight-gradient
-// parts, the weight parts deferred into the cool-down (runtime/step/schedule.h).
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
-// "gpipe", "1f1b", "interleaved", "zb_h1"; a Config error naming `where` otherwise.
-ScheduleKind parse_schedule(std::string_view name, std::string_view where);
-const char* schedule_name(ScheduleKind k);
+// The named values (ScheduleKind, Precision, Backend, FaultKind,
+// BusyPollMode, SaveErrorPolicy, Recompute, RopeScaling::Type) and their
+// spellings: runtime/config/named_values.h. They are parsed once when the
+// YAML is read (an unknown spelling is a Config error naming the key, the
+// value and the accepted spellings); code past runtime/config compares
+// enums, not text.
+
+// parallel.schedule's spelling and reading (config_name, parse_named).
+inline const char* schedule_name(ScheduleKind k) { return config_name(k); }
+inline ScheduleKind parse_schedule(std::string_view name, std::string_view where) {
+  return parse_named<ScheduleKind>(name, where);
+}
 // Whether its lists split each backward into BackwardInput and BackwardWeight
 // (the chunks then keep what the weight part needs: ChunkBatch::split_backward).
 bool splits_backward(ScheduleKind k);
 
-// The named values of the config, parsed once when the YAML is read (an
-// unknown spelling is a Config error naming the key, the value and the
-// accepted spellings); code past runtime/config compares enums, not text.
-enum class Precision { FP32, BF16, FP16 };  // precision.dtype: fp32, bf16, fp16
-enum class Backend { CPU, CUDA };           // device.backend: cpu, cuda
-// faults.kind: none, kill, hang, fail_transfer, kill_in_save, slow_rank, nan_grad, io_error
-enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank, NanGrad, IoError };
 // A range of steps, 1-based and inclusive (metrics.trace_steps: "2-4", or "3" for one).
 struct StepRange {
   int first = 1, last = 1;
 };
 // checkpoint.resume: auto, none, or the path of a step directory
 enum class ResumeMode { Auto, None, Path };
-// comm.busy_poll: auto, on, off (comm/communicator.h BusyPoll)
-enum class BusyPollMode { Auto, On, Off };
-// checkpoint.on_error: stop (a failed save ends the run), continue (warn and train on)
-enum class SaveErrorPolicy { Stop, Continue };
-// train.recompute: none, selective, full: models/layers/activation.h's Recompute.
-// The config spelling of a value ("bf16", "cuda", "kill_in_save"), for messages.
-const char* config_name(Precision v);
-const char* config_name(Backend v);
-const char* config_name(FaultKind v);
-const char* config_name(Recompute v);
 
 struct ParallelConfig {
   int dp = 0;  // 0: inferred as world / (tp * pp)
@@ -238,8 +227,19 @@ Config parse_config(const std::string& yaml_text, const std::vector<std::string>
 // spells out every model key.
 Config parse_stored_config(const std::string& yaml_text, const std::string& source);
 
-// Checks the rules between fields for a world of `world_size` ranks and fills
-// inferred values (parallel.dp). Throws ErrorKind::Config naming key, value, rule.
+// Every key whose value is one of fixed spellings, with them in enum order
+// ({"parallel.schedule", {"gpipe", "1f1b", "interleaved", "zb_h1"}}, ...):
+// the schema's own list, for documentation and tests.
+struct NamedKey {
+  std::string key;
+  std::vector<std::string> spellings;
+};
+std::vector<NamedKey> named_keys();
+
+// Checks the config for a world of `world_size` ranks and fills inferred
+// values (parallel.dp): first the rule of each key on its own (the schema's
+// column, runtime/config/field_check.h) in schema order, then the rules
+// between keys. Throws ErrorKind::Config naming key, value, rule.
 void validate(Config& c, int world_size);
 
 }  // namespace xirang

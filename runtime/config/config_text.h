@@ -25,6 +25,9 @@ std::string format_double(double v);
 void apply_yaml(Config& c, const YAML::Node& root, const std::string& source, const std::string& skip = "");
 void apply_override(Config& c, const std::string& item);
 std::string emit_yaml(const Config& config);
+// The rules of the schema's rows (field_check.h), in schema order: the first
+// broken one's message ("train.lr=0 must be > 0"), or "" (validate.cc).
+std::string first_field_problem(const Config& config);
 // "file:line" of a node, or `source` when it has no mark.
 std::string where_of(const std::string& source, const YAML::Node& n);
 

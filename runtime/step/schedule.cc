@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "runtime/config/schedule_rules.h"
 
 namespace xirang {
 
@@ -103,15 +104,7 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, in
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v) {
   if (p < 1 || rank < 0 || rank >= p || m < 1 || v < 1)
     fail(ErrorKind::Config, "pipeline schedule: p=", p, ", rank=", rank, ", m=", m, ", v=", v, " are out of range");
-  if (kind == ScheduleKind::Interleaved) {
-    if (v < 2) fail(ErrorKind::Config, "parallel.schedule=interleaved needs parallel.virtual_stages >= 2 (got ", v, ")");
-    if (m % p != 0)
-      fail(ErrorKind::Config, "parallel.schedule=interleaved needs the microbatches per step (", m,
-           ") to be a multiple of parallel.pp (", p, ")");
-  } else if (v != 1) {
-    fail(ErrorKind::Config, "parallel.schedule=", schedule_name(kind), " runs one stage per rank: parallel.virtual_stages=",
-         v, " needs parallel.schedule=interleaved");
-  }
+  if (const std::string problem = schedule_problem(kind, p, v, m); !problem.empty()) fail(ErrorKind::Config, problem);
   const int last = p * v - 1;
   std::vector<PipeInstr> list;
   for (const Compute& c : compute_order(kind, p, rank, m, v)) {

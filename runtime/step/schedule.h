@@ -56,8 +56,8 @@ struct PipeInstr {
 };
 
 // One rank's instruction list for one step. Throws a Config error when the
-// combination is not supported (interleaved needs v > 1 and m % p == 0; the
-// others need v == 1).
+// combination is not supported (runtime/config/schedule_rules.h: interleaved
+// needs v > 1 and m % p == 0, the others v == 1; zb_h1 needs p > 1).
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v);
 
 // Most microbatches whose activations a local chunk holds at once under this list.

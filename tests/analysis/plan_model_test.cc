@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "runtime/config/schedule_rules.h"
 #include "runtime/memory_estimate.h"
 #include "analysis/plan/calibrate.h"
 #include "analysis/plan/collectives.h"
@@ -59,6 +60,37 @@ TEST(PlanLayout, ProblemsNameTheRule) {
   EXPECT_NE(layout_problem(w, parse_layout("pp=3", {}), a100()).find("n_layer"), std::string::npos);
   EXPECT_NE(layout_problem(w, parse_layout("dp=3", {}), a100()).find("global_batch"), std::string::npos);
   EXPECT_EQ(layout_problem(w, parse_layout("dp=2,tp=2,pp=2", {}), a100()), "");
+  // The schedule's rules are the config's (runtime/config/schedule_rules.h), in its words.
+  Workload six = w;
+  six.cfg.train.global_batch = 6;
+  EXPECT_EQ(layout_problem(six, parse_layout("pp=4,v=2,micro_batch=1", {}), a100()),
+            schedule_problem(ScheduleKind::Interleaved, 4, 2, 6));
+  EXPECT_EQ(layout_problem(six, parse_layout("pp=2,v=2,micro_batch=1", {}), a100()), "");
+  // A zb_h1 config's pipelined layouts run zb_h1; one stage runs no pipeline (1F1B).
+  Workload zb = w;
+  zb.cfg.parallel.schedule = ScheduleKind::ZeroBubbleH1;
+  EXPECT_EQ(layout_config(zb, parse_layout("pp=2", {})).parallel.schedule, ScheduleKind::ZeroBubbleH1);
+  EXPECT_EQ(layout_config(zb, parse_layout("pp=1", {})).parallel.schedule, ScheduleKind::OneFOneB);
+  EXPECT_EQ(layout_problem(zb, parse_layout("pp=1", {}), a100()), "");
+}
+
+// --layout's recompute takes every spelling of train.recompute, and only those.
+TEST(PlanLayout, RecomputeTakesTheConfigsSpellings) {
+  for (const char* name : config_names<Recompute>()) {
+    const PlanLayout l = parse_layout(std::string("recompute=") + name, {});
+    EXPECT_EQ(config_name(l.recompute), std::string(name));
+    EXPECT_EQ(parse_layout(l.str(), {}).recompute, l.recompute);
+  }
+  for (const char* bad : {"0", "2", "Full", "true", ""}) {
+    try {
+      parse_layout(std::string("recompute=") + bad, {});
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Usage);
+      EXPECT_EQ(std::string(e.what()), std::string("--layout: recompute=") + bad +
+                                           " is not one of none, selective, full (train.recompute)");
+    }
+  }
 }
 
 TEST(PlanCluster, MissingAndUnknownKeysAreConfigErrors) {

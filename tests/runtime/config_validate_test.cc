@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "runtime/config/config.h"
+#include "runtime/config/schedule_rules.h"
 #include "tests/runtime/config_errors.h"
 
 namespace xirang {
@@ -183,6 +185,146 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
   for (const Case& c : cases) expect_invalid(c.overrides, c.world, c.needles);
   // Messages start with the config's source so a multi-file run says which file.
   expect_invalid({"train.lr=0"}, 1, {"v.yaml: train.lr=0"});
+}
+
+// The rules no case above reaches: each column of the schema that the
+// table above leaves out, broken once.
+TEST_F(ConfigValidate, EveryFieldRuleIsChecked) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.n_kv_head=-1", "model.n_kv_head=-1 must be >= 0 (0 means model.n_head)"},
+      {"model.head_dim=-1", "model.head_dim=-1 must be >= 0 (0 means model.d_model / model.n_head)"},
+      {"parallel.zero=-1", "parallel.zero=-1 must be 0 or 1"},
+      {"parallel.virtual_stages=0", "parallel.virtual_stages=0 must be >= 1"},
+      {"train.stop_after=-1", "train.stop_after=-1 must be >= 0 (0 runs to train.steps)"},
+      {"data.prefetch_min=0", "data.prefetch_min=0 must be >= 1"},
+      {"data.loader_threads=0", "data.loader_threads=0 must be >= 1"},
+      {"data.read_delay_ms=-1", "data.read_delay_ms=-1 must be >= 0"},
+      {"metrics.baseline_tolerance=0", "metrics.baseline_tolerance=0 must be in (0, 1)"},
+      {"checkpoint.every=-1", "checkpoint.every=-1 must be >= 0 (0 saves only at the end)"},
+      {"checkpoint.keep=0", "checkpoint.keep=0 must be >= 1"},
+      {"comm.bandwidth_gbps=-1", "comm.bandwidth_gbps=-1 must be >= 0 (0 is no limit)"},
+      {"faults.delay_ms=-1", "faults.delay_ms=-1 must be >= 0"},  // a rule of the key alone, any kind
+      {"faults.steps=0", "faults.steps=0 must be >= 1"},
+  };
+  for (const auto& [override_, message] : cases) {
+    SCOPED_TRACE(override_);
+    Config c = base({override_});
+    EXPECT_EQ(expect_config_error([&] { validate(c, 1); }, {}), "v.yaml: " + message);
+  }
+  // A NaN set from code breaks its rule too.
+  Config nan = base();
+  nan.train.lr = std::nan("");
+  expect_config_error([&] { validate(nan, 1); }, {"train.lr=nan must be > 0"});
+}
+
+// Each rule's bound, on the side it allows: every config here is valid.
+TEST_F(ConfigValidate, FieldRulesAcceptTheirEdges) {
+  const std::vector<std::vector<std::string>> edges = {
+      {"model.n_kv_head=0", "model.head_dim=0"},
+      {"model.arch=llama", "model.n_kv_head=1"},
+      {"parallel.dp=0", "parallel.zero=0"},
+      {"parallel.zero=1"},
+      {"parallel.bucket_mb=1.0e-6", "train.lr=1.0e-12", "train.eps=1.0e-30", "comm.timeout_s=1.0e-3"},
+      {"train.seq_len=0", "train.warmup_steps=0", "train.weight_decay=0", "train.grad_clip=0", "train.stop_after=0"},
+      {"train.beta1=0", "train.beta2=0", "train.min_lr_ratio=0"},
+      {"train.beta1=0.999999", "train.beta2=0.999999", "train.min_lr_ratio=1"},
+      {"train.eval_every=0", "train.eval_batches=1", "train.max_nonfinite_steps=1", "train.skip_loss_spikes_zscore=0"},
+      {"data.prefetch_min=1", "data.prefetch_max=1", "data.loader_threads=1", "data.read_delay_ms=0"},
+      {"metrics.peak_tflops=0", "metrics.log_every=1", "metrics.straggler_every=0", "metrics.straggler_checks=1",
+       "metrics.baseline_steps=1", "metrics.straggler_ratio=1.000001", "metrics.baseline_tolerance=1.0e-6"},
+      {"metrics.baseline_tolerance=0.999999", "metrics.prometheus=h:1", "memory.limit_gb=0"},
+      {"precision.loss_scale=0", "precision.growth_interval=1", "precision.hysteresis=1",
+       "precision.min_scale=1.0e-9", "precision.initial_scale=1.0e-9"},
+      {"checkpoint.every=0", "checkpoint.keep=1", "comm.latency_us=0", "comm.bandwidth_gbps=0"},
+      {"faults.delay_ms=0", "faults.steps=1"},
+  };
+  for (const auto& e : edges) {
+    SCOPED_TRACE(::testing::PrintToString(e));
+    Config c = base(e);
+    EXPECT_NO_THROW(validate(c, 1));
+  }
+}
+
+// Every key's own rule is reported before any rule between keys, and among
+// them the first in schema order (model, parallel, train, data, metrics,
+// memory, precision, device, checkpoint, comm, faults), whatever order
+// the rules between keys are checked in.
+TEST_F(ConfigValidate, ReportsFieldRulesInSchemaOrderThenRulesBetweenFields) {
+  // One broken key per row, in schema order.
+  const std::vector<std::pair<std::string, std::string>> in_order = {
+      {"model.n_layer=0", "model.n_layer=0 must be >= 1"},
+      {"model.head_dim=-2", "model.head_dim=-2 must be >= 0 (0 means model.d_model / model.n_head)"},
+      {"parallel.zero=3", "parallel.zero=3 must be 0 or 1"},
+      {"parallel.bucket_mb=0", "parallel.bucket_mb=0 must be > 0"},
+      {"train.micro_batch=0", "train.micro_batch=0 must be >= 1"},
+      {"train.lr=0", "train.lr=0 must be > 0"},
+      {"train.beta1=1", "train.beta1=1 must be in [0, 1)"},
+      {"data.loader_threads=0", "data.loader_threads=0 must be >= 1"},
+      {"metrics.log_every=0", "metrics.log_every=0 must be >= 1"},
+      {"metrics.baseline_steps=0", "metrics.baseline_steps=0 must be >= 1"},
+      {"memory.limit_gb=-1", "memory.limit_gb=-1 must be >= 0 (0 is no limit)"},
+      {"precision.hysteresis=0", "precision.hysteresis=0 must be >= 1"},
+      {"checkpoint.keep=0", "checkpoint.keep=0 must be >= 1"},
+      {"comm.timeout_s=0", "comm.timeout_s=0 must be > 0"},
+      {"faults.steps=0", "faults.steps=0 must be >= 1"},
+  };
+  for (size_t i = 0; i < in_order.size(); ++i)
+    for (size_t j = i + 1; j < in_order.size(); ++j) {
+      SCOPED_TRACE(in_order[i].first + " and " + in_order[j].first);
+      Config a = base({in_order[i].first, in_order[j].first});
+      EXPECT_EQ(expect_config_error([&] { validate(a, 1); }, {}), "v.yaml: " + in_order[i].second);
+      Config b = base({in_order[j].first, in_order[i].first});  // the overrides' order does not matter
+      EXPECT_EQ(expect_config_error([&] { validate(b, 1); }, {}), "v.yaml: " + in_order[i].second);
+    }
+  // Rules between keys, each broken alone, then with the last key's own rule broken too.
+  const std::vector<std::vector<std::string>> between = {
+      {"train.seq_len=128"},
+      {"model.d_model=100", "model.n_head=3"},
+      {"model.n_layer=6", "parallel.pp=2", "parallel.schedule=interleaved", "parallel.virtual_stages=2"},
+      {"train.global_batch=10", "train.micro_batch=4"},
+      {"parallel.schedule=zb_h1"},
+      {"data.prefetch_min=4", "data.prefetch_max=2"},
+      {"precision.min_scale=131072"},
+      {"faults.kind=hang"},
+      {"data.train=/nonexistent/xirang"},
+  };
+  for (std::vector<std::string> rule : between) {
+    SCOPED_TRACE(::testing::PrintToString(rule));
+    Config alone = base(rule);
+    const std::string own = expect_config_error([&] { validate(alone, 2); }, {});
+    EXPECT_EQ(own.find("faults.steps=0"), std::string::npos) << own;
+    rule.push_back("faults.steps=0");
+    Config both = base(rule);
+    EXPECT_EQ(expect_config_error([&] { validate(both, 2); }, {}), "v.yaml: faults.steps=0 must be >= 1");
+  }
+}
+
+// The schedule's rules are schedule_problem()'s (runtime/config/schedule_rules.h):
+// over kinds and layouts, validate refuses exactly where it does, in its words.
+TEST_F(ConfigValidate, ScheduleRulesAreTheScheduleProblems) {
+  int refused = 0;
+  for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb_h1"})
+    for (int pp : {1, 2, 4})
+      for (int v : {1, 2})
+        for (int gb : {4, 6, 8}) {
+          const std::vector<std::string> o = {std::string("parallel.schedule=") + kind, "parallel.pp=" + std::to_string(pp),
+                                              "parallel.virtual_stages=" + std::to_string(v),
+                                              "train.global_batch=" + std::to_string(gb)};
+          SCOPED_TRACE(::testing::PrintToString(o));
+          Config c = base(o);
+          if (v > 1 && pp == 1) continue;  // the model's layout rule (virtual stages interleave ranks) comes first
+          const std::string rule = schedule_problem(c.parallel.schedule, pp, v, gb);
+          if (rule.empty()) {
+            EXPECT_NO_THROW(validate(c, pp));
+            continue;
+          }
+          ++refused;
+          const std::string msg = expect_config_error([&] { validate(c, pp); }, {});
+          // The message up to the microbatch count's derivation is the rule's.
+          const size_t cut = rule.find(" (");
+          EXPECT_EQ(msg.substr(0, 8 + cut), "v.yaml: " + rule.substr(0, cut)) << rule;
+        }
+  EXPECT_GT(refused, 10);
 }
 
 TEST_F(ConfigValidate, TraceStepsAreARange) {

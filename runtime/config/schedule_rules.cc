@@ -1,0 +1,26 @@
+#include "runtime/config/schedule_rules.h"
+
+#include "core/error.h"
+
+namespace xirang {
+
+std::string schedule_problem(ScheduleKind kind, int pp, int virtual_stages, int microbatches,
+                             std::string_view microbatches_from) {
+  const bool interleaved = kind == ScheduleKind::Interleaved;
+  if (!interleaved && virtual_stages != 1)
+    return str_cat("parallel.virtual_stages=", virtual_stages, " needs parallel.schedule=interleaved (got ",
+                   config_name(kind), ")");
+  if (interleaved && virtual_stages < 2)
+    return str_cat("parallel.schedule=interleaved needs parallel.virtual_stages >= 2 (got ", virtual_stages, ")");
+  // One stage runs B and W back to back: the split only costs its extra passes.
+  if (kind == ScheduleKind::ZeroBubbleH1 && pp < 2)
+    return "parallel.schedule=zb_h1 needs parallel.pp >= 2 (one stage has no bubble for the split backward to fill)";
+  // Groups of pp microbatches go through each chunk in turn.
+  if (interleaved && pp > 0 && microbatches % pp != 0)
+    return str_cat("parallel.schedule=interleaved needs the microbatches per step (",
+                   microbatches_from.empty() ? std::to_string(microbatches) : std::string(microbatches_from),
+                   ") to be a multiple of parallel.pp (", pp, ")");
+  return "";
+}
+
+}  // namespace xirang

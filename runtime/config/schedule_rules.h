@@ -1,0 +1,29 @@
+// runtime/config/schedule_rules.h: what each pipeline schedule needs of the
+// layout, stated once.
+//
+// Config validation, make_schedule (and so the executor, the simulator and
+// the memory plan, which build their lists with it) and the planner's
+// layout_problem all ask schedule_problem(), so a rule cannot hold in one
+// and not in another:
+//
+//   schedule_problem(ScheduleKind::ZeroBubbleH1, /*pp=*/1, /*virtual_stages=*/1, /*microbatches=*/8)
+//   // "parallel.schedule=zb_h1 needs parallel.pp >= 2 (one stage has no bubble ...)"
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "runtime/config/named_values.h"
+
+namespace xirang {
+
+// "" when `kind` can run `microbatches` per step over `pp` ranks with
+// `virtual_stages` chunks each, else the rule it breaks, in config keys:
+// only interleaved has virtual stages (two or more), and its microbatches
+// are a multiple of pp; zb_h1 needs two stages or more. `microbatches_from`,
+// when given, says where the count came from in the message
+// ("train.global_batch 8 / (train.micro_batch 1 x parallel.dp 1) = 8").
+std::string schedule_problem(ScheduleKind kind, int pp, int virtual_stages, int microbatches,
+                             std::string_view microbatches_from = "");
+
+}  // namespace xirang
