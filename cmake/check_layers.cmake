@@ -42,7 +42,7 @@ foreach(f ${files})
 endforeach()
 if(errors)
   message(FATAL_ERROR "layer violation: ${FOLDER}/ may not include these project layers "
-          "(the stack is core <- kernels, comm <- models <- runtime/data, runtime/config <- runtime/checkpoint, "
-          "runtime/step, runtime/observe, runtime/resilience <- runtime <- analysis <- tools):\n${errors}")
+          "(the stack is core <- kernels, comm <- models <- runtime/data, runtime/config <- runtime/step, "
+          "runtime/observe, runtime/resilience <- runtime/checkpoint <- runtime <- analysis <- tools):\n${errors}")
 endif()
 file(WRITE ${STAMP} "ok\n")

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <limits>
@@ -54,25 +53,13 @@ double FaultInjector::delay_compute(int step) const {
   return sw.ms();
 }
 
-bool FaultInjector::kills_save(int64_t steps_done) const {
-  return f_.kind == FaultKind::KillInSave && f_.step == steps_done && f_.rank == rank_;
-}
-
-void FaultInjector::kill_in_save(int64_t steps_done) const {
-  std::fprintf(stderr, "rank %d: injecting fault 'kill_in_save' at step %lld\n", rank_, (long long)steps_done);
-  std::fflush(stderr);
-  std::raise(SIGKILL);
-  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // SIGKILL is never ignored; this keeps [[noreturn]] true
-}
-
-bool FaultInjector::fails_save(int64_t steps_done) const {
-  return f_.kind == FaultKind::IoError && f_.step == steps_done && f_.rank == rank_;
-}
-
-void FaultInjector::fail_save_write(int64_t steps_done, const std::string& path) const {
-  std::fprintf(stderr, "rank %d: injecting fault 'io_error' at step %lld\n", rank_, (long long)steps_done);
-  std::fflush(stderr);
-  fail(ErrorKind::Checkpoint, "write ", path, ": ", std::strerror(EIO), " (faults.kind=io_error)");
+SaveFaults FaultInjector::save_faults() const {
+  SaveFaults f;
+  f.rank = rank_;
+  if (f_.rank != rank_) return f;
+  if (f_.kind == FaultKind::KillInSave) f.kill_step = f_.step;
+  if (f_.kind == FaultKind::IoError) f.io_error_step = f_.step;
+  return f;
 }
 
 bool FaultInjector::poisons_gradient(int step) const {

@@ -16,8 +16,7 @@
 //   FaultInjector faults(cfg.faults, grid, device);
 //   faults.at_step(step + 1);                            // before the step runs
 //   m.forward_ms += faults.delay_compute(step + 1);      // inside the step's compute
-//   if (faults.kills_save(steps_done)) ... faults.kill_in_save(steps_done);  // the saver, halfway
-//   if (faults.fails_save(steps_done)) ... faults.fail_save_write(steps_done, path);
+//   Checkpointer ckpt(..., faults.save_faults(), ...);  // kill_in_save and io_error, as a plain struct
 //   if (faults.poisons_gradient(step + 1))                // after the gradient reduction
 //     faults.poison_gradient(step + 1, grad, name, stream);
 #pragma once
@@ -30,6 +29,7 @@
 #include "comm/process_grid.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "runtime/checkpoint/save_faults.h"
 #include "runtime/config/config.h"
 
 namespace xirang {
@@ -49,15 +49,9 @@ class FaultInjector {
   // takes no core from the other ranks of an oversubscribed test); returns
   // the milliseconds it took.
   double delay_compute(int step) const;
-  // Whether this rank dies halfway through writing the checkpoint of `steps_done`.
-  bool kills_save(int64_t steps_done) const;
-  // Dies now (the saver calls it halfway through its file). Thread-safe.
-  [[noreturn]] void kill_in_save(int64_t steps_done) const;
-  // io_error: whether this rank's write of the checkpoint of `steps_done` fails.
-  bool fails_save(int64_t steps_done) const;
-  // Throws the Checkpoint error a write failing with EIO gives, naming
-  // `path` (the saver calls it halfway through its file). Thread-safe.
-  [[noreturn]] void fail_save_write(int64_t steps_done, const std::string& path) const;
+  // kill_in_save and io_error on this rank: the steps whose checkpoint
+  // write dies or fails halfway (the checkpointer injects them).
+  SaveFaults save_faults() const;
   // nan_grad: whether this rank poisons its gradient in `step`.
   bool poisons_gradient(int step) const;
   // Writes NaN into element 0 of `grad` (host or device memory; on `stream`,
@@ -68,7 +62,7 @@ class FaultInjector {
   FaultConfig f_;
   ProcessGrid& grid_;
   Device device_;
-  int rank_;  // world rank, read once: kill_in_save runs on the saver thread
+  int rank_;  // world rank, read once
 };
 
 }  // namespace xirang

@@ -15,7 +15,7 @@
 // The trainer owns the arenas, the model and the step; the rest is
 // delegated: communication groups and the device context to CommGroups
 // (runtime/comm_groups.h), saving and resuming to Checkpointer
-// (runtime/checkpointer.h), fault injection to FaultInjector
+// (runtime/checkpoint/checkpointer.h), fault injection to FaultInjector
 // (runtime/faults.h), device-ready input to PrefetchLoader.
 //
 //   Config cfg = load_config(path, overrides);
@@ -32,7 +32,7 @@
 #include "comm/process_grid.h"
 #include "core/arena.h"
 #include "models/model.h"
-#include "runtime/checkpointer.h"
+#include "runtime/checkpoint/checkpointer.h"
 #include "runtime/comm_groups.h"
 #include "runtime/config/config.h"
 #include "runtime/data/dataset.h"
@@ -46,6 +46,7 @@
 #include "runtime/step/pipeline.h"
 #include "runtime/preemption.h"
 #include "runtime/resilience/guards.h"
+#include "runtime/resilience/loss_scale.h"
 #include "runtime/step/schedule.h"
 #include "runtime/observe/step_observer.h"
 

@@ -225,8 +225,8 @@ void Trainer::build_optimizer(Arena& measure_shard, Arena& measure_state) {
   sync_->layout(measure_shard);
   opt_->set_segments(sync_->optimizer_segments());
   opt_->layout_state(measure_state);
-  ckpt_ = std::make_unique<Checkpointer>(cfg_, *grid_, TrainingState{params_, *opt_, loss_scale_}, device_, *faults_,
-                                         opts_.print);
+  ckpt_ = std::make_unique<Checkpointer>(cfg_, *grid_, TrainingState{params_, opt_->checkpoint_state(), loss_scale_},
+                                         device_, faults_->save_faults(), opts_.print);
 }
 
 void Trainer::plan_memory(const ArenaSizes& sizes) {

@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "runtime/config/config.h"
-#include "runtime/step/optimizer.h"
+#include "runtime/resilience/loss_scale.h"
 
 namespace xirang {
 

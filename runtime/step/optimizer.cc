@@ -49,27 +49,21 @@ void AdamW::layout_state(Arena& state) {
       group_.push_back({s.param, s.grad, m_.back(), v_.back(), Tensor(), s.decay});
     elements += s.param.numel();
   }
+  // The checkpoint's view: m and v, then the masters, one slice per segment.
+  state_.groups = {{"adam_m", StateFallback::Keep, {}}, {"adam_v", StateFallback::Keep, {}}};
+  if (master) state_.groups.push_back({"master", StateFallback::Parameter, {}});
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const OptimizerSegment& s = segments_[i];
+    state_.groups[0].slices.push_back({s.param_index, s.param_offset, m_[i]});
+    state_.groups[1].slices.push_back({s.param_index, s.param_offset, v_[i]});
+    if (master) state_.groups[2].slices.push_back({s.param_index, s.param_offset, master_[i]});
+  }
   table_ = GroupTable(state.alloc({group_table_words(int64_t(segments_.size()), elements)}, DType::U32,
                                   "AdamW chunk table"));
 }
 
 void AdamW::init_master(const KernelContext& ctx) {
   for (size_t i = 0; i < master_.size(); ++i) cast(ctx, master_[i], segments_[i].param);
-}
-
-void LossScale::update(bool overflow) {
-  if (!dynamic_) return;
-  if (overflow) {
-    good_steps_ = 0;
-    if (--hysteresis_left_ <= 0) {
-      scale_ = std::max(min_scale_, scale_ * 0.5);
-      hysteresis_left_ = 0;  // every further overflow halves until the scale grows again
-    }
-  } else if (++good_steps_ >= growth_interval_) {
-    scale_ *= 2.0;
-    good_steps_ = 0;
-    hysteresis_left_ = hysteresis_;
-  }
 }
 
 void AdamW::step(const KernelContext& ctx, double lr, double grad_scale) {
@@ -79,7 +73,7 @@ void AdamW::step(const KernelContext& ctx, double lr, double grad_scale) {
   s.beta2 = cfg_.beta2;
   s.eps = cfg_.eps;
   s.weight_decay = cfg_.weight_decay;  // on the segments with decay
-  s.step = ++updates_;
+  s.step = ++state_.updates;
   s.grad_scale = grad_scale;
   adamw_update_group(ctx, group_, s, table_);
 }

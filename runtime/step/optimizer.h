@@ -22,6 +22,7 @@
 #include "core/arena.h"
 #include "kernels/adamw.h"
 #include "kernels/context.h"
+#include "models/optimizer_state.h"
 #include "runtime/config/config.h"
 
 namespace xirang {
@@ -60,13 +61,17 @@ class AdamW {
   // first. The moments' bias correction counts the updates made since they
   // started (a skipped fp16 step makes none; a params-only resume starts at 0).
   void step(const KernelContext& ctx, double lr, double grad_scale);
-  int64_t updates() const { return updates_; }
-  void set_updates(int64_t n) { updates_ = n; }
+  int64_t updates() const { return state_.updates; }
+  void set_updates(int64_t n) { state_.updates = n; }
   // AdamW's first and second moments, one tensor per segment (checkpoints).
   const std::vector<Tensor>& m() const { return m_; }
   const std::vector<Tensor>& v() const { return v_; }
   // fp32 master weights per segment (empty when the parameters are fp32/fp64).
   const std::vector<Tensor>& master() const { return master_; }
+  // m, v and the masters as named tensors with the update count, what a
+  // checkpoint holds (models/optimizer_state.h): kept current by
+  // layout_state and step, valid for the optimizer's life.
+  OptimizerState& checkpoint_state() { return state_; }
 
  private:
   TrainConfig cfg_;
@@ -74,50 +79,7 @@ class AdamW {
   std::vector<Tensor> m_, v_, master_;  // per segment
   std::vector<AdamWTensor> group_;      // per segment: what one step updates
   GroupTable table_;                    // the group's chunk table (kernels/group_table.h)
-  int64_t updates_ = 0;
-};
-
-// Loss scaling for fp16: the loss gradient is multiplied by scale() so that
-// small activation gradients survive 16-bit storage; the optimizer divides
-// it out. Dynamic (Megatron-LM's scaler): a step whose gradients overflow
-// (a non-finite global norm, the same value on every rank) is skipped; the
-// scale halves, never below min_scale, on the hysteresis-th overflow since
-// it last grew (and on each one after that); after growth_interval clean
-// steps in a row it doubles and the hysteresis count starts over. Fixed or
-// off (scale 1), update() changes nothing.
-class LossScale {
- public:
-  LossScale() = default;
-  LossScale(double scale, bool dynamic, int growth_interval, double min_scale = 1.0, int hysteresis = 1)
-      : scale_(scale),
-        dynamic_(dynamic),
-        growth_interval_(growth_interval),
-        min_scale_(min_scale),
-        hysteresis_(hysteresis),
-        hysteresis_left_(hysteresis) {}
-  double scale() const { return scale_; }
-  bool dynamic() const { return dynamic_; }
-  bool enabled() const { return dynamic_ || scale_ != 1.0; }
-  // Whether an overflow can still lower the scale (dynamic, above its minimum).
-  bool can_back_off() const { return dynamic_ && scale_ > min_scale_; }
-  int good_steps() const { return good_steps_; }
-  int hysteresis_left() const { return hysteresis_left_; }
-  void update(bool overflow);
-  // Checkpoint state.
-  void restore(double scale, int good_steps, int hysteresis_left) {
-    scale_ = scale;
-    good_steps_ = good_steps;
-    hysteresis_left_ = hysteresis_left;
-  }
-
- private:
-  double scale_ = 1.0;
-  bool dynamic_ = false;
-  int growth_interval_ = 1000;
-  double min_scale_ = 1.0;
-  int hysteresis_ = 1;
-  int hysteresis_left_ = 1;  // overflows still tolerated before the scale halves
-  int good_steps_ = 0;
+  OptimizerState state_{"AdamW", {}, 0};  // views of m_, v_, master_; the update count
 };
 
 }  // namespace xirang

@@ -1,4 +1,4 @@
-#include "runtime/checkpointer.h"
+#include "runtime/checkpoint/checkpointer.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -12,7 +12,7 @@
 namespace xirang {
 
 Checkpointer::Checkpointer(const Config& cfg, ProcessGrid& grid, TrainingState state, Device device,
-                           const FaultInjector& faults, bool print)
+                           SaveFaults faults, bool print)
     : cfg_(cfg), grid_(grid), state_(state), device_(device), faults_(faults), print_(print) {}
 
 Checkpointer::~Checkpointer() {
@@ -42,17 +42,19 @@ std::vector<Checkpointer::SaveEntry> Checkpointer::entries_to_save() const {
   const bool replica_writer = grid_.coords().dp == 0;
   for (const Parameter& p : state_.params)
     if (replica_writer && !p.tied_copy) todo.push_back({"params", p.name, p.shard, 0, p.value.numel(), p.value});
+  // The optimizer's state segment by segment (each segment's groups together).
   const bool zero = cfg_.parallel.zero == 1;
-  const AdamW& opt = state_.optimizer;
-  const auto& segs = opt.segments();
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const Parameter& p = state_.params[size_t(segs[i].param_index)];
-    if (p.tied_copy || (!zero && !replica_writer)) continue;
-    const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
-    todo.push_back({"adam_m", p.name, p.shard, b, e, opt.m()[i]});
-    todo.push_back({"adam_v", p.name, p.shard, b, e, opt.v()[i]});
-    if (opt.has_master()) todo.push_back({"master", p.name, p.shard, b, e, opt.master()[i]});
-  }
+  const OptimizerState& opt = state_.optimizer;
+  for (const OptimizerStateGroup& g : opt.groups)
+    XR_CHECK(g.slices.size() == opt.segments(), "optimizer state group '", g.name, "' has ", g.slices.size(),
+             " segments, the first group ", opt.segments());
+  for (size_t i = 0; i < opt.segments(); ++i)
+    for (const OptimizerStateGroup& g : opt.groups) {
+      const OptimizerStateSlice& s = g.slices[i];
+      const Parameter& p = state_.params[size_t(s.param_index)];
+      if (p.tied_copy || (!zero && !replica_writer)) continue;
+      todo.push_back({g.name, p.name, p.shard, s.param_offset, s.param_offset + s.data.numel(), s.data});
+    }
   return todo;
 }
 
@@ -101,14 +103,14 @@ void Checkpointer::save(int64_t steps_done, void* stream, Timeline* tl) {
   if (!settle(why, true)) return;
   job.tl = tl;
   job.track = async ? Track::Checkpoint : Track::Main;
-  job.kill = faults_.kills_save(steps_done);
-  job.io_error = faults_.fails_save(steps_done);
+  job.kill = faults_.kills(steps_done);
+  job.io_error = faults_.fails(steps_done);
   // The dynamic loss scale's state (nothing when there is none to continue).
   const LossScale& ls = state_.loss_scale;
   job.loss_scale = ls.dynamic() ? ls.scale() : 0.0;
   job.good_steps = ls.good_steps();
   job.hysteresis_left = ls.hysteresis_left();
-  job.updates = state_.optimizer.updates();
+  job.updates = state_.optimizer.updates;
   save_done_ = false;
   save_error_ = nullptr;
   if (async) {
@@ -130,12 +132,12 @@ void Checkpointer::write(const SaveJob& job) {
         w.add(e.group, e.name, e.shard, e.data.view(e.shard.local_shape()));
       else
         w.add(e.group, e.name, e.shard, e.begin, e.end, e.data, e.data.dtype());
-      if (job.kill && i == job.entries.size() / 2) faults_.kill_in_save(job.steps_done);  // the file half written
-      if (job.io_error && i == job.entries.size() / 2) faults_.fail_save_write(job.steps_done, w.path() + ".tmp");
+      if (job.kill && i == job.entries.size() / 2) faults_.kill(job.steps_done);  // the file half written
+      if (job.io_error && i == job.entries.size() / 2) faults_.fail_write(job.steps_done, w.path() + ".tmp");
     }
     // A rank with no entries (nothing of the state lives there) fails or dies before its file is complete.
-    if (job.kill) faults_.kill_in_save(job.steps_done);
-    if (job.io_error) faults_.fail_save_write(job.steps_done, w.path() + ".tmp");
+    if (job.kill) faults_.kill(job.steps_done);
+    if (job.io_error) faults_.fail_write(job.steps_done, w.path() + ".tmp");
     // The data order is a pure function of (seed, step): the step is the loader's whole state.
     w.set_int("train.step", job.steps_done);
     w.set_int("optimizer.updates", job.updates);
@@ -269,32 +271,33 @@ void Checkpointer::check_model(const CheckpointReader& r, const std::string& pat
 }
 
 void Checkpointer::read_optimizer(const CheckpointReader& r, const std::string& path) {
-  AdamW& opt = state_.optimizer;
+  OptimizerState& opt = state_.optimizer;
   // A params-only checkpoint (an imported model, `ckpt convert --params-only`)
-  // has no optimizer state: AdamW keeps the zeroed state it was built with.
+  // has none of the groups that keep their own start (the moments): the
+  // optimizer keeps the zeroed state it was built with.
   bool has_optimizer_state = false;
-  for (const CheckpointEntry& e : r.entries()) has_optimizer_state = has_optimizer_state || e.group == "adam_m";
+  for (const OptimizerStateGroup& g : opt.groups)
+    for (const CheckpointEntry& e : r.entries())
+      has_optimizer_state = has_optimizer_state || (g.fallback == StateFallback::Keep && e.group == g.name);
   if (!has_optimizer_state && print_)
-    std::fprintf(stderr, "checkpoint %s has no optimizer state (parameters only): AdamW starts fresh at step %lld\n",
-                 path.c_str(), (long long)r.step());
+    std::fprintf(stderr, "checkpoint %s has no optimizer state (parameters only): %s starts fresh at step %lld\n",
+                 path.c_str(), opt.optimizer.c_str(), (long long)r.step());
   // The moments' bias correction continues from the saved update count
   // (older checkpoints: one update per step); fresh moments start from 0.
   if (has_optimizer_state)
-    opt.set_updates(r.has_scalar(0, "optimizer.updates") ? r.get_int(0, "optimizer.updates") : r.step());
-  const auto& segs = opt.segments();
-  for (size_t i = 0; has_optimizer_state && i < segs.size(); ++i) {
-    const Parameter& p = state_.params[size_t(segs[i].param_index)];
-    const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
-    read(r, "adam_m", p, b, e, opt.m()[i]);
-    read(r, "adam_v", p, b, e, opt.v()[i]);
-  }
-  // fp32 master weights: those a bf16/fp16 run saved, else the checkpoint's
-  // parameters widened (an fp32 run's are the masters exactly).
-  for (size_t i = 0; i < opt.master().size(); ++i) {
-    const Parameter& p = state_.params[size_t(segs[i].param_index)];
-    const int64_t b = segs[i].param_offset, e = b + segs[i].param.numel();
-    read(r, r.has("master", p.name) ? "master" : "params", p, b, e, opt.master()[i]);
-  }
+    opt.updates = r.has_scalar(0, "optimizer.updates") ? r.get_int(0, "optimizer.updates") : r.step();
+  for (const OptimizerStateGroup& g : opt.groups)
+    for (const OptimizerStateSlice& s : g.slices) {
+      const Parameter& p = state_.params[size_t(s.param_index)];
+      const int64_t b = s.param_offset, e = b + s.data.numel();
+      if (g.fallback == StateFallback::Keep) {
+        if (has_optimizer_state) read(r, g.name, p, b, e, s.data);
+      } else {
+        // fp32 master weights: those a bf16/fp16 run saved, else the
+        // checkpoint's parameters widened (an fp32 run's are the masters exactly).
+        read(r, r.has(g.name, p.name) ? std::string_view(g.name) : std::string_view("params"), p, b, e, s.data);
+      }
+    }
 }
 
 // The loss scale continues where it was (every rank saved the same value).

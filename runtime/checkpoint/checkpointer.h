@@ -1,19 +1,23 @@
-// runtime/checkpointer.h: one rank's part in saving and resuming checkpoints.
+// runtime/checkpoint/checkpointer.h: one rank's part in saving and resuming checkpoints.
 //
 // Owns what a save needs beyond the training state itself: the host
 // snapshot arena (asynchronous saves, and every save of device memory, write
 // from a copy taken at the end of the step), the saver thread that writes
 // this rank's file while training goes on, and the commit that world rank 0
-// makes once every rank's file is complete (runtime/checkpoint/checkpoint_io.h
-// for the format and its atomic steps). Resume loads checkpoint.resume
-// (auto: the newest under checkpoint.dir) into the parameters, the AdamW
-// state and the loss scale, whatever layout saved it.
+// makes once every rank's file is complete (checkpoint_io.h for the format
+// and its atomic steps). Resume loads checkpoint.resume (auto: the newest
+// under checkpoint.dir) into the parameters, the optimizer state and the
+// loss scale, whatever layout saved it. The optimizer reaches it only as
+// named tensors (models/optimizer_state.h) and fault injection only as a
+// plain struct (save_faults.h): this wing depends on neither the step
+// machinery nor the optimizer class.
 //
 // What a rank writes: each element once. Data-parallel replicas leave the
 // parameters (and without ZeRO the optimizer state) to dp rank 0, and the
 // last stage's copy of the tied token table is left to the first stage's.
 //
-//   Checkpointer ckpt(cfg, grid, TrainingState{params, opt, loss_scale}, device, faults, print);
+//   Checkpointer ckpt(cfg, grid, TrainingState{params, opt.checkpoint_state(), loss_scale}, device,
+//                     faults.save_faults(), print);
 //   if (ckpt.uses_snapshot()) ckpt.allocate_snapshot(bytes);
 //   int64_t start = ckpt.resume(model_dtype);       // completed steps; 0 for a fresh run
 //   for (int step = start; step < last; ++step) {
@@ -43,9 +47,10 @@
 #include "core/arena.h"
 #include "core/timeline.h"
 #include "models/parameter.h"
+#include "models/optimizer_state.h"
+#include "runtime/checkpoint/save_faults.h"
 #include "runtime/config/config.h"
-#include "runtime/faults.h"
-#include "runtime/step/optimizer.h"
+#include "runtime/resilience/loss_scale.h"
 
 namespace xirang {
 
@@ -54,7 +59,7 @@ class CheckpointReader;
 // The training state a checkpoint holds besides the step; the trainer owns it.
 struct TrainingState {
   std::vector<Parameter>& params;  // every chunk's parameters (views), in arena order
-  AdamW& optimizer;                // m, v and fp32 masters per segment
+  OptimizerState& optimizer;       // its named tensors index `params`; read at each save, written by resume
   LossScale& loss_scale;
 };
 
@@ -62,7 +67,7 @@ class Checkpointer {
  public:
   // Everything referenced must outlive the checkpointer. `print`: resume
   // messages on stderr (the caller passes it for world rank 0 only).
-  Checkpointer(const Config& cfg, ProcessGrid& grid, TrainingState state, Device device, const FaultInjector& faults,
+  Checkpointer(const Config& cfg, ProcessGrid& grid, TrainingState state, Device device, SaveFaults faults,
                bool print);
   // Joins a saver thread still running; only finish() commits its save.
   ~Checkpointer();
@@ -138,7 +143,7 @@ class Checkpointer {
   ProcessGrid& grid_;
   TrainingState state_;
   Device device_;
-  const FaultInjector& faults_;
+  SaveFaults faults_;
   bool print_;
   Arena snapshot_;  // host copy of what this rank saves
   std::thread saver_;
