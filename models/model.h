@@ -71,6 +71,31 @@ struct ChunkBatch {
   // Lay out what a backward split into its input- and weight-gradient
   // parts keeps between them (BackwardPart; chunks that splits_backward()).
   bool split_backward = false;
+  // With split_backward, the pools that outlive an activation slot
+  // (MicrobatchSlots); 0: activation_slots.
+  int input_slots = 0;   // microbatches from their forward to their weight part
+  int weight_slots = 0;  // microbatches from their input part to their weight part
+  int inputs() const { return input_slots > 0 ? input_slots : activation_slots; }
+  int weights() const { return weight_slots > 0 ? weight_slots : activation_slots; }
+};
+
+// Where one microbatch's tensors live in its chunk's pools. The activation
+// slot holds what the input-gradient part (or the fused backward) reads;
+// it is free again once that part has run. A chunk that splits its
+// backward keeps the weight products' layer inputs in an input slot, from
+// the forward to the weight part, and what the input part copies for the
+// weight part (output gradients, recomputed or gathered inputs) in a
+// weight slot, from the input part to the weight part. A caller that
+// frees the activation slot at the input part must give each microbatch
+// its own input and weight slots; one index names all three where none
+// is reused before the microbatch's weight part (one microbatch at a time).
+struct MicrobatchSlots {
+  int activation = 0;
+  int input = 0;
+  int weight = 0;
+  MicrobatchSlots(int slot) : activation(slot), input(slot), weight(slot) {}  // NOLINT: one index for all three
+  MicrobatchSlots(int activation_slot, int input_slot, int weight_slot)
+      : activation(activation_slot), input(input_slot), weight(weight_slot) {}
 };
 
 struct TensorParallel {
@@ -111,10 +136,10 @@ class ModelChunk {
   virtual void init_parameters(uint64_t seed);
 
   // Forward of one microbatch (tokens, targets: (B, T) int32) into
-  // activation slot `slot`. On the chunk with the head, the mean loss over
+  // activation slot `slot` (and, splitting the backward, its input slot). On the chunk with the head, the mean loss over
   // its tokens joins the loss sum on the chunk's device (no wait). With
   // dloss > 0 the loss gradient (dloss per token) is prepared for backward.
-  virtual void forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets,
+  virtual void forward(const KernelContext& ctx, MicrobatchSlots slot, const Tensor& tokens, const Tensor& targets,
                        double dloss) = 0;
   // The sum of the mean losses of the forwards since the last call (0 on a
   // chunk without the head), read back to the host; the sum restarts. On a
@@ -124,13 +149,17 @@ class ModelChunk {
   // chunk without the head takes the gradient of its output (stage_output's
   // shape) from the next chunk; afterwards input_grad() holds the gradient
   // of its input. `part` other than Full needs splits_backward(): InputGrad
-  // computes input_grad() (and the bias and norm gradients) and keeps the
-  // weight-gradient products' operands; WeightGrad of the same slot, before
-  // the slot's next forward, runs them and the gradient-ready calls (the
-  // hook fires from WeightGrad; `phase` is InputGrad's). InputGrad then
-  // WeightGrad gives bitwise Full's gradients.
-  virtual void backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase = GradPhase::Final,
-                        const Tensor& output_grad = Tensor(), BackwardPart part = BackwardPart::Full) = 0;
+  // computes input_grad() (with the bias, norm, head and embedding
+  // gradients) and leaves the weight-gradient products, their operands in
+  // the input and weight slots; after it the activation slot may take
+  // another microbatch. WeightGrad of the same input and weight slots
+  // (its activation slot is not read), before either is reused, runs the
+  // products and the gradient-ready calls (the hook fires from WeightGrad;
+  // `phase` is InputGrad's). InputGrad then WeightGrad gives bitwise
+  // Full's gradients.
+  virtual void backward(const KernelContext& ctx, MicrobatchSlots slot, const Tensor& tokens,
+                        GradPhase phase = GradPhase::Final, const Tensor& output_grad = Tensor(),
+                        BackwardPart part = BackwardPart::Full) = 0;
   virtual bool splits_backward() const { return false; }
 
   // Pipeline boundaries: the activation a chunk without the embedding reads

@@ -36,6 +36,7 @@ size_t aligned(int64_t elems, size_t elem_bytes) {
 struct RankModel {
   std::vector<std::unique_ptr<ModelChunk>> chunks;
   int slots = 1;
+  SlotCounts pools;  // the trainer's slot counts (input and weight: a split backward's)
 };
 
 RankModel build_rank(const Config& cfg, RankCoords at, int slots_override) {
@@ -44,12 +45,14 @@ RankModel build_rank(const Config& cfg, RankCoords at, int slots_override) {
   const int p = cfg.parallel.pp, v = cfg.parallel.virtual_stages, tp = cfg.parallel.tp;
   const auto kind = cfg.parallel.schedule;
   RankModel r;
-  r.slots = max_in_flight(make_schedule(kind, p, at.pp_rank, cfg.microbatches(), v), v) + (p > 1 ? 2 : 0);
-  if (slots_override > 0) r.slots = slots_override;
+  r.pools = slot_counts(make_schedule(kind, p, at.pp_rank, cfg.microbatches(), v), v, p > 1 ? 2 : 0);
+  r.slots = r.pools.activation;
+  // Measuring one slot's bytes: every pool of that size.
+  if (slots_override > 0) r.slots = slots_override, r.pools = {slots_override, slots_override, slots_override};
   for (int c = 0; c < v; ++c) {
     const int g = model_chunk(p, at.pp_rank, c);
     r.chunks.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype(cfg),
-                                       chunk_batch(cfg, r.slots),
+                                       chunk_batch(cfg, r.slots, r.pools.input, r.pools.weight),
                                        TensorParallel{nullptr, cfg.parallel.sequence_parallel, tp > 1 ? tp : 0,
                                                       at.tp_rank}));
   }

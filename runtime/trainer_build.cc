@@ -159,14 +159,14 @@ void Trainer::build_chunks() {
   const ModelDims& dims = cfg_.model;
   const ModelArch& arch = model_arch(dims.arch);
   const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, rank = grid_->coords().pp;
-  // Slots: the most microbatches the schedule keeps alive per chunk, plus
-  // the receives the executor posts ahead.
-  const int slots = max_in_flight(schedule_, v) + (p > 1 ? 2 : 0);
+  // Slots: the most microbatches the schedule keeps alive per chunk in
+  // each pool, plus the receives the executor posts ahead.
+  const SlotCounts slots = slot_counts(schedule_, v, p > 1 ? 2 : 0);
   chunks_.clear();
   for (int c = 0; c < v; ++c) {
     const int g = model_chunk(p, rank, c);
     chunks_.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype_,
-                                      chunk_batch(cfg_, slots),
+                                      chunk_batch(cfg_, slots.activation, slots.input, slots.weight),
                                       TensorParallel{&comm_->tp(), cfg_.parallel.sequence_parallel}));
     if (splits_backward(schedule_kind_) && !chunks_.back()->splits_backward())
       fail(ErrorKind::Config, "parallel.schedule=", schedule_name(schedule_kind_),
@@ -245,7 +245,11 @@ void Trainer::plan_memory(const ArenaSizes& sizes) {
   const ChunkBatch& batch = chunks_.front()->batch();
   plan_.add("activations", sizes.acts,
             str_cat("micro_batch ", batch.micro_batch, " x seq_len ", batch.seq_len, " x ", batch.activation_slots,
-                    " slot(s) x ", v, " chunk(s) of ", cfg_.model.n_layer / (p * v), " layer(s)",
+                    " slot(s)",
+                    batch.split_backward ? str_cat(" (split backward: ", batch.inputs(), " input, ", batch.weights(),
+                                                   " weight slot(s))")
+                                         : "",
+                    " x ", v, " chunk(s) of ", cfg_.model.n_layer / (p * v), " layer(s)",
                     cfg_.parallel.tp > 1 ? str_cat(", split over tp=", cfg_.parallel.tp) : "",
                     cfg_.parallel.sequence_parallel ? " with sequence parallelism" : ""));
   plan_.add("input batch", sizes.io, "evaluation tokens and targets, int32");

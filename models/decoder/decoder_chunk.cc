@@ -157,7 +157,13 @@ ActList DecoderChunk::block_activations(size_t l, BlockActs& a) const {
   return list;
 }
 
-void DecoderChunk::layout_slot(Arena& acts, SlotActs& s) {
+bool DecoderChunk::in_input_slot(const ActSpec& e, const BlockActs& a) const {
+  if (!batch_.split_backward || !kept(e.keep, batch_.recompute)) return false;
+  if (e.tensor == &a.attn.y || e.tensor == &a.ffn.post) return true;
+  return !tp_.sequence_parallel() && (e.tensor == &a.norm1.y || e.tensor == &a.norm2.y);
+}
+
+void DecoderChunk::layout_slot(Arena& acts, SlotActs& s, Pool pool) {
   const int64_t C = dims_.d_model, P = tp_.size(), N = tp_.rows(), R = tp_.local_rows();
   // The slot's tensors are carved one after another: [begin, end) holds them all.
   auto note = [&](const Tensor& t) {
@@ -170,13 +176,15 @@ void DecoderChunk::layout_slot(Arena& acts, SlotActs& s) {
     *a.tensor = acts.alloc(a.shape, a.wide ? wide_dtype_ : dtype_, a.what);
     note(*a.tensor);
   };
-  s.input = acts.alloc({R, C}, dtype_, "stage input");
-  note(s.input);
+  if (pool == Pool::Activation) {
+    s.input = acts.alloc({R, C}, dtype_, "stage input");
+    note(s.input);
+  }
   s.blocks.resize(layers_.blocks.size());
   for (size_t l = 0; l < s.blocks.size(); ++l)
     for (const ActSpec& a : block_activations(l, s.blocks[l]))
-      if (kept(a.keep, batch_.recompute)) alloc(a);
-  if (placement_.has_head) {
+      if (kept(a.keep, batch_.recompute) && in_input_slot(a, s.blocks[l]) == (pool == Pool::Input)) alloc(a);
+  if (placement_.has_head && pool == Pool::Activation) {
     ActList list;
     layers_.final_norm->activations(list, s.final_norm, R, C, layers_.spec.names.final_norm);
     for (const ActSpec& a : list) alloc(a);
@@ -192,28 +200,31 @@ int64_t DecoderChunk::weight_queue_bytes() const {
   const int64_t e = int64_t(dtype_size(dtype_));
   std::vector<int64_t> pieces;
   for (size_t l = 0; l < layers_.blocks.size(); ++l) {
-    // Every product's output gradient and input, as if none lay in the slot:
-    // qkv (dqkv, x), proj (dy, y), up (dpre, x), down (dy, post).
+    // The products: qkv (dqkv, norm 1's output), proj (dy, attention
+    // output), up (dpre, norm 2's output), down (dy, activation). Their
+    // output gradients lie in backward scratch; an input lies in an input
+    // slot, or is a recomputed or gathered copy (the norm outputs then
+    // all N rows).
     BlockActs shapes;
     for (const ActSpec& a : block_activations(l, shapes)) {
-      if (a.tensor == &shapes.attn.qkv || a.tensor == &shapes.attn.y || a.tensor == &shapes.ffn.pre ||
-          a.tensor == &shapes.ffn.post)
-        pieces.push_back(a.shape.numel() * e);
+      if (a.tensor == &shapes.attn.qkv || a.tensor == &shapes.ffn.pre) pieces.push_back(a.shape.numel() * e);
+      const bool norm = a.tensor == &shapes.norm1.y || a.tensor == &shapes.norm2.y;
+      if ((norm || a.tensor == &shapes.attn.y || a.tensor == &shapes.ffn.post) && !in_input_slot(a, shapes))
+        pieces.push_back((norm ? N * C : a.shape.numel()) * e);
     }
-    for (int i = 0; i < 4; ++i) pieces.push_back(N * C * e);  // qkv's and up's inputs, proj's and down's dy
+    pieces.push_back(N * C * e);  // proj's dy
+    pieces.push_back(N * C * e);  // down's dy
   }
-  if (placement_.has_head) pieces.push_back(N * C * e);  // the head's input (dlogits stay in the slot)
-  if (placement_.has_embedding) {
-    pieces.push_back(N * C * e);                     // the embedding's dy
-    pieces.push_back(N * int64_t(sizeof(int32_t)));  // its tokens
-  }
+  // The head's and the embedding's weight gradients are finished in the input part.
   return WeightGradQueue::bytes_for(pieces);
 }
 
 void DecoderChunk::layout_activations(Arena& acts) {
   const int64_t C = dims_.d_model, N = tp_.rows(), R = tp_.local_rows(), P = tp_.size();
   slots_.assign(size_t(batch_.activation_slots), {});
-  for (auto& s : slots_) layout_slot(acts, s);
+  for (auto& s : slots_) layout_slot(acts, s, Pool::Activation);
+  inputs_.assign(batch_.split_backward ? size_t(batch_.inputs()) : 0, {});
+  for (auto& s : inputs_) layout_slot(acts, s, Pool::Input);
   work_ = {};
   if (batch_.recompute != Recompute::None && !layers_.blocks.empty())
     for (const ActSpec& a : block_activations(0, work_))
@@ -240,14 +251,21 @@ void DecoderChunk::layout_activations(Arena& acts) {
   if (layers_.head) layers_.head->layout(acts, tp_, wide_dtype_);
   if (placement_.has_head) loss_sum_ = acts.alloc({1}, DType::F64, "loss sum");
   loss_pending_ = false;
-  later_.assign(batch_.split_backward ? slots_.size() : 0, {});
+  later_.assign(batch_.split_backward ? size_t(batch_.weights()) : 0, {});
+  later_storage_.clear();
+  const int64_t words = std::max<int64_t>(1, weight_queue_bytes() / 4);
   for (size_t i = 0; i < later_.size(); ++i)
-    later_[i].bind(acts.alloc({weight_queue_bytes() / 4}, DType::I32, "weight-gradient operands"), slots_[i].begin,
-                   slots_[i].end);
+    later_storage_.push_back(acts.alloc({words}, DType::I32, "weight-gradient operands"));
 }
 
-DecoderChunk::BlockActs DecoderChunk::block_acts(SlotActs& s, size_t l) const {
-  BlockActs a = s.blocks[l];
+DecoderChunk::BlockActs DecoderChunk::block_acts(const MicrobatchSlots& at, size_t l) const {
+  BlockActs a = slots_.at(size_t(at.activation)).blocks[l];
+  if (batch_.split_backward) {
+    BlockActs in = inputs_.at(size_t(at.input)).blocks[l];
+    const ActList mine = block_activations(l, a), kept_in = block_activations(l, in);
+    for (size_t i = 0; i < mine.size(); ++i)
+      if (in_input_slot(mine[i], a)) *mine[i].tensor = *kept_in[i].tensor;
+  }
   if (batch_.recompute == Recompute::None) return a;
   BlockActs work = work_;
   const ActList mine = block_activations(l, a), shared = block_activations(l, work);
@@ -317,12 +335,12 @@ double DecoderChunk::take_loss(const KernelContext& ctx) {
   return sum;
 }
 
-void DecoderChunk::forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets,
-                           double dloss) {
+void DecoderChunk::forward(const KernelContext& ctx, MicrobatchSlots slot, const Tensor& tokens,
+                           const Tensor& targets, double dloss) {
   XR_CHECK(tp_.can_run(), layers_.spec.name, ": a chunk laid out without its tensor-parallel group cannot run");
   tp_.begin_pass(ctx);
   ensure_rope(ctx);
-  SlotActs& s = slots_.at(size_t(slot));
+  SlotActs& s = slots_.at(size_t(slot.activation));
   if (placement_.has_embedding) {
     check_shape((layers_.spec.name + "::forward").c_str(), "tokens", tokens, {batch_.micro_batch, batch_.seq_len});
     layers_.embed->forward(ctx, tp_, s.input, tokens);
@@ -332,7 +350,7 @@ void DecoderChunk::forward(const KernelContext& ctx, int slot, const Tensor& tok
   }
   const Tensor* x = &s.input;
   for (size_t l = 0; l < layers_.blocks.size(); ++l) {
-    BlockActs a = block_acts(s, l);
+    BlockActs a = block_acts(slot, l);
     block_forward(ctx, layers_.blocks[l], *x, a);
     x = &s.blocks[l].res3;
   }
@@ -345,8 +363,13 @@ void DecoderChunk::forward(const KernelContext& ctx, int slot, const Tensor& tok
 // backward passes accumulate into it. Each layer's backward computes its
 // input gradient and its weight gradients together (Linear::backward), or,
 // in a split backward's input part, its input gradient, bias and norm
-// gradients, and leaves the weight products to the slot's WeightGradQueue
-// (models/layers/weight_grads.h) for the weight part.
+// gradients, and leaves the weight products to the weight slot's
+// WeightGradQueue (models/layers/weight_grads.h) for the weight part, which
+// reads their layer inputs from the microbatch's input slot. The head's
+// and the embedding's weight gradients are finished in the input part: W
+// would otherwise hold the logits' gradient (N x vocabulary) and the
+// embedding's, and they are the first and last products of the fused
+// pass, so the order of every parameter's accumulation is the same.
 void DecoderChunk::block_backward(const KernelContext& ctx, const DecoderLayers::Block& b, const Tensor& x,
                                   BlockActs& a, GradPhase phase, WeightGradQueue* later) {
   const int64_t N = tp_.rows(), Y = a.attn.y.size(2), Q = a.attn.qkv.size(2);
@@ -369,11 +392,11 @@ void DecoderChunk::block_backward(const KernelContext& ctx, const DecoderLayers:
   }
 }
 
-void DecoderChunk::head_backward(const KernelContext& ctx, SlotActs& s, GradPhase phase, WeightGradQueue* later) {
+void DecoderChunk::head_backward(const KernelContext& ctx, SlotActs& s, GradPhase phase) {
   // The training forward left dlogits in s.logits.
   const Tensor& last = layers_.blocks.empty() ? s.input : s.blocks.back().res3;
   const NormActs& f = s.final_norm;
-  layers_.head->backward(ctx, tp_, layers_.head_table(), s.logits, tp_.gathered(f.y), later);
+  layers_.head->backward(ctx, tp_, layers_.head_table(), s.logits, tp_.gathered(f.y));
   Tensor dnorm = tp_.partial();
   if (tp_.split()) {
     tp_.reduce_rows(tp_.partial(), tp_.sequence_parallel() ? d_c_ : tp_.partial());
@@ -394,18 +417,22 @@ void DecoderChunk::embedding_backward(const KernelContext& ctx, const Tensor& dy
   if (layers_.positions) layers_.positions->backward(ctx, dy_full, batch_.seq_len);
 }
 
-void DecoderChunk::backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase,
+void DecoderChunk::backward(const KernelContext& ctx, MicrobatchSlots slot, const Tensor& tokens, GradPhase phase,
                             const Tensor& output_grad, BackwardPart part) {
   XR_CHECK(part == BackwardPart::Full || splits_backward(), layers_.spec.name,
            ": a split backward needs a chunk laid out with ChunkBatch::split_backward");
   XR_CHECK(tp_.can_run(), layers_.spec.name, ": a chunk laid out without its tensor-parallel group cannot run");
   if (part == BackwardPart::WeightGrad) {
-    later_.at(size_t(slot)).run(ctx, [this](int layer) { grad_ready(layer); });
+    later_.at(size_t(slot.weight)).run(ctx, [this](int layer) { grad_ready(layer); });
     return;
   }
-  WeightGradQueue* later = part == BackwardPart::InputGrad ? &later_.at(size_t(slot)) : nullptr;
-  XR_CHECK(!later || !later->pending(), layers_.spec.name, ": slot ", slot,
+  WeightGradQueue* later = part == BackwardPart::InputGrad ? &later_.at(size_t(slot.weight)) : nullptr;
+  XR_CHECK(!later || !later->pending(), layers_.spec.name, ": weight slot ", slot.weight,
            "'s weight-gradient part has not run since its last input-gradient part");
+  // The queue references the layer inputs in the microbatch's input slot and copies every other operand.
+  if (later)
+    later->bind(later_storage_.at(size_t(slot.weight)), inputs_.at(size_t(slot.input)).begin,
+                inputs_.at(size_t(slot.input)).end);
   // Where the fused pass calls grad_ready, a split one marks the place in the queue.
   const bool final_pass = phase == GradPhase::Final;
   auto ready = [&](int layer) {
@@ -414,9 +441,9 @@ void DecoderChunk::backward(const KernelContext& ctx, int slot, const Tensor& to
     else grad_ready(layer);
   };
   tp_.begin_pass(ctx);
-  SlotActs& s = slots_.at(size_t(slot));
+  SlotActs& s = slots_.at(size_t(slot.activation));
   if (placement_.has_head) {
-    head_backward(ctx, s, phase, later);
+    head_backward(ctx, s, phase);
     ready(dims_.n_layer);
   } else {
     check_shape((layers_.spec.name + "::backward").c_str(), "output_grad", output_grad, d_res_.shape());
@@ -424,20 +451,14 @@ void DecoderChunk::backward(const KernelContext& ctx, int slot, const Tensor& to
   }
   for (int l = int(layers_.blocks.size()) - 1; l >= 0; --l) {
     const Tensor& x = l == 0 ? s.input : s.blocks[size_t(l - 1)].res3;
-    BlockActs a = block_acts(s, size_t(l));
+    BlockActs a = block_acts(slot, size_t(l));
     recompute(ctx, size_t(l), x, a);
     block_backward(ctx, layers_.blocks[size_t(l)], x, a, phase, later);
     ready(placement_.first_layer + l);
   }
   if (placement_.has_embedding) {
     // Every rank needs the gradient of all N rows: its table shard serves tokens from any row.
-    const Tensor dy = tp_.full_rows(d_res_);
-    if (later) {
-      const Tensor dy_kept = later->keep(ctx, dy), tokens_kept = later->keep(ctx, tokens);
-      later->later([this, dy_kept, tokens_kept](const KernelContext& c) { embedding_backward(c, dy_kept, tokens_kept); });
-    } else {
-      embedding_backward(ctx, dy, tokens);
-    }
+    embedding_backward(ctx, tp_.full_rows(d_res_), tokens);
     ready(-1);
   }
 }

@@ -118,13 +118,15 @@ class DecoderChunk : public ModelChunk {
                const ChunkBatch& batch, const TensorParallel& parallel = {});
 
   void layout_activations(Arena& acts) override;
-  void forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets,
+  void forward(const KernelContext& ctx, MicrobatchSlots slot, const Tensor& tokens, const Tensor& targets,
                double dloss) override;
   double take_loss(const KernelContext& ctx) override;
   // A chunk without the head takes the (R, C) gradient of its output.
-  void backward(const KernelContext& ctx, int slot, const Tensor& tokens, GradPhase phase = GradPhase::Final,
-                const Tensor& output_grad = Tensor(), BackwardPart part = BackwardPart::Full) override;
-  // With ChunkBatch::split_backward: a WeightGradQueue per activation slot.
+  void backward(const KernelContext& ctx, MicrobatchSlots slot, const Tensor& tokens,
+                GradPhase phase = GradPhase::Final, const Tensor& output_grad = Tensor(),
+                BackwardPart part = BackwardPart::Full) override;
+  // With ChunkBatch::split_backward: the weight products' layer inputs in
+  // input slots, a WeightGradQueue per weight slot.
   bool splits_backward() const override { return batch_.split_backward; }
   // (R, C) each: R = B*T token rows, or B*T/P with sequence parallelism.
   Tensor stage_input(int slot) override { return slots_.at(size_t(slot)).input; }
@@ -160,10 +162,18 @@ class DecoderChunk : public ModelChunk {
 
   // Block l's activation list (shapes, and what recomputation keeps) over `a`.
   ActList block_activations(size_t l, BlockActs& a) const;
-  void layout_slot(Arena& acts, SlotActs& s);
-  // Layer l's activations of slot s as the block passes see them: the
-  // slot's own, with what the recompute mode drops taken from work_.
-  BlockActs block_acts(SlotActs& s, size_t l) const;
+  // With a split backward, whether entry `e` of block_activations(l, a) is
+  // a weight product's layer input kept in an input slot (forward to
+  // weight part): the attention output and the feed-forward's activation,
+  // and the norm outputs unless sequence parallelism gathers them (the
+  // gathered rows are copied into the weight slot instead).
+  bool in_input_slot(const ActSpec& e, const BlockActs& a) const;
+  enum class Pool { Activation, Input };
+  void layout_slot(Arena& acts, SlotActs& s, Pool pool);
+  // Layer l's activations of a microbatch as the block passes see them:
+  // its activation slot's, its input slot's (split backward), and what the
+  // recompute mode drops taken from work_.
+  BlockActs block_acts(const MicrobatchSlots& at, size_t l) const;
   // Before layer l's backward: recomputes what the mode dropped (a "recompute" span).
   void recompute(const KernelContext& ctx, size_t l, const Tensor& x, BlockActs& a);
   void ensure_rope(const KernelContext& ctx);
@@ -176,14 +186,16 @@ class DecoderChunk : public ModelChunk {
   void block_backward(const KernelContext& ctx, const DecoderLayers::Block& b, const Tensor& x, BlockActs& a,
                       GradPhase phase, WeightGradQueue* later);
   void head_forward(const KernelContext& ctx, SlotActs& s, const Tensor& x, const Tensor& targets, double dloss);
-  void head_backward(const KernelContext& ctx, SlotActs& s, GradPhase phase, WeightGradQueue* later);
+  void head_backward(const KernelContext& ctx, SlotActs& s, GradPhase phase);
   void embedding_backward(const KernelContext& ctx, const Tensor& dy_full, const Tensor& tokens) const;
-  // Bytes a slot's weight-gradient queue may copy: each product operand that does not lie in the slot.
+  // Bytes a weight slot's queue copies: each product's output gradient, and
+  // each layer input that no input slot keeps (recomputed or gathered).
   int64_t weight_queue_bytes() const;
 
   TpComm tp_;  // before layers_: they are built for its size
   DecoderLayers layers_;
-  std::vector<SlotActs> slots_;
+  std::vector<SlotActs> slots_;   // activation slots
+  std::vector<SlotActs> inputs_;  // input slots (split backward): in_input_slot()'s entries only
   // What the recompute mode drops, for the layer being differentiated
   // (selective: the attention core and perhaps the feed-forward's
   // activation; full: all of a block but its output). Shared by every slot and layer.
@@ -194,7 +206,8 @@ class DecoderChunk : public ModelChunk {
   Tensor d_c_;       // (R, C) reduced gradient of a norm output
   Tensor d_big_;     // (N, .) backward scratch: the feed-forward's, or attention output and qkv gradients
   Tensor loss_sum_;  // (1) F64: the mean losses of the forwards since take_loss()
-  std::vector<WeightGradQueue> later_;  // per slot, with split_backward
+  std::vector<WeightGradQueue> later_;  // per weight slot, with split_backward
+  std::vector<Tensor> later_storage_;   // each weight slot's bytes
   bool loss_pending_ = false;  // loss_sum_ holds a sum (else it is reset at the next forward)
 };
 

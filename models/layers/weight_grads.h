@@ -5,10 +5,12 @@
 // layer's input-gradient product, bias and norm gradients, and the
 // reductions between them. It leaves each weight-gradient product dW +=
 // dY^T X to a WeightGradQueue, with its operands: a tensor of the
-// microbatch's activation slot is referenced (a slot is not reused before
-// its weight-gradient pass), any other (backward scratch, the residual
-// gradient, a sequence-parallel gather, a recomputed activation) is copied
-// into the queue's own storage in stream order. The weight-gradient pass
+// microbatch's input slot (the layer inputs its forward kept for W; the
+// slot is not reused before the weight-gradient pass) is referenced, any
+// other (backward scratch, the residual gradient, a sequence-parallel
+// gather, a recomputed activation) is copied into the queue's own storage
+// in stream order, so that the microbatch's activation slot is free once
+// B has run. The weight-gradient pass
 // (W) runs the products in the order B queued them, and after each layer's
 // last one the layer's gradient-ready mark (the dp buckets' hook). The
 // products are the same kernel calls with the same operands as the fused
@@ -16,7 +18,7 @@
 // independently), so B then W gives bitwise the fused backward's gradients.
 //
 //   WeightGradQueue q;
-//   q.bind(storage, slot_begin, slot_end);                 // once per layout
+//   q.bind(storage, input_slot_begin, input_slot_end);     // at each B, before its products
 //   linear.backward(ctx, dx, dy, x, &q);                   // B: dx now, dW queued
 //   q.layer_done(l);                                        // where the fused pass calls grad_ready(l)
 //   q.run(ctx, [&](int l) { grad_ready(l); });              // W
@@ -32,8 +34,8 @@ namespace xirang {
 class WeightGradQueue {
  public:
   // `storage`: bytes for copied operands (any dtype, 256-byte aligned
-  // pieces); [own_begin, own_end): the slot's activations, referenced
-  // without a copy.
+  // pieces); [own_begin, own_end): the microbatch's input slot, referenced
+  // without a copy. Forgets what was queued.
   void bind(Tensor storage, const void* own_begin, const void* own_end);
   // Bytes of storage for `tensors` copied (the 256-byte alignment included).
   static int64_t bytes_for(const std::vector<int64_t>& tensor_bytes);

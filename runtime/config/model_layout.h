@@ -15,10 +15,12 @@
 namespace xirang {
 
 // A chunk's batch: the config's microbatch shape and recompute mode, with
-// `slots` activation slots, split backward under a schedule that splits it.
-inline ChunkBatch chunk_batch(const Config& c, int slots) {
+// `slots` activation slots, split backward under a schedule that splits it
+// with `input_slots` and `weight_slots` (runtime/step/schedule.h's
+// slot_counts; 0: as many as activation slots).
+inline ChunkBatch chunk_batch(const Config& c, int slots, int input_slots = 0, int weight_slots = 0) {
   return ChunkBatch{c.train.micro_batch, c.seq_len(), slots, c.train.recompute,
-                    splits_backward(c.parallel.schedule)};
+                    splits_backward(c.parallel.schedule), input_slots, weight_slots};
 }
 
 inline ParallelLayout parallel_layout(const ParallelConfig& p) {

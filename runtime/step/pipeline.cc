@@ -110,6 +110,16 @@ void PipelineExecutor::layout(Arena& a) {
       c.free_slots.push_back(slots - 1 - s);  // pop_back hands out slot 0 first
     }
     c.slot_send.assign(size_t(slots), nullptr);
+    c.split = c.model->splits_backward();
+    c.free_inputs.clear();
+    c.free_weights.clear();
+    c.input_of.clear();
+    c.weight_of.clear();
+    if (c.split) {
+      const ChunkBatch& b = c.model->batch();
+      for (int s = b.inputs() - 1; s >= 0; --s) c.free_inputs.push_back(s);
+      for (int s = b.weights() - 1; s >= 0; --s) c.free_weights.push_back(s);
+    }
     const Shape rows = c.model->input_grad().shape();
     c.grad_bufs.clear();
     c.send_bufs.clear();
@@ -140,6 +150,22 @@ int PipelineExecutor::take_slot(Chunk& c) {
     c.slot_send[size_t(s)].reset();
   }
   return s;
+}
+
+int PipelineExecutor::input_slot(Chunk& c, int mb, bool take) {
+  if (!take) return c.input_of.at(mb);
+  XR_CHECK(!c.free_inputs.empty(), "pipeline: no free input slot on model chunk ", c.g, " for microbatch ", mb);
+  const int s = c.free_inputs.back();
+  c.free_inputs.pop_back();
+  return c.input_of[mb] = s;
+}
+
+int PipelineExecutor::weight_slot(Chunk& c, int mb, bool take) {
+  if (!take) return c.weight_of.at(mb);
+  XR_CHECK(!c.free_weights.empty(), "pipeline: no free weight slot on model chunk ", c.g, " for microbatch ", mb);
+  const int s = c.free_weights.back();
+  c.free_weights.pop_back();
+  return c.weight_of[mb] = s;
 }
 
 // Posts, in list order, the next receives whose destination buffer is free.
@@ -262,7 +288,9 @@ void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const
     StepClock::Scope part(clock_, StepPart::DataWait, {tl_, "data_wait", Track::Main, mb, c.g});
     feed(mb, tokens, targets);
   }
-  timed_pass(c, ComputeSpans::Forward, "forward", mb, [&] { c.model->forward(ctx, s, tokens, targets, dloss); });
+  // A split backward's layer inputs stay in an input slot of their own until W.
+  const MicrobatchSlots at = c.split ? MicrobatchSlots(s, input_slot(c, mb, true), 0) : MicrobatchSlots(s);
+  timed_pass(c, ComputeSpans::Forward, "forward", mb, [&] { c.model->forward(ctx, at, tokens, targets, dloss); });
 }
 
 void PipelineExecutor::send_activation(Chunk& c, int mb) {
@@ -274,10 +302,17 @@ void PipelineExecutor::send_activation(Chunk& c, int mb) {
 }
 
 // A whole backward, or one of its two parts (zb_h1): the input-gradient
-// part takes the received gradient and frees its buffer; the weight part
-// frees the activation slot, which holds what it needs until then.
+// part takes the received gradient and frees its buffer, and frees the
+// activation slot as a whole backward does; what the weight part needs
+// stays in the microbatch's input slot and the weight slot B takes, both
+// freed by the weight part.
 void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, BackwardPart part) {
-  const int s = c.slot_of.at(mb);
+  const bool weight_part = part == BackwardPart::WeightGrad;
+  const int s = weight_part ? -1 : c.slot_of.at(mb);
+  MicrobatchSlots at(s);
+  if (c.split)
+    at = MicrobatchSlots(s, input_slot(c, mb, false),
+                         part == BackwardPart::Full ? 0 : weight_slot(c, mb, part == BackwardPart::InputGrad));
   Tensor out_grad;
   int gb = -1;
   if (!c.last && part != BackwardPart::WeightGrad) {
@@ -287,15 +322,24 @@ void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, Back
   // Backwards (and their parts) run in microbatch order per chunk, so the last one makes the gradients final.
   const GradPhase phase = mb == m_ - 1 ? GradPhase::Final : GradPhase::Accumulate;
   timed_pass(c, ComputeSpans::Backward, part == BackwardPart::WeightGrad ? "backward_weight" : "backward", mb, [&] {
-    c.model->backward(ctx, s, c.first ? c.tokens[size_t(s)] : Tensor(), phase, out_grad, part);
+    c.model->backward(ctx, at, c.first && !weight_part ? c.tokens[size_t(s)] : Tensor(), phase, out_grad, part);
   });
   if (gb >= 0) {
     c.grad_of.erase(mb);
     c.free_grad.push_back(gb);
   }
-  if (part == BackwardPart::InputGrad) return;
-  c.slot_of.erase(mb);
-  c.free_slots.push_back(s);
+  if (!weight_part) {
+    c.slot_of.erase(mb);
+    c.free_slots.push_back(s);
+  }
+  if (c.split && part != BackwardPart::InputGrad) {
+    c.input_of.erase(mb);
+    c.free_inputs.push_back(at.input);
+    if (weight_part) {
+      c.weight_of.erase(mb);
+      c.free_weights.push_back(at.weight);
+    }
+  }
 }
 
 void PipelineExecutor::send_gradient(const KernelContext& ctx, Chunk& c, int mb) {

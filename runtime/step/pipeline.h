@@ -156,7 +156,12 @@ class PipelineExecutor {
     std::vector<Tensor> tokens, targets;  // per slot, (B, T) int32
     std::vector<WorkPtr> slot_send;       // activation send in flight from each slot
     std::vector<int> free_slots;
-    std::map<int, int> slot_of;           // microbatch -> slot
+    std::map<int, int> slot_of;           // microbatch -> activation slot (its forward to its backward or B)
+    // A split backward's pools (ModelChunk::backward, MicrobatchSlots):
+    bool split = false;
+    std::vector<int> free_inputs, free_weights;
+    std::map<int, int> input_of;          // microbatch -> input slot (its forward to its W)
+    std::map<int, int> weight_of;         // microbatch -> weight slot (its B to its W)
     std::vector<Tensor> grad_bufs;        // (R, C) received output gradients
     std::vector<int> free_grad;
     std::map<int, int> grad_of;           // microbatch -> grad buffer
@@ -188,6 +193,9 @@ class PipelineExecutor {
   // Joins a send of ours in flight: exposed pipeline communication.
   void join_send(WorkPtr& w, int chunk);
   int take_slot(Chunk& c);
+  // The split backward's slots of microbatch `mb` (input, weight) taken from their pool when `take`.
+  int input_slot(Chunk& c, int mb, bool take);
+  int weight_slot(Chunk& c, int mb, bool take);
   void post_receives(const std::vector<PipeInstr>& list, size_t from);
   void wait_recv(PipeOp op, int mb, int chunk);
   int tag(int dir, int mb, int dest_model_chunk) const { return (mb * p_ * v_ + dest_model_chunk) * 2 + dir; }

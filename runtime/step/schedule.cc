@@ -136,6 +136,39 @@ int max_in_flight(const std::vector<PipeInstr>& list, int v) {
   return peak;
 }
 
+SlotCounts slot_counts(const std::vector<PipeInstr>& list, int v, int receives_ahead) {
+  std::vector<int> act(size_t(v), 0), in(size_t(v), 0), w(size_t(v), 0);
+  SlotCounts peak;
+  bool split = false;
+  for (const PipeInstr& i : list) {
+    if (i.chunk < 0) continue;
+    const size_t c = size_t(i.chunk);
+    switch (i.op) {
+      case PipeOp::Forward:
+        peak.activation = std::max(peak.activation, ++act[c]);
+        peak.input = std::max(peak.input, ++in[c]);
+        break;
+      case PipeOp::Backward:
+        --act[c];
+        --in[c];
+        break;
+      case PipeOp::BackwardInput:
+        split = true;
+        --act[c];
+        peak.weight = std::max(peak.weight, ++w[c]);
+        break;
+      case PipeOp::BackwardWeight:
+        --in[c];
+        --w[c];
+        break;
+      default: break;
+    }
+  }
+  peak.activation += receives_ahead;
+  if (!split) peak.input = peak.weight = 0;
+  return peak;
+}
+
 double analytic_bubble(ScheduleKind kind, int p, int m, int v) {
   if (kind == ScheduleKind::Interleaved) return double(p - 1) / (double(v) * m + p - 1);
   if (kind == ScheduleKind::ZeroBubbleH1) return double(p - 1) / (3.0 * m + p - 1);

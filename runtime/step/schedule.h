@@ -21,7 +21,9 @@
 // gradient the previous stage waits for) and BackwardWeight (W: the
 // weight-gradient products, which only the optimizer needs), and defers
 // W into what would be the cool-down's idle time. A microbatch's
-// activations live from its forward to its W.
+// activations live from its forward to its B; what its W needs, the
+// layer inputs of the weight products and their output gradients, until
+// its W (slot_counts).
 #pragma once
 
 #include <string>
@@ -60,8 +62,23 @@ struct PipeInstr {
 // needs v > 1 and m % p == 0, the others v == 1; zb_h1 needs p > 1).
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v);
 
-// Most microbatches whose activations a local chunk holds at once under this list.
+// Most microbatches a local chunk holds at once under this list, from each
+// forward to its whole backward or its weight part.
 int max_in_flight(const std::vector<PipeInstr>& list, int v);
+
+// The slots of each pool a local chunk needs under this list (the most at
+// once, over the list's chunks), found by walking it: activation slots
+// from each forward to its Backward or BackwardInput, plus `receives_ahead`
+// (activation receives the executor posts ahead of their forward); and for
+// a split backward (ModelChunk::backward, MicrobatchSlots) input slots from
+// each forward to its BackwardWeight and weight slots from each
+// BackwardInput to its BackwardWeight. input and weight are 0 for a list
+// that does not split its backward. Under zb_h1 rank r of p holds p input
+// slots and r + 1 weight slots (m >= p).
+struct SlotCounts {
+  int activation = 0, input = 0, weight = 0;
+};
+SlotCounts slot_counts(const std::vector<PipeInstr>& list, int v, int receives_ahead);
 
 struct SimCosts {
   double forward = 1;   // per microbatch for a whole stage (a chunk costs 1/v of it)

@@ -9,7 +9,10 @@
 // each microbatch's weight part right after its input part or all input
 // parts first: the same losses, gradients, input gradients and
 // gradient-ready calls (in the same order, all from the weight parts) as
-// the fused backward.
+// the fused backward. The activation slot is free after the input part:
+// a forward reusing it before the weight part leaves the weight part its
+// operands, which live in input and weight slots of their own, and
+// recomputation runs once, in the input part.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -20,6 +23,7 @@
 
 #include "core/device_memory.h"
 #include "core/rng.h"
+#include "core/timeline.h"
 #include "models/llama/llama.h"
 #include "tests/models/model_fixture.h"
 
@@ -230,6 +234,129 @@ TEST(SplitBackward, IsCheckedAgainstTheLayout) {
   split.chunk->backward(ctx, 0, tok, GradPhase::Final, Tensor(), BackwardPart::WeightGrad);
   split.chunk->backward(ctx, 0, tok, GradPhase::Final, Tensor(), BackwardPart::InputGrad);
 }
+
+// How the second microbatch's slots relate to the first's in reuse_after_input_part.
+enum class Reuse {
+  Fused,          // the reference: fused backwards, one activation slot
+  OwnSlots,       // split; the activation slot reused, input and weight slots of its own
+  SharedInputSlot // split; the second microbatch's forward also overwrites the first's input slot
+};
+
+// Two steps of two microbatches through `chunks` chunks with one
+// activation slot: F(0) B(0) F(1) B(1), then the weight parts W(0) W(1).
+// The second forward reuses the activation slot the first microbatch's
+// input part has freed, before that microbatch's weight part. With
+// `trace`, the step's spans (their "recompute" spans counted by pass).
+struct ReuseOutcome {
+  Outcome out;
+  int recomputes_in_input_parts = 0, recomputes_in_weight_parts = 0;
+};
+ReuseOutcome reuse_after_input_part(const std::string& arch, int chunks, Recompute r, Reuse reuse) {
+  const ModelDims d = dims_of(arch);
+  const bool split = reuse != Reuse::Fused;
+  // Input and weight slots handed out in reverse (microbatch 0 takes slot 1), unlike the activation slot.
+  const ChunkBatch batch{2, 7, 1, r, split, 2, 2};
+  const MicrobatchSlots at[2] = {{0, 1, 1}, {0, reuse == Reuse::SharedInputSlot ? 1 : 0, 0}};
+  std::vector<Built> cs;
+  ReuseOutcome res;
+  Outcome& out = res.out;
+  for (int g = 0; g < chunks; ++g) {
+    cs.push_back(build(arch, DType::F32, chunks, g, batch));
+    cs.back().chunk->set_grad_ready_hook([&out, g](int layer) { out.ready.push_back(1000 * g + layer); });
+  }
+  const int64_t n = int64_t(batch.micro_batch) * batch.seq_len;
+  std::vector<int32_t> ids[2][2];
+  Tensor tok[2], tgt[2];
+  for (int m = 0; m < 2; ++m) {
+    for (int k = 0; k < 2; ++k)
+      for (int64_t i = 0; i < n; ++i)
+        ids[m][k].push_back(int32_t(rng_below(5 + uint64_t(k), uint64_t(m), uint64_t(i), uint64_t(d.vocab_size))));
+    tok[m] = Tensor(ids[m][0].data(), {batch.micro_batch, batch.seq_len}, DType::I32);
+    tgt[m] = Tensor(ids[m][1].data(), {batch.micro_batch, batch.seq_len}, DType::I32);
+  }
+  Timeline tl;
+  tl.set_tracing(true);
+  KernelContext ctx;
+  ctx.timeline = &tl;
+  auto recomputes = [&tl] {
+    int k = 0;
+    for (const Span& s : tl.take_spans()) k += std::string(s.name) == "recompute";
+    return k;
+  };
+  const BackwardPart part = split ? BackwardPart::InputGrad : BackwardPart::Full;
+  for (int step = 0; step < 2; ++step) {
+    for (int m = 0; m < 2; ++m) {
+      const MicrobatchSlots slots = split ? at[m] : MicrobatchSlots(0);
+      for (int g = 0; g < chunks; ++g) {
+        ModelChunk& c = *cs[size_t(g)].chunk;
+        if (g > 0) copy_tensor(c.stage_input(0), cs[size_t(g - 1)].chunk->stage_output(0), nullptr, true);
+        c.forward(ctx, slots, tok[m], tgt[m], 1.0 / double(2 * n));
+      }
+      tl.take_spans();
+      Tensor grad;
+      for (int g = chunks - 1; g >= 0; --g) {
+        ModelChunk& c = *cs[size_t(g)].chunk;
+        c.backward(ctx, slots, tok[m], GradPhase::Final, grad, part);
+        grad = c.input_grad();
+        if (g == 1 && step == 1 && m == 1) out.boundary_grad = bytes_of(grad);
+      }
+      res.recomputes_in_input_parts += recomputes();
+    }
+    out.losses.push_back(cs.back().chunk->take_loss(ctx));
+    if (split)
+      for (int m = 0; m < 2; ++m)
+        for (int g = chunks - 1; g >= 0; --g)
+          cs[size_t(g)].chunk->backward(ctx, at[m], Tensor(), GradPhase::Final, Tensor(), BackwardPart::WeightGrad);
+    res.recomputes_in_weight_parts += recomputes();
+  }
+  for (auto& b : cs)
+    for (const Parameter& p : b.chunk->parameters()) out.grads.push_back(bytes_of(p.grad));
+  return res;
+}
+
+class SplitBackwardAfterSlotReuse : public ::testing::TestWithParam<std::string> {};
+
+// The activation slot is free after the input part, as after a fused
+// backward: the next microbatch's forward into it leaves the pending weight
+// part its operands (in the microbatch's own input and weight slots), and
+// losses, gradients, the boundary gradient and the gradient-ready calls
+// equal the fused backward's bit for bit, in every recompute mode.
+// Recomputation runs once per layer in the input part, never in the
+// weight part.
+TEST_P(SplitBackwardAfterSlotReuse, WeightPartKeepsItsOperands) {
+  const std::string arch = GetParam();
+  const int layers = dims_of(arch).n_layer;
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    SCOPED_TRACE(recompute_name(r));
+    const Outcome fused = reuse_after_input_part(arch, 2, r, Reuse::Fused).out;
+    const ReuseOutcome split = reuse_after_input_part(arch, 2, r, Reuse::OwnSlots);
+    const Outcome& o = split.out;
+    ASSERT_EQ(o.losses.size(), fused.losses.size());
+    for (size_t i = 0; i < o.losses.size(); ++i)
+      EXPECT_EQ(std::memcmp(&o.losses[i], &fused.losses[i], sizeof(double)), 0) << "step " << i;
+    ASSERT_EQ(o.grads.size(), fused.grads.size());
+    for (size_t i = 0; i < o.grads.size(); ++i) EXPECT_TRUE(o.grads[i] == fused.grads[i]) << "parameter " << i;
+    EXPECT_FALSE(o.boundary_grad.empty());
+    EXPECT_TRUE(o.boundary_grad == fused.boundary_grad);
+    EXPECT_EQ(o.ready, fused.ready);
+    // Two steps of two microbatches, each layer once per input part.
+    EXPECT_EQ(split.recomputes_in_input_parts, r == Recompute::None ? 0 : 2 * 2 * layers);
+    EXPECT_EQ(split.recomputes_in_weight_parts, 0);
+  }
+}
+
+// The weight part reads the layer inputs from the microbatch's input slot,
+// which must be held until then: a forward of another microbatch into it
+// before the weight part changes the weight gradients (and nothing else).
+TEST_P(SplitBackwardAfterSlotReuse, InputSlotIsHeldUntilTheWeightPart) {
+  const std::string arch = GetParam();
+  const Outcome fused = reuse_after_input_part(arch, 2, Recompute::None, Reuse::Fused).out;
+  const Outcome shared = reuse_after_input_part(arch, 2, Recompute::None, Reuse::SharedInputSlot).out;
+  EXPECT_EQ(std::memcmp(&shared.losses[0], &fused.losses[0], sizeof(double)), 0);
+  EXPECT_NE(shared.grads, fused.grads);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SplitBackwardAfterSlotReuse, ::testing::Values("gpt2", "llama", "qwen3"));
 
 // Full keeps less than selective, selective less than none, per microbatch
 // (the difference between two- and one-slot layouts).
