@@ -36,7 +36,9 @@ TEST(SlotCounts, ZeroBubbleH1FreesTheActivationSlotAtTheInputPart) {
         EXPECT_EQ(s.activation, std::min(p - rank, m));
         // Forward to weight part: p once m >= p (every stage, as 1F1B's stage 0).
         EXPECT_EQ(s.input, max_in_flight(zb, 1));
-        if (m >= p) EXPECT_EQ(s.input, p);
+        if (m >= p) {
+          EXPECT_EQ(s.input, p);
+        }
         // Input part to weight part: the rank's deferral plus the one just run.
         EXPECT_EQ(s.weight, std::min(rank + 1, m));
         EXPECT_EQ(slot_counts(zb, 1, 2).activation, s.activation + 2);

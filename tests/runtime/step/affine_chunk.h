@@ -123,7 +123,9 @@ class AffineChunk final : public ModelChunk {
     dloss_.assign(size_t(slots), 0);
   }
 
-  void forward(const KernelContext& ctx, int slot, const Tensor& tokens, const Tensor& targets, double dloss) override {
+  void forward(const KernelContext& ctx, MicrobatchSlots slots, const Tensor& tokens, const Tensor& targets,
+               double dloss) override {
+    const int slot = slots.activation;
     ChunkCall call{ChunkCall::Forward, -1, g(), slot, GradPhase::Final, open_part(ctx.clock)};
     XR_CHECK(slot >= 0 && slot < int(h_.size()), "affine chunk ", g(), ": slot ", slot, " of ", h_.size());
     auto& hs = h_[size_t(slot)];
@@ -179,19 +181,22 @@ class AffineChunk final : public ModelChunk {
     return l;
   }
 
-  void backward(const KernelContext& ctx, int slot, const Tensor&, GradPhase phase, const Tensor& output_grad,
-                BackwardPart part) override {
+  // A split backward's weight part finds its input part by the weight slot
+  // (the activation slot is free from the input part on).
+  void backward(const KernelContext& ctx, MicrobatchSlots slots, const Tensor&, GradPhase phase,
+                const Tensor& output_grad, BackwardPart part) override {
     const std::optional<StepPart> at = open_part(ctx.clock);
     if (part == BackwardPart::WeightGrad) {
-      weight_part(slot, phase, at);
+      weight_part(slots.weight, phase, at);
       return;
     }
+    const int slot = slots.activation;
     const int label = live_[size_t(slot)];
     if (label < 0) problem("backward of slot ", slot, ", which holds no microbatch");
     ChunkCall call{part == BackwardPart::Full ? ChunkCall::Backward : ChunkCall::InputGrad, label, g(), slot, phase, at};
     const int W = C_ + 1, L = layers();
     const auto& hs = h_[size_t(slot)];
-    Saved s{label, slot, phase, {}, {}, {}, {}, {}, tok_[size_t(slot)]};
+    Saved s{label, part == BackwardPart::InputGrad ? slots.weight : slot, phase, {}, {}, {}, {}, {}, tok_[size_t(slot)]};
     std::vector<double> dh(size_t(R_ * C_));
     if (placement_.has_head) {
       const double* head = value(head_);
@@ -327,7 +332,7 @@ class AffineChunk final : public ModelChunk {
     if (trace_) trace_->hooks.push_back(layer);
     grad_ready(layer);
   }
-  // The oldest input part of `slot` whose weight part has not run.
+  // The oldest input part of weight slot `slot` whose weight part has not run.
   void weight_part(int slot, GradPhase phase, std::optional<StepPart> at) {
     auto it = saved_.begin();
     while (it != saved_.end() && it->slot != slot) ++it;
