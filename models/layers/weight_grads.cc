@@ -40,21 +40,16 @@ Tensor WeightGradQueue::keep(const KernelContext& ctx, const Tensor& t) {
 
 void WeightGradQueue::product(const KernelContext& ctx, Tensor dw, const Tensor& w, const Tensor& dy,
                               const Tensor& x) {
-  Entry e{Entry::Product, dw, w, keep(ctx, dy), keep(ctx, x), {}, 0};
+  Entry e{Entry::Product, dw, w, keep(ctx, dy), keep(ctx, x), 0};
   entries_.push_back(std::move(e));
 }
 
-void WeightGradQueue::later(std::function<void(const KernelContext&)> job) {
-  entries_.push_back(Entry{Entry::Job, {}, {}, {}, {}, std::move(job), 0});
-}
-
-void WeightGradQueue::layer_done(int layer) { entries_.push_back(Entry{Entry::Done, {}, {}, {}, {}, {}, layer}); }
+void WeightGradQueue::layer_done(int layer) { entries_.push_back(Entry{Entry::Done, {}, {}, {}, {}, layer}); }
 
 void WeightGradQueue::run(const KernelContext& ctx, const std::function<void(int)>& ready) {
   for (Entry& e : entries_) {
     switch (e.kind) {
       case Entry::Product: linear_backward(ctx, Tensor(), e.dw, Tensor(), e.dy, e.x, e.w, GradMode::Overwrite); break;
-      case Entry::Job: e.job(ctx); break;
       case Entry::Done:
         if (ready) ready(e.layer);
         break;

@@ -44,8 +44,6 @@ class WeightGradQueue {
   Tensor keep(const KernelContext& ctx, const Tensor& t);
   // dw += dy^T x later (kernels/matmul.h linear_backward with dw only).
   void product(const KernelContext& ctx, Tensor dw, const Tensor& w, const Tensor& dy, const Tensor& x);
-  // Any other weight-gradient work of the layer being differentiated; its tensors kept by the caller.
-  void later(std::function<void(const KernelContext&)> job);
   // The fused pass's grad_ready(layer) point.
   void layer_done(int layer);
   // W: runs everything queued since the last run, in order, calling `ready(layer)` at each mark.
@@ -54,9 +52,8 @@ class WeightGradQueue {
 
  private:
   struct Entry {
-    enum Kind { Product, Job, Done } kind;
+    enum Kind { Product, Done } kind;
     Tensor dw, w, dy, x;
-    std::function<void(const KernelContext&)> job;
     int layer = 0;
   };
   std::vector<Entry> entries_;
