@@ -43,6 +43,7 @@
 #include "comm/communicator.h"
 #include "core/arena.h"
 #include "kernels/context.h"
+#include "kernels/context_split.h"
 #include "kernels/rope.h"
 #include "models/dims.h"
 #include "models/file_adapter.h"
@@ -63,9 +64,22 @@ struct TpCommTime {
 
 // Recompute (train.recompute) lives with the layers' activation lists: models/layers/activation.h.
 
+// Context parallelism (parallel.cp): the sequence is cut over `size` ranks
+// (kernels/context_split.h); a chunk holds rank `rank`'s T / size rows of
+// every sequence, and its attention gathers keys and values over `group`.
+// Without a group and size > 1, the chunk is laid out as that rank (memory
+// plans) and refuses to run.
+struct ContextParallel {
+  Communicator* group = nullptr;  // the cp group; null means a group of one
+  int size = 1, rank = 0;
+  bool head_tail = true;          // parallel.cp_split: head_tail (balanced) or contiguous
+  ContextSplit split(int64_t seq_len) const { return ContextSplit::of(seq_len, size, head_tail); }
+};
+
 struct ChunkBatch {
   int micro_batch = 1;       // sequences per microbatch (B)
-  int seq_len = 64;          // tokens per sequence (T)
+  int seq_len = 64;          // tokens per sequence (T), the whole sequence: a cp rank holds T / cp.size of them
+  ContextParallel cp;
   int activation_slots = 1;  // microbatches whose activations are alive at once
   Recompute recompute = Recompute::None;
   // Lay out what a backward split into its input- and weight-gradient
