@@ -17,6 +17,13 @@
 
 #include <cstdint>
 
+// The index arithmetic runs on the host and in CUDA kernels alike.
+#ifdef __CUDACC__
+#define XR_SPLIT_HD __host__ __device__
+#else
+#define XR_SPLIT_HD
+#endif
+
 namespace xirang {
 
 struct ContextSplit {
@@ -28,22 +35,22 @@ struct ContextSplit {
   static ContextSplit whole(int64_t seq_len) { return {1, seq_len, true}; }
 
   // L: tokens in a chunk (T itself when c = 1).
-  int64_t chunk() const { return ranks == 1 ? seq_len : seq_len / (2 * ranks); }
+  XR_SPLIT_HD int64_t chunk() const { return ranks == 1 ? seq_len : seq_len / (2 * ranks); }
   // Rows each rank holds: T / c.
-  int64_t local_rows() const { return ranks == 1 ? seq_len : 2 * chunk(); }
+  XR_SPLIT_HD int64_t local_rows() const { return ranks == 1 ? seq_len : 2 * chunk(); }
   // The global chunk index of a rank's lower (part 0) or upper (part 1) chunk.
-  int64_t chunk_of(int rank, int part) const {
+  XR_SPLIT_HD int64_t chunk_of(int rank, int part) const {
     if (head_tail) return part == 0 ? rank : 2 * int64_t(ranks) - 1 - rank;
     return 2 * int64_t(rank) + part;
   }
   // The global position of `rank`'s local row t.
-  int64_t position(int rank, int64_t t) const {
+  XR_SPLIT_HD int64_t position(int rank, int64_t t) const {
     if (ranks == 1) return t;
     const int64_t L = chunk();
     return chunk_of(rank, int(t / L)) * L + t % L;
   }
   // The inverse: the local row that holds global position p, its rank in *owner.
-  int64_t local_row(int64_t p, int* owner) const {
+  XR_SPLIT_HD int64_t local_row(int64_t p, int* owner) const {
     if (ranks == 1) {
       *owner = 0;
       return p;

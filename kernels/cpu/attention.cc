@@ -28,6 +28,7 @@
 
 #include "kernels/attention_checks.h"
 #include "kernels/cpu/attention_blocked.h"
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/common.h"
 
 namespace xirang {
@@ -42,38 +43,16 @@ using attention_checks::Dims;
 
 namespace {
 
-template <class T>
-T dot(const T* a, const T* b, int64_t n) {
-  T s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-template <class T>
-void axpy(T alpha, const T* x, T* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
+using cpu::attention_rows::axpy;
+using cpu::attention_rows::dot;
+using cpu::attention_rows::narrow;
+using cpu::attention_rows::widen;
 
 // Softmax sums of the probability-based pair: F32 and F64 keep summing in
 // their own type, as they always have (their results are pinned by golden
 // losses); the 16-bit paths sum in double as kernels/context.h asks.
 template <class S>
 using softmax_sum_t = std::conditional_t<is_16bit_v<S>, double, compute_t<S>>;
-
-// n values widened to the compute type (a copy for F32/F64), and back
-// (rounded once for 16-bit).
-template <class S>
-void widen(const S* src, compute_t<S>* dst, int64_t n) {
-  if constexpr (is_16bit_v<S>) cpu::load_row(src, dst, n);
-  else std::copy(src, src + n, dst);
-}
-template <class S>
-void narrow(const compute_t<S>* src, S* dst, int64_t n) {
-  if constexpr (is_16bit_v<S>) cpu::store_row(src, dst, n);
-  else std::copy(src, src + n, dst);
-}
 
 // One (batch, head)'s q, k and v rows in the compute type: row t of q is
 // q + t * ld; k and v are those of the head's key/value head. Gathered into

@@ -14,6 +14,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/context.h"
+#include "kernels/context_split.h"
 #include "kernels/group_table.h"
 #include "kernels/rope.h"
 
@@ -97,6 +98,16 @@ void flash_attention_forward_tc(const KernelContext& ctx, Tensor out, Tensor lse
                                 int n_kv_head = 0);
 void flash_attention_backward_tc(const KernelContext& ctx, Tensor dqkv, const Tensor& dout, const Tensor& qkv,
                                  const Tensor& out, const Tensor& lse, int n_head, int n_kv_head = 0);
+
+// kernels/cp_attention.h (fp32 CUDA cores; backward without atomics: dq per
+// query row, dk and dv per key row over the queries that attend to it)
+void cp_attention_forward(const KernelContext& ctx, Tensor out, Tensor lse, const Tensor& qkv, const Tensor& kv_all,
+                          const ContextSplit& split, int rank, int n_head, int n_kv_head = 0);
+void cp_attention_backward(const KernelContext& ctx, Tensor dqkv, Tensor dkv_all, const Tensor& dout,
+                           const Tensor& qkv, const Tensor& kv_all, const Tensor& out, const Tensor& lse,
+                           const ContextSplit& split, int rank, int n_head, int n_kv_head = 0);
+void kv_pack(const KernelContext& ctx, Tensor kv, const Tensor& qkv, int n_head, int n_kv_head = 0);
+void kv_unpack(const KernelContext& ctx, Tensor dqkv, const Tensor& dkv, int n_head, int n_kv_head = 0);
 
 // kernels/rmsnorm.h (the residual add fused into the forward)
 void rmsnorm_forward(const KernelContext& ctx, Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, double eps);
