@@ -10,6 +10,7 @@
 #pragma once
 
 #include "kernels/context.h"
+#include "kernels/context_split.h"
 
 namespace xirang {
 
@@ -40,5 +41,14 @@ void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_
 // dwpe[(row_offset + i) % seq_len] += dx[i].
 void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, int64_t seq_len,
                             int64_t row_offset);
+// A context-parallel rank's rows (kernels/context_split.h): x's rows are a
+// contiguous run of the flattened (B * split.local_rows()) rows starting at
+// row_offset, and row r (counted from the start of the flattened rows)
+// reads wpe[split.position(rank, r % split.local_rows())]; wpe (>= T, C).
+void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, const ContextSplit& split, int rank,
+                   int64_t row_offset);
+// dwpe[split.position(rank, r % split.local_rows())] += dx[i], r = row_offset + i.
+void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, const ContextSplit& split,
+                            int rank, int64_t row_offset);
 
 }  // namespace xirang

@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/cp_attention_checks.h"
+#include "kernels/context_split.h"
 
 namespace xirang::embedding_checks {
 
@@ -35,6 +37,16 @@ inline void check_positions(const char* op, const char* what, const Tensor& tabl
   if (table.size(0) < seq_len || table.size(1) != C)
     fail(ErrorKind::Shape, op, ": ", what, " ", table.shape().str(), " cannot cover ", seq_len,
          " positions of width ", C);
+}
+
+// A context-parallel rank's rows: the split valid, the rank in it and the
+// table covering the whole sequence.
+inline void check_context_positions(const char* op, const char* what, const Tensor& table, const ContextSplit& s,
+                                    int rank, int64_t row_offset) {
+  cp_attention_checks::check_split(op, s, rank);
+  if (row_offset < 0) fail(ErrorKind::Shape, op, ": row_offset ", row_offset, " is negative");
+  if (table.size(0) < s.seq_len)
+    fail(ErrorKind::Shape, op, ": ", what, " ", table.shape().str(), " cannot cover ", s.seq_len, " positions");
 }
 
 }  // namespace xirang::embedding_checks

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "kernels/context.h"
+#include "kernels/context_split.h"
 
 namespace xirang {
 
@@ -93,5 +94,13 @@ void rope_qkv_forward(const KernelContext& ctx, Tensor qkv, const Tensor& cos, c
                       int n_kv_head, int64_t seq_len, int64_t pos_offset);
 void rope_qkv_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& cos, const Tensor& sin, int n_head,
                        int n_kv_head, int64_t seq_len, int64_t pos_offset);
+// A context-parallel rank's packed rows (kernels/context_split.h): qkv
+// (B * split.local_rows(), ...) in any shape with that many rows, row r at
+// position split.position(rank, r % split.local_rows()); the table covers
+// the whole sequence (T_max >= split.seq_len).
+void rope_qkv_forward(const KernelContext& ctx, Tensor qkv, const Tensor& cos, const Tensor& sin, int n_head,
+                      int n_kv_head, const ContextSplit& split, int rank);
+void rope_qkv_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& cos, const Tensor& sin, int n_head,
+                       int n_kv_head, const ContextSplit& split, int rank);
 
 }  // namespace xirang

@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/cp_attention_checks.h"
+#include "kernels/row_positions.h"
 
 namespace xirang::rope_checks {
 
@@ -24,9 +26,11 @@ inline TableDims check_table(const char* op, const Tensor& cos, const Tensor& si
 
 // What the rotation needs: rows of `width` elements whose first rot_heads
 // heads of 2 * half elements are rotated; row r at position
-// pos_offset + r % seq_len.
+// pos_offset + r % seq_len (pos), or on a context-parallel rank's rows
+// split.position(rank, r % local_rows).
 struct ApplyDims {
   int64_t rows, width, rot_heads, half, seq_len, pos_offset;
+  RowPositions pos;
 };
 
 inline ApplyDims check_positions(const char* op, const Tensor& x, const TableDims& t, int64_t seq_len,
@@ -40,7 +44,7 @@ inline ApplyDims check_positions(const char* op, const Tensor& x, const TableDim
   if (pos_offset < 0 || pos_offset + seq_len > t.positions)
     fail(ErrorKind::Shape, op, ": positions [", pos_offset, ", ", pos_offset + seq_len, ") are outside the table's ",
          t.positions);
-  return {rows, x2.size(1), 0, t.half, seq_len, pos_offset};
+  return {rows, x2.size(1), 0, t.half, seq_len, pos_offset, RowPositions::plain(seq_len, 0, pos_offset)};
 }
 
 // x (.., H*D): every head rotated.
@@ -67,6 +71,19 @@ inline ApplyDims check_qkv(const char* op, const Tensor& qkv, const Tensor& cos,
     fail(ErrorKind::Shape, op, ": qkv rows of ", d.width, " are not (n_head ", n_head, " + 2 n_kv_head ", n_kv_head,
          ") heads of D = ", D);
   d.rot_heads = int64_t(n_head) + n_kv_head;
+  return d;
+}
+
+// qkv (B * split.local_rows(), (n_head + 2 n_kv_head) D) of a context-parallel
+// rank: positions by the split, the table covering the whole sequence.
+inline ApplyDims check_qkv_context(const char* op, const Tensor& qkv, const Tensor& cos, const Tensor& sin, int n_head,
+                                   int n_kv_head, const ContextSplit& split, int rank) {
+  cp_attention_checks::check_split(op, split, rank);
+  const TableDims t = check_table(op, cos, sin);
+  if (split.seq_len > t.positions)
+    fail(ErrorKind::Shape, op, ": the sequence's ", split.seq_len, " positions are outside the table's ", t.positions);
+  ApplyDims d = check_qkv(op, qkv, cos, sin, n_head, n_kv_head, split.local_rows(), 0);
+  d.pos = RowPositions::context(split, rank);
   return d;
 }
 

@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/common.h"
 #include "kernels/embedding_checks.h"
+#include "kernels/row_positions.h"
 
 namespace xirang {
 
@@ -88,19 +89,72 @@ void lookup_backward_grouped(const E* pd, const int32_t* tk, int64_t N, int64_t 
   }
 }
 
-// 16-bit positions backward: position p gets rows i = i0, i0 + seq_len, ...
-// with (row_offset + i0) % seq_len == p, summed in double in row order.
+// 16-bit positions backward: the table row of run row i0 gets rows i = i0,
+// i0 + seq_len, ... (the same row of each sequence), summed in double in row order.
 template <class E, class G>
-void positions_backward_grouped(const E* pd, int64_t N, int64_t C, int64_t seq_len, int64_t row_offset, G* ppe) {
-  const int64_t P = std::min(N, seq_len);
+void positions_backward_grouped(const E* pd, int64_t N, int64_t C, const RowPositions& pos, G* ppe) {
+  const int64_t P = std::min(N, pos.seq_len);
 #pragma omp parallel for schedule(static)
   for (int64_t i0 = 0; i0 < P; ++i0) {
-    int64_t* idx = cpu::thread_scratch<int64_t, cpu::kScratchIndex>(size_t(N / seq_len + 1));
+    int64_t* idx = cpu::thread_scratch<int64_t, cpu::kScratchIndex>(size_t(N / pos.seq_len + 1));
     int64_t n = 0;
-    for (int64_t i = i0; i < N; i += seq_len) idx[n++] = i;
-    add_rows_once(ppe + ((row_offset + i0) % seq_len) * C, pd, idx, n, C,
-                  cpu::thread_scratch<double, cpu::kScratchReduce>(size_t(C)));
+    for (int64_t i = i0; i < N; i += pos.seq_len) idx[n++] = i;
+    add_rows_once(ppe + pos(i0) * C, pd, idx, n, C, cpu::thread_scratch<double, cpu::kScratchReduce>(size_t(C)));
   }
+}
+
+// x (N, C) += wpe[pos(i)] for row i (checked by the callers: positions in the table).
+void add_positions_rows(const char* op, Tensor x, const Tensor& wpe, const RowPositions& pos) {
+  const int64_t C = wpe.size(1);
+  if (x.rank() < 1 || x.size(-1) != C)
+    fail(ErrorKind::Shape, op, ": x ", x.shape().str(), " does not have rows of width ", C);
+  check_dtype(op, "x", x, wpe.dtype());
+  Tensor x2 = x.flat2d();
+  const int64_t N = x2.size(0);
+  dispatch_storage(wpe.dtype(), op, [&](auto tag) {
+    using E = decltype(tag);
+    const E* ppe = wpe.data<E>();
+    E* px = x2.data<E>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const E* p = ppe + pos(i) * C;
+      E* o = px + i * C;
+      for (int64_t j = 0; j < C; ++j) o[j] = store<E>(load(o[j]) + load(p[j]));
+    }
+  });
+}
+
+// dwpe[pos(i)] += dx[i].
+void add_positions_backward_rows(const char* op, Tensor dwpe, const Tensor& dx, const RowPositions& pos) {
+  const int64_t C = dwpe.size(1);
+  if (dx.rank() < 1 || dx.size(-1) != C)
+    fail(ErrorKind::Shape, op, ": dx ", dx.shape().str(), " does not have rows of width ", C);
+  cpu::check_grad_dtype(op, "dwpe", dwpe, dx.dtype());
+  Tensor d2 = dx.flat2d();
+  const int64_t N = d2.size(0);
+  dispatch_storage(dx.dtype(), op, [&](auto tag) {
+    using E = decltype(tag);
+    const E* pd = d2.data<E>();
+    if constexpr (is_16bit_v<E>) {
+      cpu::dispatch_grad<E>(dwpe.dtype(), [&](auto gtag) {
+        using G = decltype(gtag);
+        positions_backward_grouped(pd, N, C, pos, dwpe.data<G>());
+      });
+    } else {
+      E* ppe = dwpe.data<E>();
+      // Several rows share a position when the run spans more than one
+      // sequence: same column-block scheme as the lookup backward.
+#pragma omp parallel for schedule(static)
+      for (int64_t j0 = 0; j0 < C; j0 += kColBlock) {
+        const int64_t j1 = std::min(C, j0 + kColBlock);
+        for (int64_t i = 0; i < N; ++i) {
+          const E* g = pd + i * C;
+          E* p = ppe + pos(i) * C;
+          for (int64_t j = j0; j < j1; ++j) p[j] += g[j];
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -178,24 +232,8 @@ void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_
   const char* op = "add_positions";
   cpu::require_cpu(ctx, op);
   check_table(op, "wpe", wpe);
-  const int64_t C = wpe.size(1);
-  if (x.rank() < 1 || x.size(-1) != C)
-    fail(ErrorKind::Shape, op, ": x ", x.shape().str(), " does not have rows of width ", C);
-  check_positions(op, "wpe", wpe, C, seq_len, row_offset);
-  check_dtype(op, "x", x, wpe.dtype());
-  Tensor x2 = x.flat2d();
-  const int64_t N = x2.size(0);
-  dispatch_storage(wpe.dtype(), op, [&](auto tag) {
-    using E = decltype(tag);
-    const E* ppe = wpe.data<E>();
-    E* px = x2.data<E>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      const E* p = ppe + ((row_offset + i) % seq_len) * C;
-      E* o = px + i * C;
-      for (int64_t j = 0; j < C; ++j) o[j] = store<E>(load(o[j]) + load(p[j]));
-    }
-  });
+  check_positions(op, "wpe", wpe, wpe.size(1), seq_len, row_offset);
+  add_positions_rows(op, x, wpe, RowPositions::plain(seq_len, row_offset));
 }
 
 void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, int64_t seq_len,
@@ -205,36 +243,30 @@ void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor&
   const char* op = "add_positions_backward";
   cpu::require_cpu(ctx, op);
   check_table(op, "dwpe", dwpe);
-  const int64_t C = dwpe.size(1);
-  if (dx.rank() < 1 || dx.size(-1) != C)
-    fail(ErrorKind::Shape, op, ": dx ", dx.shape().str(), " does not have rows of width ", C);
-  check_positions(op, "dwpe", dwpe, C, seq_len, row_offset);
-  cpu::check_grad_dtype(op, "dwpe", dwpe, dx.dtype());
-  Tensor d2 = dx.flat2d();
-  const int64_t N = d2.size(0);
-  dispatch_storage(dx.dtype(), op, [&](auto tag) {
-    using E = decltype(tag);
-    const E* pd = d2.data<E>();
-    if constexpr (is_16bit_v<E>) {
-      cpu::dispatch_grad<E>(dwpe.dtype(), [&](auto gtag) {
-        using G = decltype(gtag);
-        positions_backward_grouped(pd, N, C, seq_len, row_offset, dwpe.data<G>());
-      });
-    } else {
-      E* ppe = dwpe.data<E>();
-      // Several rows share a position when the run spans more than one
-      // sequence: same column-block scheme as the lookup backward.
-#pragma omp parallel for schedule(static)
-      for (int64_t j0 = 0; j0 < C; j0 += kColBlock) {
-        const int64_t j1 = std::min(C, j0 + kColBlock);
-        for (int64_t i = 0; i < N; ++i) {
-          const E* g = pd + i * C;
-          E* p = ppe + ((row_offset + i) % seq_len) * C;
-          for (int64_t j = j0; j < j1; ++j) p[j] += g[j];
-        }
-      }
-    }
-  });
+  check_positions(op, "dwpe", dwpe, dwpe.size(1), seq_len, row_offset);
+  add_positions_backward_rows(op, dwpe, dx, RowPositions::plain(seq_len, row_offset));
+}
+
+void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, const ContextSplit& split, int rank,
+                   int64_t row_offset) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Embedding);
+  XR_ON_CUDA(ctx, add_positions(ctx, x, wpe, split, rank, row_offset));
+  const char* op = "add_positions";
+  cpu::require_cpu(ctx, op);
+  check_table(op, "wpe", wpe);
+  check_context_positions(op, "wpe", wpe, split, rank, row_offset);
+  add_positions_rows(op, x, wpe, RowPositions::context(split, rank, row_offset));
+}
+
+void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, const ContextSplit& split,
+                            int rank, int64_t row_offset) {
+  OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Embedding);
+  XR_ON_CUDA(ctx, add_positions_backward(ctx, dwpe, dx, split, rank, row_offset));
+  const char* op = "add_positions_backward";
+  cpu::require_cpu(ctx, op);
+  check_table(op, "dwpe", dwpe);
+  check_context_positions(op, "dwpe", dwpe, split, rank, row_offset);
+  add_positions_backward_rows(op, dwpe, dx, RowPositions::context(split, rank, row_offset));
 }
 
 // The single-rank ops keep their own checks (and messages, which name

@@ -94,7 +94,7 @@ void rotate(const char* op, const Tensor& x, const Tensor& cos, const Tensor& si
     const int64_t half = g.half, D = 2 * half;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < g.rows; ++r) {
-      const int64_t p = g.pos_offset + r % g.seq_len;
+      const int64_t p = g.pos(r);
       const T* c = pc + p * half;
       const T* s = ps + p * half;
       for (int64_t h = 0; h < g.rot_heads; ++h) {
@@ -146,6 +146,24 @@ void rope_qkv_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& cos,
   const char* op = "rope_qkv_backward";
   cpu::require_cpu(ctx, op);
   rotate(op, dqkv, cos, sin, rope_checks::check_qkv(op, dqkv, cos, sin, n_head, n_kv_head, seq_len, pos_offset), -1);
+}
+
+void rope_qkv_forward(const KernelContext& ctx, Tensor qkv, const Tensor& cos, const Tensor& sin, int n_head,
+                      int n_kv_head, const ContextSplit& split, int rank) {
+  OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, rope_qkv_forward(ctx, qkv, cos, sin, n_head, n_kv_head, split, rank));
+  const char* op = "rope_qkv_forward";
+  cpu::require_cpu(ctx, op);
+  rotate(op, qkv, cos, sin, rope_checks::check_qkv_context(op, qkv, cos, sin, n_head, n_kv_head, split, rank), 1);
+}
+
+void rope_qkv_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& cos, const Tensor& sin, int n_head,
+                       int n_kv_head, const ContextSplit& split, int rank) {
+  OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, rope_qkv_backward(ctx, dqkv, cos, sin, n_head, n_kv_head, split, rank));
+  const char* op = "rope_qkv_backward";
+  cpu::require_cpu(ctx, op);
+  rotate(op, dqkv, cos, sin, rope_checks::check_qkv_context(op, dqkv, cos, sin, n_head, n_kv_head, split, rank), -1);
 }
 
 }  // namespace xirang

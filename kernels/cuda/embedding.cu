@@ -31,6 +31,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/embedding_checks.h"
+#include "kernels/row_positions.h"
 
 namespace xirang::cuda {
 
@@ -103,23 +104,22 @@ __global__ void lookup_backward_kernel(G* __restrict__ dwte, const S* __restrict
 }
 
 template <class S>
-__global__ void add_positions_kernel(S* __restrict__ x, const S* __restrict__ wpe, int64_t C, int64_t seq_len,
-                                     int64_t row_offset) {
+__global__ void add_positions_kernel(S* __restrict__ x, const S* __restrict__ wpe, int64_t C, const RowPositions pos) {
   const int64_t i = blockIdx.x;
-  const S* p = wpe + ((row_offset + i) % seq_len) * C;
+  const S* p = wpe + pos(i) * C;
   S* o = x + i * C;
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x) o[j] = store<S>(load(o[j]) + load(p[j]));
 }
 
-// Block `pos` owns row pos of dwpe; rows i of dx with (row_offset + i) %
-// seq_len == pos are i0, i0 + seq_len, ...
+// Block u owns the rows i of dx with (row_offset + i) % seq_len == u, i0,
+// i0 + seq_len, ..., which all read the table row pos(i0).
 template <class S, class G>
 __global__ void add_positions_backward_kernel(G* __restrict__ dwpe, const S* __restrict__ dx, int64_t n, int64_t C,
-                                              int64_t seq_len, int64_t row_offset) {
-  const int64_t pos = blockIdx.x;
-  const int64_t i0 = ((pos - row_offset % seq_len) % seq_len + seq_len) % seq_len;
+                                              const RowPositions pos) {
+  const int64_t u = blockIdx.x, seq_len = pos.seq_len;
+  const int64_t i0 = ((u - pos.row_offset % seq_len) % seq_len + seq_len) % seq_len;
   if (i0 >= n) return;
-  G* row = dwpe + pos * C;
+  G* row = dwpe + pos(i0) * C;
   for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
     float acc = kInPlace<S> ? load(row[j]) : 0.f;
     for (int64_t i = i0; i < n; i += seq_len) acc += load(dx[i * C + j]);
@@ -204,14 +204,13 @@ void embedding_lookup_backward(const KernelContext& ctx, Tensor dwte, const Tens
   XR_CUDA_LAUNCH_CHECK();
 }
 
-void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_t seq_len, int64_t row_offset) {
-  const char* op = "add_positions";
-  require_cuda(ctx, op);
-  check_table(op, "wpe", wpe);
+namespace {
+
+void add_positions_rows(const KernelContext& ctx, const char* op, Tensor x, const Tensor& wpe,
+                        const RowPositions& pos) {
   const int64_t C = wpe.size(1);
   if (x.rank() < 1 || x.size(-1) != C)
     fail(ErrorKind::Shape, op, ": x ", x.shape().str(), " does not have rows of width ", C);
-  check_positions(op, "wpe", wpe, C, seq_len, row_offset);
   check_dtype(op, "x", x, wpe.dtype());
   check_on_device(op, {{"x", &x}, {"wpe", &wpe}});
   const int64_t N = C == 0 ? 0 : x.numel() / C;
@@ -220,9 +219,41 @@ void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_
   dispatch_storage(wpe.dtype(), op, [&](auto tag) {
     using S = decltype(tag);
     add_positions_kernel<S><<<unsigned(N), kThreads, 0, stream(ctx)>>>(
-        static_cast<S*>(x.raw()), static_cast<const S*>(wpe.raw()), C, seq_len, row_offset);
+        static_cast<S*>(x.raw()), static_cast<const S*>(wpe.raw()), C, pos);
   });
   XR_CUDA_LAUNCH_CHECK();
+}
+
+void add_positions_backward_rows(const KernelContext& ctx, const char* op, Tensor dwpe, const Tensor& dx,
+                                 const RowPositions& pos) {
+  const int64_t C = dwpe.size(1);
+  if (dx.rank() < 1 || dx.size(-1) != C)
+    fail(ErrorKind::Shape, op, ": dx ", dx.shape().str(), " does not have rows of width ", C);
+  check_grad_dtype(op, "dwpe", dwpe, dx.dtype());
+  check_on_device(op, {{"dwpe", &dwpe}, {"dx", &dx}});
+  const int64_t N = C == 0 ? 0 : dx.numel() / C;
+  if (N == 0) return;
+  if (pos.seq_len > INT_MAX)
+    fail(ErrorKind::Shape, op, ": seq_len ", pos.seq_len, " exceeds the grid limit of ", INT_MAX);
+  dispatch_storage(dx.dtype(), op, [&](auto stag) {
+    using S = decltype(stag);
+    dispatch_storage(dwpe.dtype(), op, [&](auto gtag) {
+      using G = decltype(gtag);
+      add_positions_backward_kernel<S, G><<<unsigned(pos.seq_len), kThreads, 0, stream(ctx)>>>(
+          static_cast<G*>(dwpe.raw()), static_cast<const S*>(dx.raw()), N, C, pos);
+    });
+  });
+  XR_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_t seq_len, int64_t row_offset) {
+  const char* op = "add_positions";
+  require_cuda(ctx, op);
+  check_table(op, "wpe", wpe);
+  check_positions(op, "wpe", wpe, wpe.size(1), seq_len, row_offset);
+  add_positions_rows(ctx, op, x, wpe, RowPositions::plain(seq_len, row_offset));
 }
 
 void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, int64_t seq_len,
@@ -230,24 +261,26 @@ void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor&
   const char* op = "add_positions_backward";
   require_cuda(ctx, op);
   check_table(op, "dwpe", dwpe);
-  const int64_t C = dwpe.size(1);
-  if (dx.rank() < 1 || dx.size(-1) != C)
-    fail(ErrorKind::Shape, op, ": dx ", dx.shape().str(), " does not have rows of width ", C);
-  check_positions(op, "dwpe", dwpe, C, seq_len, row_offset);
-  check_grad_dtype(op, "dwpe", dwpe, dx.dtype());
-  check_on_device(op, {{"dwpe", &dwpe}, {"dx", &dx}});
-  const int64_t N = C == 0 ? 0 : dx.numel() / C;
-  if (N == 0) return;
-  if (seq_len > INT_MAX) fail(ErrorKind::Shape, op, ": seq_len ", seq_len, " exceeds the grid limit of ", INT_MAX);
-  dispatch_storage(dx.dtype(), op, [&](auto stag) {
-    using S = decltype(stag);
-    dispatch_storage(dwpe.dtype(), op, [&](auto gtag) {
-      using G = decltype(gtag);
-      add_positions_backward_kernel<S, G><<<unsigned(seq_len), kThreads, 0, stream(ctx)>>>(
-          static_cast<G*>(dwpe.raw()), static_cast<const S*>(dx.raw()), N, C, seq_len, row_offset);
-    });
-  });
-  XR_CUDA_LAUNCH_CHECK();
+  check_positions(op, "dwpe", dwpe, dwpe.size(1), seq_len, row_offset);
+  add_positions_backward_rows(ctx, op, dwpe, dx, RowPositions::plain(seq_len, row_offset));
+}
+
+void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, const ContextSplit& split, int rank,
+                   int64_t row_offset) {
+  const char* op = "add_positions";
+  require_cuda(ctx, op);
+  check_table(op, "wpe", wpe);
+  check_context_positions(op, "wpe", wpe, split, rank, row_offset);
+  add_positions_rows(ctx, op, x, wpe, RowPositions::context(split, rank, row_offset));
+}
+
+void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, const ContextSplit& split,
+                            int rank, int64_t row_offset) {
+  const char* op = "add_positions_backward";
+  require_cuda(ctx, op);
+  check_table(op, "dwpe", dwpe);
+  check_context_positions(op, "dwpe", dwpe, split, rank, row_offset);
+  add_positions_backward_rows(ctx, op, dwpe, dx, RowPositions::context(split, rank, row_offset));
 }
 
 }  // namespace xirang::cuda

@@ -59,6 +59,10 @@ void embedding_lookup_backward(const KernelContext& ctx, Tensor dwte, const Tens
 void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, int64_t seq_len, int64_t row_offset);
 void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, int64_t seq_len,
                             int64_t row_offset);
+void add_positions(const KernelContext& ctx, Tensor x, const Tensor& wpe, const ContextSplit& split, int rank,
+                   int64_t row_offset);
+void add_positions_backward(const KernelContext& ctx, Tensor dwpe, const Tensor& dx, const ContextSplit& split,
+                            int rank, int64_t row_offset);
 
 // kernels/layernorm.h (the residual add fused into the forward)
 void layernorm_forward(const KernelContext& ctx, Tensor y, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& w,
@@ -133,6 +137,10 @@ void rope_qkv_forward(const KernelContext& ctx, Tensor qkv, const Tensor& cos, c
                       int n_kv_head, int64_t seq_len, int64_t pos_offset);
 void rope_qkv_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& cos, const Tensor& sin, int n_head,
                        int n_kv_head, int64_t seq_len, int64_t pos_offset);
+void rope_qkv_forward(const KernelContext& ctx, Tensor qkv, const Tensor& cos, const Tensor& sin, int n_head,
+                      int n_kv_head, const ContextSplit& split, int rank);
+void rope_qkv_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& cos, const Tensor& sin, int n_head,
+                       int n_kv_head, const ContextSplit& split, int rank);
 
 // kernels/swiglu.h (separate g, u and the packed [g | u] buffer)
 void swiglu_forward(const KernelContext& ctx, Tensor h, const Tensor& g, const Tensor& u);

@@ -44,17 +44,17 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Heads [0, rot_heads) of each row of x (rows, width) rotated by
-// sign * angle, row r at position pos_offset + r % seq_len.
+// sign * angle, row r at position pos(r) (kernels/row_positions.h).
 template <class S>
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(S* __restrict__ x, const float* __restrict__ cos, const float* __restrict__ sin, int64_t rows,
-                int64_t width, int64_t rot_heads, int half, int64_t seq_len, int64_t pos_offset, float sign) {
+                int64_t width, int64_t rot_heads, int half, const RowPositions pos, float sign) {
   const int64_t total = rows * rot_heads * half;
   for (int64_t k = int64_t(blockIdx.x) * kThreads + threadIdx.x; k < total; k += int64_t(gridDim.x) * kThreads) {
     const int i = int(k % half);
     const int64_t t = k / half;
     const int64_t h = t % rot_heads, r = t / rot_heads;
-    const int64_t p = pos_offset + r % seq_len;
+    const int64_t p = pos(r);
     const float c = cos[p * half + i], s = sign * sin[p * half + i];
     S* head = x + r * width + h * 2 * half;
     const float x1 = load(head[i]), x2 = load(head[i + half]);
@@ -77,7 +77,7 @@ void rotate(const KernelContext& ctx, const char* op, const Tensor& x, const Ten
     using S = decltype(tag);
     rope_kernel<S><<<grid_for(total), kThreads, 0, stream(ctx)>>>(
         static_cast<S*>(x.raw()), static_cast<const float*>(cos.raw()), static_cast<const float*>(sin.raw()),
-        d.rows, d.width, d.rot_heads, int(d.half), d.seq_len, d.pos_offset, sign);
+        d.rows, d.width, d.rot_heads, int(d.half), d.pos, sign);
   });
   XR_CUDA_LAUNCH_CHECK();
 }
@@ -127,6 +127,22 @@ void rope_qkv_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& cos,
   require_cuda(ctx, op);
   rotate(ctx, op, dqkv, cos, sin,
          rope_checks::check_qkv(op, dqkv, cos, sin, n_head, n_kv_head, seq_len, pos_offset), -1.f);
+}
+
+void rope_qkv_forward(const KernelContext& ctx, Tensor qkv, const Tensor& cos, const Tensor& sin, int n_head,
+                      int n_kv_head, const ContextSplit& split, int rank) {
+  const char* op = "rope_qkv_forward";
+  require_cuda(ctx, op);
+  rotate(ctx, op, qkv, cos, sin, rope_checks::check_qkv_context(op, qkv, cos, sin, n_head, n_kv_head, split, rank),
+         1.f);
+}
+
+void rope_qkv_backward(const KernelContext& ctx, Tensor dqkv, const Tensor& cos, const Tensor& sin, int n_head,
+                       int n_kv_head, const ContextSplit& split, int rank) {
+  const char* op = "rope_qkv_backward";
+  require_cuda(ctx, op);
+  rotate(ctx, op, dqkv, cos, sin,
+         rope_checks::check_qkv_context(op, dqkv, cos, sin, n_head, n_kv_head, split, rank), -1.f);
 }
 
 }  // namespace xirang::cuda
