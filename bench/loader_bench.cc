@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     const double peak = measure_sgemm_flops(1024, 1.0);
     const ModelDims s124{.n_layer = 12, .n_head = 12, .d_model = 768, .max_seq_len = 1024, .vocab_size = 50257};
     const auto model = model_arch("gpt2").make_chunk(s124, ChunkPlacement::whole(s124.n_layer), DType::F32,
-                                                     ChunkBatch{B, T, 1}, {});
+                                                     ChunkBatch{.micro_batch = B, .seq_len = T}, {});
     const double consume = peak / model->flops_per_token();
     std::printf("loader (%d threads, seq_len %d, micro_batch %d): %.0f tokens/s\n", threads, T, B, loader_tps);
     std::printf("gpt2_124m at 100%% MFU of the measured sgemm rate (%.1f GFLOP/s): %.0f tokens/s\n", peak / 1e9,

@@ -53,7 +53,7 @@ Built build(const Config& cfg, const ModelDims& dims, DType dt, Recompute r) {
   Built b;
   b.mode = r;
   b.chunk = model_arch(dims.arch).make_chunk(dims, ChunkPlacement::whole(dims.n_layer), dt,
-                                             ChunkBatch{cfg.train.micro_batch, cfg.seq_len(), 1, r}, {});
+                                             ChunkBatch{.micro_batch = cfg.train.micro_batch, .seq_len = cfg.seq_len(), .recompute = r}, {});
   Arena mp = Arena::measuring("p"), mg = Arena::measuring("g"), ma = Arena::measuring("a");
   b.chunk->layout_parameters(mp, mg);
   b.chunk->layout_activations(ma);

@@ -14,6 +14,8 @@ NcclGroups::NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams
     fail(ErrorKind::Internal, "NcclGroups: the compute and dp streams must be given (not the legacy stream 0)");
   // The same order on every rank: each set-up waits for the group's other ranks.
   tp_ = make_nccl_group(grid.tp(), device, streams.compute, opts);
+  // Attention waits for the gathered keys and values: on the compute stream, as tp.
+  cp_ = make_nccl_group(grid.cp(), device, streams.compute, opts);
   dp_grads_ = make_nccl_group(grid.dp_grads(), device, streams.dp, opts);
   dp_grads_->set_input_ready_stream(streams.compute);
   embedding_ = make_nccl_group(grid.embedding(), device, streams.dp, opts);
@@ -32,7 +34,7 @@ NcclGroups::NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams
 }
 
 NcclGroups::~NcclGroups() {
-  std::vector<NcclCommunicator*> all = {tp_.get(), dp_grads_.get(), embedding_.get()};
+  std::vector<NcclCommunicator*> all = {tp_.get(), cp_.get(), dp_grads_.get(), embedding_.get()};
   for (auto* list : {&pp_act_, &pp_grads_})
     for (auto& c : *list) all.push_back(c.get());
   bool failed = false;

@@ -8,6 +8,7 @@
 //
 //   group      stream    fed by (input-ready)  carries
 //   tp         compute   compute (itself)      activations, the loss phases
+//   cp         compute   compute (itself)      attention's keys and values (gathers)
 //   dp_grads   dp        compute               gradient buckets, ZeRO gathers
 //   embedding  dp        compute               the tied token table's gradient
 //   pp_act[c]  own (c)   compute               activations, edge colour c
@@ -56,6 +57,7 @@ class NcclGroups {
   NcclGroups& operator=(const NcclGroups&) = delete;
 
   NcclCommunicator& tp() { return *tp_; }
+  NcclCommunicator& cp() { return *cp_; }
   NcclCommunicator& dp_grads() { return *dp_grads_; }
   NcclCommunicator& embedding() { return *embedding_; }
   // The pipeline channels of each edge colour (`colors` of each, see the constructor).
@@ -65,7 +67,7 @@ class NcclGroups {
  private:
   // In creation order, so they are released in reverse.
   std::vector<CudaStream> pp_streams_;  // declared first: released after the channels that use them
-  std::unique_ptr<NcclCommunicator> tp_, dp_grads_, embedding_;
+  std::unique_ptr<NcclCommunicator> tp_, cp_, dp_grads_, embedding_;
   std::vector<std::unique_ptr<NcclCommunicator>> pp_act_, pp_grads_;
 };
 

@@ -10,13 +10,14 @@
 
 namespace xirang {
 
-int grid_rank(const GridShape& s, const GridCoords& c) { return (c.pp * s.dp + c.dp) * s.tp + c.tp; }
+int grid_rank(const GridShape& s, const GridCoords& c) { return ((c.pp * s.dp + c.dp) * s.cp + c.cp) * s.tp + c.tp; }
 
 GridCoords grid_coords(const GridShape& s, int world_rank) {
   GridCoords c;
   c.tp = world_rank % s.tp;
-  c.dp = (world_rank / s.tp) % s.dp;
-  c.pp = world_rank / (s.tp * s.dp);
+  c.cp = (world_rank / s.tp) % s.cp;
+  c.dp = (world_rank / (s.tp * s.cp)) % s.dp;
+  c.pp = world_rank / (s.tp * s.cp * s.dp);
   return c;
 }
 
@@ -24,16 +25,20 @@ namespace {
 
 class SingleGrid final : public ProcessGrid {
  public:
-  SingleGrid() : world_("world"), dp_("dp"), tp_("tp"), pp_("pp"), dp_grads_("dp_grads"), embedding_("embedding") {}
+  SingleGrid()
+      : world_("world"), dp_("dp"), tp_("tp"), pp_("pp"), cp_("cp"), dp_cp_("dp_cp"), dp_grads_("dp_grads"),
+        embedding_("embedding") {}
   Communicator& world() override { return world_; }
   Communicator& dp() override { return dp_; }
   Communicator& tp() override { return tp_; }
   Communicator& pp() override { return pp_; }
+  Communicator& cp() override { return cp_; }
+  Communicator& dp_cp() override { return dp_cp_; }
   Communicator& dp_grads() override { return dp_grads_; }
   Communicator& embedding() override { return embedding_; }
 
  private:
-  LocalCommunicator world_, dp_, tp_, pp_, dp_grads_, embedding_;
+  LocalCommunicator world_, dp_, tp_, pp_, cp_, dp_cp_, dp_grads_, embedding_;
 };
 
 class MpiGrid final : public ProcessGrid {
@@ -44,6 +49,8 @@ class MpiGrid final : public ProcessGrid {
   Communicator& dp() override { return *dp_; }
   Communicator& tp() override { return *tp_; }
   Communicator& pp() override { return *pp_; }
+  Communicator& cp() override { return *cp_; }
+  Communicator& dp_cp() override { return *dp_cp_; }
   Communicator& dp_grads() override { return *dp_grads_; }
   Communicator& embedding() override { return *embedding_; }
   CommTrace* trace() override { return opts_.trace; }
@@ -58,8 +65,8 @@ class MpiGrid final : public ProcessGrid {
   std::unique_ptr<CommTrace> own_trace_;  // when opts.trace was null; outlives the communicators (declared first)
   // The split groups; each MpiCommunicator works on its own duplicate of one.
   MPI_Comm tp_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL;
-  MPI_Comm emb_comm_ = MPI_COMM_NULL;
-  std::unique_ptr<Communicator> world_, dp_, tp_, pp_, dp_grads_, embedding_;
+  MPI_Comm cp_comm_ = MPI_COMM_NULL, dp_cp_comm_ = MPI_COMM_NULL, emb_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<Communicator> world_, dp_, tp_, pp_, cp_, dp_cp_, dp_grads_, embedding_;
 };
 
 MPI_Comm split(int color, int key, int expected_rank, const char* group) {
@@ -82,14 +89,20 @@ MpiGrid::MpiGrid(const GridShape& shape, const CommOptions& opts, const LinkMode
   }
   const GridCoords& c = coords_;
   try {
-    // Colors number the groups uniquely; keys order each group by its index,
-    // so a rank's index in its group is its coordinate along that axis.
-    tp_comm_ = split(c.pp * shape.dp + c.dp, c.tp, c.tp, "tp");
-    dp_comm_ = split(c.pp * shape.tp + c.tp, c.dp, c.dp, "dp");
-    pp_comm_ = split(c.dp * shape.tp + c.tp, c.pp, c.pp, "pp");
+    // Colors number the groups uniquely (each one the rank's coordinates
+    // off the group's axes, as a mixed-radix number); keys order each group
+    // by its index, so a rank's index in its group is its coordinate along
+    // that axis (dp x cp: dp index, then cp index).
+    const int dp = shape.dp, cp = shape.cp, tp = shape.tp;
+    tp_comm_ = split((c.pp * dp + c.dp) * cp + c.cp, c.tp, c.tp, "tp");
+    dp_comm_ = split((c.pp * cp + c.cp) * tp + c.tp, c.dp, c.dp, "dp");
+    pp_comm_ = split((c.dp * cp + c.cp) * tp + c.tp, c.pp, c.pp, "pp");
+    cp_comm_ = split((c.pp * dp + c.dp) * tp + c.tp, c.cp, c.cp, "cp");
+    dp_cp_comm_ = split(c.pp * tp + c.tp, c.dp * cp + c.cp, c.dp * cp + c.cp, "dp x cp");
     // Every rank takes part in the split; middle stages get no group.
     const bool end_stage = shape.pp > 1 && (c.pp == 0 || c.pp == shape.pp - 1);
-    XR_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, end_stage ? c.dp * shape.tp + c.tp : MPI_UNDEFINED, c.pp, &emb_comm_));
+    XR_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, end_stage ? (c.dp * cp + c.cp) * tp + c.tp : MPI_UNDEFINED, c.pp,
+                                &emb_comm_));
     if (emb_comm_ != MPI_COMM_NULL) XR_MPI_CHECK(MPI_Comm_set_errhandler(emb_comm_, MPI_ERRORS_RETURN));
     // Every rank creates the communicators in the same order: each creation
     // duplicates an MPI communicator, a collective call over its group.
@@ -97,7 +110,10 @@ MpiGrid::MpiGrid(const GridShape& shape, const CommOptions& opts, const LinkMode
     tp_ = make(tp_comm_, "tp");
     dp_ = make(dp_comm_, "dp");
     pp_ = make(pp_comm_, "pp");
-    dp_grads_ = make(dp_comm_, "dp");
+    cp_ = make(cp_comm_, "cp");
+    dp_cp_ = make(dp_cp_comm_, "dp_cp");
+    // Named "dp" in traces and timeouts as before cp: with cp = 1 it is dp's group.
+    dp_grads_ = make(dp_cp_comm_, "dp");
     if (emb_comm_ != MPI_COMM_NULL) embedding_ = make(emb_comm_, "embedding");
     else embedding_ = std::make_unique<LocalCommunicator>("embedding");
   } catch (...) {
@@ -115,6 +131,8 @@ void MpiGrid::release() {
   // work on destruction, so they go first and the groups after.
   embedding_.reset();
   dp_grads_.reset();
+  dp_cp_.reset();
+  cp_.reset();
   pp_.reset();
   dp_.reset();
   tp_.reset();
@@ -122,7 +140,7 @@ void MpiGrid::release() {
   if (!MpiRuntime::active()) return;
   // Return codes are ignored: a destructor cannot throw, and a failure to
   // free a communicator at shutdown changes nothing for the job.
-  for (MPI_Comm* c : {&tp_comm_, &dp_comm_, &pp_comm_, &emb_comm_})
+  for (MPI_Comm* c : {&tp_comm_, &dp_comm_, &pp_comm_, &cp_comm_, &dp_cp_comm_, &emb_comm_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -140,14 +158,14 @@ std::unique_ptr<ProcessGrid> ProcessGrid::create_mpi(const GridShape& shape, con
                                                      const LinkModel& link) {
   if (!MpiRuntime::active())
     fail(ErrorKind::Comm, "ProcessGrid::create_mpi: MPI is not initialised (create an MpiRuntime first)");
-  if (shape.dp < 1 || shape.tp < 1 || shape.pp < 1)
-    fail(ErrorKind::Config, "parallel.dp x tp x pp = ", shape.dp, " x ", shape.tp, " x ", shape.pp,
-         ": every size must be at least 1");
+  if (shape.dp < 1 || shape.cp < 1 || shape.tp < 1 || shape.pp < 1)
+    fail(ErrorKind::Config, "parallel.dp x cp x tp x pp = ", shape.dp, " x ", shape.cp, " x ", shape.tp, " x ",
+         shape.pp, ": every size must be at least 1");
   int world = 0;
   XR_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   if (world != shape.world())
-    fail(ErrorKind::Config, "world size ", world, " does not match parallel.dp x tp x pp = ", shape.dp, " x ",
-         shape.tp, " x ", shape.pp, " = ", shape.world());
+    fail(ErrorKind::Config, "world size ", world, " does not match parallel.dp x cp x tp x pp = ", shape.dp, " x ",
+         shape.cp, " x ", shape.tp, " x ", shape.pp, " = ", shape.world());
   CommOptions o = opts;
   // Per node: a rank's polls compete only with its own node's threads.
   if (o.busy_poll == BusyPoll::Auto)

@@ -1,12 +1,16 @@
-// comm/process_grid.h: the dp x tp x pp process grid and its groups.
+// comm/process_grid.h: the dp x cp x tp x pp process grid and its groups.
 //
-// World rank = pp_index * (dp * tp) + dp_index * tp + tp_index: tp varies
-// fastest (tensor-parallel groups on neighbouring ranks, in one node), then
-// dp, then pp. Each rank belongs to one group of each kind; the grid owns a
-// Communicator per group, plus a separate channel for data-parallel gradient
-// buckets so that bucket traffic never queues behind other dp operations.
+// World rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index:
+// tp varies fastest (tensor-parallel groups on neighbouring ranks, in one
+// node), then cp (context parallelism gathers keys and values every layer,
+// so it comes next on the fast links), then dp, then pp. Each rank belongs
+// to one group of each kind; the grid owns a Communicator per group, plus a
+// separate channel for gradient buckets so that bucket traffic never queues
+// behind other operations. Parameters are replicated over cp as over dp, so
+// gradients reduce over dp x cp: dp_grads() and dp_cp() span those ranks of
+// one (tp, pp) position; with cp = 1 they are dp's ranks, as before cp.
 //
-//   GridShape shape{.dp = 2, .tp = 2, .pp = 1};
+//   GridShape shape{.dp = 2, .tp = 2, .pp = 1, .cp = 2};
 //   auto grid = ProcessGrid::create_mpi(shape, CommOptions{.timeout_s = 60}, link);
 //   grid->tp().all_reduce(partial, ReduceOp::Sum);
 #pragma once
@@ -19,17 +23,20 @@
 
 namespace xirang {
 
+// cp comes last in both structs so that positional {dp, tp, pp} stays what it was.
 struct GridShape {
   int dp = 1;
   int tp = 1;
   int pp = 1;
-  int world() const { return dp * tp * pp; }
+  int cp = 1;
+  int world() const { return dp * cp * tp * pp; }
 };
 
 struct GridCoords {
   int dp = 0;
   int tp = 0;
   int pp = 0;
+  int cp = 0;
 };
 
 int grid_rank(const GridShape& s, const GridCoords& c);
@@ -52,10 +59,19 @@ class ProcessGrid {
   const GridCoords& coords() const { return coords_; }
   int world_rank() const { return world_rank_; }
   virtual Communicator& world() = 0;
+  // The ranks of this rank's (cp, tp, pp) position: one replica each of the same rows.
   virtual Communicator& dp() = 0;
   virtual Communicator& tp() = 0;
   virtual Communicator& pp() = 0;
-  // The channel for data-parallel gradient buckets (same ranks as dp()).
+  // The ranks of this rank's (dp, tp, pp) position, ordered by cp index: the
+  // sequence's parts (keys and values are gathered over it).
+  virtual Communicator& cp() = 0;
+  // The ranks of this rank's (tp, pp) position, ordered by dp index then
+  // cp index (rank in group = dp_index * cp + cp_index): every copy of this
+  // rank's parameters, for host scalars (the loss, the gradient norm).
+  virtual Communicator& dp_cp() = 0;
+  // The channel for gradient buckets and ZeRO-1's shards (same ranks and
+  // order as dp_cp()).
   virtual Communicator& dp_grads() = 0;
   // The first and the last pipeline stage of this rank's (dp, tp) position,
   // which hold the two copies of the tied token embedding (rank 0: first

@@ -41,9 +41,9 @@ void check_backend(const Config& c) {
     fail(ErrorKind::Config, "device.backend=cuda: no CUDA device is visible (cudaGetDeviceCount found none; "
                             "check CUDA_VISIBLE_DEVICES and the driver), use device.backend=cpu");
 #ifndef XIRANG_HAVE_NCCL
-  if (c.parallel.dp * c.parallel.tp * c.parallel.pp > 1)
-    fail(ErrorKind::Config, "device.backend=cuda with dp ", c.parallel.dp, " x tp ", c.parallel.tp, " x pp ",
-         c.parallel.pp, " needs NCCL, which this build did not find (set NCCL_ROOT and reconfigure)");
+  if (c.parallel.dp * c.parallel.cp * c.parallel.tp * c.parallel.pp > 1)
+    fail(ErrorKind::Config, "device.backend=cuda with dp ", c.parallel.dp, " x cp ", c.parallel.cp, " x tp ",
+         c.parallel.tp, " x pp ", c.parallel.pp, " needs NCCL, which this build did not find (set NCCL_ROOT and reconfigure)");
 #endif
   if (c.comm.ordered_p2p)
     fail(ErrorKind::Config, "comm.ordered_p2p emulates NCCL's matching over MPI for the CPU backend; "
@@ -81,6 +81,7 @@ struct CommGroups::DeviceState {
 CommGroups::CommGroups(const Config& cfg, ProcessGrid& grid, DType model_dtype) {
   check_backend(cfg);
   tp_ = &grid.tp();
+  cp_ = &grid.cp();
   dp_grads_ = &grid.dp_grads();
   embedding_ = &grid.embedding();
   pipe_ = PipeChannels::shared(grid.pp());
@@ -130,6 +131,7 @@ void CommGroups::use_nccl(const Config& cfg, ProcessGrid& grid, int device) {
   dev_->nccl = std::make_unique<NcclGroups>(grid, device, NcclStreams{dev_->cuda->stream(), dev_->dp_stream->get()},
                                             p > 1 ? pipe_colors(p) : 0, CommOptions{.timeout_s = cfg.comm.timeout_s, .trace = grid.trace()});
   tp_ = &dev_->nccl->tp();
+  cp_ = &dev_->nccl->cp();
   dp_grads_ = &dev_->nccl->dp_grads();
   embedding_ = &dev_->nccl->embedding();
   if (p > 1) pipe_ = colored_pipe_channels(grid.coords().pp, p, dev_->nccl->pp_act(), dev_->nccl->pp_grads());

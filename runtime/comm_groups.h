@@ -8,7 +8,10 @@
 // compute stream and cuBLASLt), and with more than one rank NCCL groups for
 // tensor parallelism, gradient buckets (on a high-priority stream of their
 // own), the tied embedding and the pipeline's order-matched channels. The
-// grid keeps its host groups for scalar reductions either way.
+// grid keeps its host groups for scalar reductions either way. Context
+// parallelism's group (cp: attention's key/value gathers) is the grid's on
+// the CPU and an NCCL group on the compute stream on CUDA, as tp's; the
+// gradient buckets span dp x cp (parameters are replicated over both).
 //
 //   CommGroups comm(cfg, grid, model_dtype);   // refuses a backend that cannot run here
 //   TensorParallel tp{&comm.tp(), cfg.parallel.sequence_parallel};
@@ -51,6 +54,8 @@ class CommGroups {
   const KernelContext& kernel_context() const { return ctx_; }
   // The groups that move device tensors: the grid's own on the CPU, NCCL's on CUDA.
   Communicator& tp() const { return *tp_; }
+  Communicator& cp() const { return *cp_; }
+  // Gradient buckets and ZeRO-1's shards: the dp x cp ranks of this (tp, pp) position.
   Communicator& dp_grads() const { return *dp_grads_; }
   Communicator& embedding() const { return *embedding_; }
   // The pipeline's transfer queues (runtime/step/pipeline.h).
@@ -68,6 +73,7 @@ class CommGroups {
   Device device_ = Device::CPU;
   KernelContext ctx_;
   Communicator* tp_ = nullptr;
+  Communicator* cp_ = nullptr;
   Communicator* dp_grads_ = nullptr;
   Communicator* embedding_ = nullptr;
   PipeChannels pipe_;

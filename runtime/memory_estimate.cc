@@ -6,6 +6,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "kernels/context_split.h"
 #include "kernels/group_table.h"
 #include "runtime/config/model_layout.h"
 #include "runtime/step/optimizer.h"
@@ -59,11 +60,16 @@ RankModel build_rank(const Config& cfg, RankCoords at, int slots_override) {
   return r;
 }
 
+// A cp rank's rows of each sequence: T / cp (T when cp = 1), as ContextSplit lays them out.
+int64_t rows_per_sequence(const Config& cfg) {
+  return ContextSplit::of(cfg.seq_len(), cfg.parallel.cp).local_rows();
+}
+
 // PipelineExecutor::layout: token and target slots on the first and last
 // model chunk, received and sent gradient buffers between chunks.
 void layout_executor(const RankModel& r, const Config& cfg, int pp_rank, Arena& a) {
   const int p = cfg.parallel.pp, v = cfg.parallel.virtual_stages;
-  const int64_t B = cfg.train.micro_batch, T = cfg.seq_len();
+  const int64_t B = cfg.train.micro_batch, T = rows_per_sequence(cfg);
   for (int c = 0; c < v; ++c) {
     const ModelChunk& m = *r.chunks[size_t(c)];
     const int g = model_chunk(p, pp_rank, c);
@@ -81,7 +87,8 @@ void layout_executor(const RankModel& r, const Config& cfg, int pp_rank, Arena& 
 }
 
 // GradSync's buckets over the flat parameter buffer (runtime/step/grad_sync.cc):
-// this dp rank's pieces, as optimizer segments, and the shard's length.
+// this rank's pieces, as optimizer segments, and the shard's length. ZeRO-1
+// shards over the dp x cp ranks (`dp_rank` is the rank in that group).
 std::vector<OptimizerSegment> zero_segments(const std::vector<Parameter*>& params, const Config& cfg, int dp_rank,
                                             int64_t* shard_elems) {
   const DType pdt = params.front()->value.dtype(), gdt = params.front()->grad.dtype();
@@ -103,7 +110,7 @@ std::vector<OptimizerSegment> zero_segments(const std::vector<Parameter*>& param
     cur.push_back(i);
     const int64_t begin = offset[size_t(i)];
     if (end - begin < bucket_elems && i != 0) continue;
-    auto [c0, c1] = split_range(end - begin, cfg.parallel.dp, dp_rank);
+    auto [c0, c1] = split_range(end - begin, cfg.parallel.dp * cfg.parallel.cp, dp_rank);
     const int64_t cb = begin + c0, ce = begin + c1;
     *shard_elems += ce - cb;
     for (int q : cur) {
@@ -134,7 +141,7 @@ MemoryPlan estimate_memory(const Config& cfg, RankCoords at) {
   const bool zero = cfg.parallel.zero == 1;
   if (zero) {
     int64_t shard = 0;
-    opt.set_segments(zero_segments(params, cfg, at.dp_rank, &shard));
+    opt.set_segments(zero_segments(params, cfg, at.dp_rank * cfg.parallel.cp + at.cp_rank, &shard));
     mz.alloc({shard}, params.front()->grad.dtype(), "ZeRO gradient shard");
   } else {
     std::vector<OptimizerSegment> segs;
@@ -147,7 +154,7 @@ MemoryPlan estimate_memory(const Config& cfg, RankCoords at) {
   mz.alloc({group_table_words(int64_t(opt.segments().size()), norm_elements)}, DType::U32,
            "gradient norm chunk table");
   opt.layout_state(ms);
-  const size_t io = 2 * size_t(cfg.train.micro_batch) * size_t(cfg.seq_len()) * 4 + 2 * Arena::kAlignment;
+  const size_t io = 2 * size_t(cfg.train.micro_batch) * size_t(rows_per_sequence(cfg)) * 4 + 2 * Arena::kAlignment;
   MemoryPlan plan;
   plan.add("parameters", mp.used());
   plan.add("gradients", mg.used());

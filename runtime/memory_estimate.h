@@ -26,6 +26,7 @@ namespace xirang {
 
 struct RankCoords {
   int pp_rank = 0, tp_rank = 0, dp_rank = 0;
+  int cp_rank = 0;  // every cp rank holds as many rows; it matters only to ZeRO's shard
 };
 
 // Categories and bytes as Trainer::plan_memory adds them (parameters,

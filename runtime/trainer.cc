@@ -158,6 +158,13 @@ void Trainer::accumulate_gradients(int step) {
   const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
   // d(mean loss of the global batch) / d(per-token loss): every microbatch has B*T tokens.
   // Under fp16 it is scaled up so that small gradients survive 16-bit storage.
+  // With context parallelism T stays the whole sequence: a cp rank seeds
+  // only its own B*T/cp tokens' losses, each with this same weight 1/(GB*T),
+  // and its parameter gradients hold those tokens' terms (the key/value
+  // gradients of other ranks' tokens come back to it in attention's
+  // backward). Every token of the global batch lives on exactly one
+  // dp x cp rank, so the SUM over dp x cp (GradSync's buckets) is the
+  // gradient of the global mean: no further 1/cp.
   const double dloss = loss_scale_.scale() / (double(B) * T * micro * cfg_.parallel.dp);
   const auto feed = [&](int mb, const Tensor& tk, const Tensor& tg) { loader_->next(step, mb, tk, tg, ctx_.cuda_stream); };
   delay_if_slow(step);
@@ -245,11 +252,13 @@ void Trainer::update_parameters(double lr, double grad_norm, double scale) {
   sync_->gather_parameters();
 }
 
-// The loss lives on the last stage; the global batch's is the mean over dp of equal-sized parts.
+// The loss lives on the last stage; the global batch's is the mean over
+// dp x cp of equal-sized parts (a cp rank's loss is the mean over its own
+// T/cp rows of each sequence, and every rank holds as many).
 double Trainer::global_loss(double local_loss) {
   SpanScope span(ctx_.timeline, "loss_all_reduce");
   const double stage_loss = grid_->pp().all_reduce_sum(local_loss);
-  return grid_->dp().all_reduce_sum(stage_loss) / cfg_.parallel.dp;
+  return grid_->dp_cp().all_reduce_sum(stage_loss) / (double(cfg_.parallel.dp) * cfg_.parallel.cp);
 }
 
 void Trainer::save_checkpoint(StepMetrics& m) {
@@ -273,19 +282,22 @@ bool Trainer::eval_due(int step) const {
 
 double Trainer::evaluate() {
   XR_CHECK(val_sampler_, "evaluate() without data.val");
-  const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
+  const int B = cfg_.train.micro_batch;
   const int dp = cfg_.parallel.dp, dp_rank = grid_->coords().dp;
   const int p = cfg_.parallel.pp, rank = grid_->coords().pp;
   const PipeChannels& pipe = comm_->pipe();
   const int64_t n = std::min<int64_t>(cfg_.train.eval_batches, std::max<int64_t>(1, val_sampler_->samples_per_epoch() / B));
+  // This cp rank's rows of each sample (all T when cp = 1); the cp ranks of a dp rank read the same samples.
+  const SampleRows rows = sample_rows();
+  const int64_t T = rows.rows(cfg_.seq_len());
   io_.reset();
   Tensor tokens = io_.alloc({B, T}, DType::I32, "eval tokens"), targets = io_.alloc({B, T}, DType::I32, "eval targets");
-  std::vector<int32_t> host_tokens(size_t(B) * T), host_targets(size_t(B) * T);
+  std::vector<int32_t> host_tokens(size_t(B * T)), host_targets(size_t(B * T));
   double sum = 0;
   for (int64_t mb = dp_rank; mb < n; mb += dp) {
     if (chunks_.front()->placement().has_embedding || chunks_.back()->placement().has_head) {
       for (int b = 0; b < B; ++b)
-        val_sampler_->fill(mb * B + b, host_tokens.data() + int64_t(b) * T, host_targets.data() + int64_t(b) * T);
+        val_sampler_->fill(mb * B + b, rows, host_tokens.data() + int64_t(b) * T, host_targets.data() + int64_t(b) * T);
       upload(tokens, host_tokens.data());
       upload(targets, host_targets.data());
     }
@@ -303,7 +315,8 @@ double Trainer::evaluate() {
     c->take_tp_comm();  // evaluation runs outside step_ms: its tensor-parallel time is no step's
   }
   sum = grid_->pp().all_reduce_sum(sum);  // only the last stage has losses
-  return grid_->dp().all_reduce_sum(sum) / double(n);
+  // Each of a microbatch's cp ranks holds the mean over its own T/cp rows: their mean is the microbatch's.
+  return grid_->dp_cp().all_reduce_sum(sum) / (double(n) * cfg_.parallel.cp);
 }
 
 }  // namespace xirang

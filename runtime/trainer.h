@@ -121,6 +121,7 @@ class Trainer {
   std::string recompute_line() const;
   void allocate_arenas(const ArenaSizes& sizes);
   void init_parameters();
+  SampleRows sample_rows() const;  // this cp rank's rows of each sample
   void build_loader();
   void choose_peak();
   // On CUDA, this rank's GPU's energy meter; a warning line and none when NVML gives no readings.
@@ -162,9 +163,9 @@ class Trainer {
   void print_run() const;
   int last_step() const;
   double tokens_per_step() const { return double(cfg_.train.global_batch) * cfg_.seq_len(); }
-  // The tokens of this rank's data-parallel replica: every rank of it (each
-  // tp shard, each pipeline stage) works on all of them.
-  double tokens_per_replica() const { return tokens_per_step() / cfg_.parallel.dp; }
+  // The tokens of this rank's replica (its dp rank's share, and of it its cp
+  // rank's rows): every rank of it (each tp shard, each pipeline stage) works on all of them.
+  double tokens_per_replica() const { return tokens_per_step() / (double(cfg_.parallel.dp) * cfg_.parallel.cp); }
   bool is_logger() const { return grid_->world_rank() == 0; }
 
   Config cfg_;

@@ -91,9 +91,10 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
     grid_ = own_grid_.get();
   }
   const GridShape& gs = grid_->shape();
-  if (gs.dp != cfg_.parallel.dp || gs.tp != cfg_.parallel.tp || gs.pp != cfg_.parallel.pp)
-    fail(ErrorKind::Config, "the process grid (dp ", gs.dp, ", tp ", gs.tp, ", pp ", gs.pp,
-         ") does not match parallel.dp=", cfg_.parallel.dp, ", tp=", cfg_.parallel.tp, ", pp=", cfg_.parallel.pp);
+  if (gs.dp != cfg_.parallel.dp || gs.cp != cfg_.parallel.cp || gs.tp != cfg_.parallel.tp || gs.pp != cfg_.parallel.pp)
+    fail(ErrorKind::Config, "the process grid (dp ", gs.dp, ", cp ", gs.cp, ", tp ", gs.tp, ", pp ", gs.pp,
+         ") does not match parallel.dp=", cfg_.parallel.dp, ", cp=", cfg_.parallel.cp, ", tp=", cfg_.parallel.tp,
+         ", pp=", cfg_.parallel.pp);
   opts_.print = opts_.print && is_logger();
   model_dtype_ = model_dtype_of(cfg_, opts_.dtype);
   comm_ = std::make_unique<CommGroups>(cfg_, *grid_, model_dtype_);
@@ -162,11 +163,14 @@ void Trainer::build_chunks() {
   // Slots: the most microbatches the schedule keeps alive per chunk in
   // each pool, plus the receives the executor posts ahead.
   const SlotCounts slots = slot_counts(schedule_, v, p > 1 ? 2 : 0);
+  // This rank's part of each sequence (its cp rank's rows) and the group its attention gathers over.
+  ChunkBatch batch = chunk_batch(cfg_, slots.activation, slots.input, slots.weight);
+  batch.cp.group = &comm_->cp();
+  batch.cp.rank = grid_->coords().cp;
   chunks_.clear();
   for (int c = 0; c < v; ++c) {
     const int g = model_chunk(p, rank, c);
-    chunks_.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype_,
-                                      chunk_batch(cfg_, slots.activation, slots.input, slots.weight),
+    chunks_.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype_, batch,
                                       TensorParallel{&comm_->tp(), cfg_.parallel.sequence_parallel}));
     if (splits_backward(schedule_kind_) && !chunks_.back()->splits_backward())
       fail(ErrorKind::Config, "parallel.schedule=", schedule_name(schedule_kind_),
@@ -196,7 +200,8 @@ void Trainer::build_arenas() {
   collect_parameters();
   build_optimizer(mz, ms);
   const ChunkBatch& batch = chunks_.front()->batch();
-  const size_t io_bytes = 2 * size_t(batch.micro_batch) * batch.seq_len * 4 + 2 * Arena::kAlignment;
+  const size_t rows = size_t(batch.cp.split(batch.seq_len).local_rows());  // this cp rank's T / cp
+  const size_t io_bytes = 2 * size_t(batch.micro_batch) * rows * 4 + 2 * Arena::kAlignment;
   const ArenaSizes sizes{mp.used(), mg.used(), ms.used(), mz.used(), ma.used(), io_bytes};
   plan_memory(sizes);
   allocate_arenas(sizes);
@@ -215,10 +220,13 @@ void Trainer::collect_parameters() {
 
 // Gradient sync, AdamW over its segments, and the checkpointer of both.
 void Trainer::build_optimizer(Arena& measure_shard, Arena& measure_state) {
+  // Parameters are replicated over dp x cp: their gradients sum over both
+  // (the buckets' channel), ZeRO-1 shards over both, and the norm's host
+  // scalar travels over the same ranks.
   sync_ = std::make_unique<GradSync>(
       params_, comm_->dp_grads(), &grid_->tp(), &grid_->pp(),
       GradSyncOptions{cfg_.parallel.bucket_mb, cfg_.parallel.overlap_grad_reduce, cfg_.parallel.zero == 1},
-      &grid_->dp());
+      &grid_->dp_cp());
   opt_ = std::make_unique<AdamW>(cfg_.train);
   sync_->set_timeline(ctx_.timeline);
   sync_->set_clock(&clock_);
@@ -230,7 +238,8 @@ void Trainer::build_optimizer(Arena& measure_shard, Arena& measure_state) {
 }
 
 void Trainer::plan_memory(const ArenaSizes& sizes) {
-  const int dp = cfg_.parallel.dp, p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages;
+  const int dp = cfg_.parallel.dp, cp = cfg_.parallel.cp, p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages;
+  const int shards = dp * cp;  // ZeRO-1 shards over every copy of the parameters
   const bool zero = cfg_.parallel.zero == 1;
   int64_t local_params = 0;
   for (auto& c : chunks_) local_params += c->num_parameters();
@@ -240,11 +249,12 @@ void Trainer::plan_memory(const ArenaSizes& sizes) {
   plan_.add("gradients", sizes.grads, per_wide);
   const char* state_what = opt_->has_master() ? "AdamW m and v and fp32 master weights" : "AdamW m and v";
   plan_.add("optimizer state", sizes.opt_state,
-            zero ? str_cat(state_what, " of a 1/", dp, " shard (ZeRO-1)") : str_cat(state_what, ", ", per_wide, " each"));
-  if (zero) plan_.add("gradient shard", sizes.shard, str_cat("reduce-scattered gradients, 1/", dp));
+            zero ? str_cat(state_what, " of a 1/", shards, " shard (ZeRO-1)") : str_cat(state_what, ", ", per_wide, " each"));
+  if (zero) plan_.add("gradient shard", sizes.shard, str_cat("reduce-scattered gradients, 1/", shards));
   const ChunkBatch& batch = chunks_.front()->batch();
   plan_.add("activations", sizes.acts,
-            str_cat("micro_batch ", batch.micro_batch, " x seq_len ", batch.seq_len, " x ", batch.activation_slots,
+            str_cat("micro_batch ", batch.micro_batch, " x seq_len ", batch.seq_len,
+                    cp > 1 ? str_cat(" / cp ", cp) : "", " x ", batch.activation_slots,
                     " slot(s)",
                     batch.split_backward ? str_cat(" (split backward: ", batch.inputs(), " input, ", batch.weights(),
                                                    " weight slot(s))")
@@ -255,7 +265,8 @@ void Trainer::plan_memory(const ArenaSizes& sizes) {
   plan_.add("input batch", sizes.io, "evaluation tokens and targets, int32");
   if (opts_.print) {
     std::fprintf(stderr, "%s",
-                 plan_.table(str_cat("memory plan (per rank; dp=", dp, ", tp=", cfg_.parallel.tp, ", pp=", p,
+                 plan_.table(str_cat("memory plan (per rank; dp=", dp, cp > 1 ? str_cat(", cp=", cp) : "",
+                                     ", tp=", cfg_.parallel.tp, ", pp=", p,
                                      p > 1 ? str_cat(" ", schedule_name(schedule_kind_)) : "", "):"))
                      .c_str());
     std::fprintf(stderr, "%s\n", recompute_line().c_str());
@@ -275,7 +286,7 @@ std::string Trainer::recompute_line() const {
   for (Recompute m : {Recompute::None, Recompute::Selective, Recompute::Full}) {
     Config c = cfg_;
     c.train.recompute = m;
-    const ActivationSplit split = activation_split(c, {at.pp, at.tp, at.dp});
+    const ActivationSplit split = activation_split(c, {at.pp, at.tp, at.dp, at.cp});
     line += str_cat(m == Recompute::None ? " " : ", ", recompute_name(c.train.recompute), " ",
                     format_bytes(split.per_slot));
   }
@@ -310,6 +321,18 @@ void Trainer::init_parameters() {
   opt_->init_master(ctx_);
 }
 
+// The rows of each sample this rank's chunks hold: its cp rank's two chunks,
+// lower first (the chunk's ContextSplit decides which); all T when cp = 1.
+SampleRows Trainer::sample_rows() const {
+  const ChunkBatch& b = chunks_.front()->batch();
+  const ContextSplit split = b.cp.split(b.seq_len);
+  SampleRows rows;
+  if (split.ranks == 1) return rows;
+  rows.length = split.chunk();
+  for (int part = 0; part < 2; ++part) rows.starts.push_back(split.chunk_of(b.cp.rank, part) * split.chunk());
+  return rows;
+}
+
 void Trainer::build_loader() {
   // Only the ranks that need input read it: the first stage the tokens, the last the targets.
   const bool need_tokens = chunks_.front()->placement().has_embedding;
@@ -322,6 +345,8 @@ void Trainer::build_loader() {
   spec.global_batch = cfg_.train.global_batch;
   spec.dp = cfg_.parallel.dp;
   spec.dp_rank = grid_->coords().dp;
+  // Every cp rank of a dp rank reads the same samples, each only its own rows.
+  spec.rows = sample_rows();
   spec.microbatches = cfg_.microbatches();
   spec.need_tokens = need_tokens;
   spec.need_targets = need_targets;
@@ -385,10 +410,12 @@ void Trainer::print_run() const {
   int64_t total = 0;
   for (auto& c : chunks_) total += c->num_global_parameters();
   std::fprintf(stderr,
-               "model: %d layers, d_model %d, %d heads (%s parameters on this stage); layout dp %d x tp %d x pp %d%s%s; "
+               "model: %d layers, d_model %d, %d heads (%s parameters on this stage); layout dp %d x cp %d%s x tp %d x pp %d%s%s; "
                "%d steps of %.0f tokens; peak %.1f GFLOP/s per rank (%s)\n",
                cfg_.model.n_layer, cfg_.model.d_model, cfg_.model.n_head, count_str(double(total)).c_str(),
-               cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero ? " (ZeRO-1)" : "",
+               cfg_.parallel.dp, cfg_.parallel.cp,
+               cfg_.parallel.cp > 1 ? str_cat(" (", config_name(cfg_.parallel.cp_split), ")").c_str() : "",
+               cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero ? " (ZeRO-1)" : "",
                cfg_.parallel.pp > 1 ? str_cat(" ", schedule_name(schedule_kind_)).c_str() : "", cfg_.train.steps,
                tokens_per_step(), peak_.flops / 1e9, peak_.source.c_str());
   if (device_ == Device::CPU) std::fprintf(stderr, "cpu gemm: %s\n", cpu_gemm_path().c_str());

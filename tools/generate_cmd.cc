@@ -203,8 +203,8 @@ struct LoadedModel {
 };
 
 void load_model(LoadedModel& m, const ModelDims& dims, DType dtype, Device device, const CheckpointReader& reader) {
-  m.chunk = model_arch(dims.arch).make_chunk(dims, ChunkPlacement::whole(dims.n_layer), dtype, ChunkBatch{1, 1, 1},
-                                             TensorParallel{});
+  m.chunk = model_arch(dims.arch).make_chunk(dims, ChunkPlacement::whole(dims.n_layer), dtype,
+                                             ChunkBatch{.micro_batch = 1, .seq_len = 1}, TensorParallel{});
   Arena probe = Arena::measuring("parameters", device), no_grads = Arena::measuring("gradients", device);
   m.chunk->layout_parameters(probe, no_grads);
   m.params = Arena("parameters", probe.used(), device);

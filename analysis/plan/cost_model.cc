@@ -177,8 +177,8 @@ std::pair<double, double> flops_of_one_and_two_layers(const Config& cfg) {
   auto fpt = [&](int layers) {
     ModelDims x = cfg.model;
     x.n_layer = layers;
-    auto chunk = arch.make_chunk(x, ChunkPlacement::whole(layers), DType::F32, ChunkBatch{1, cfg.seq_len(), 1},
-                                 TensorParallel{});
+    auto chunk = arch.make_chunk(x, ChunkPlacement::whole(layers), DType::F32,
+                                 ChunkBatch{.micro_batch = 1, .seq_len = cfg.seq_len()}, TensorParallel{});
     return chunk->flops_per_token();
   };
   return {fpt(1), fpt(2)};

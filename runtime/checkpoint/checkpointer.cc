@@ -39,7 +39,8 @@ std::vector<Checkpointer::SaveEntry> Checkpointer::entries_to_save() const {
   // Each element once: data-parallel replicas and the last stage's copy of
   // the tied token table leave it to their twin.
   std::vector<SaveEntry> todo;
-  const bool replica_writer = grid_.coords().dp == 0;
+  // cp ranks are replicas too (parameters are replicated over dp x cp).
+  const bool replica_writer = grid_.coords().dp == 0 && grid_.coords().cp == 0;
   for (const Parameter& p : state_.params)
     if (replica_writer && !p.tied_copy) todo.push_back({"params", p.name, p.shard, 0, p.value.numel(), p.value});
   // The optimizer's state segment by segment (each segment's groups together).
@@ -174,7 +175,11 @@ void Checkpointer::commit() {
   if (is_logger()) try {
       CheckpointMeta meta;
       meta.step = pending_step_;
-      meta.layout = CheckpointLayout{cfg_.parallel.dp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero,
+      // Context parallelism shards nothing: a dp x cp run's files are those of
+      // dp * cp replicas (world rank ((pp * dp + d) * cp + c) * tp + t is rank
+      // (pp * dp * cp + d * cp + c) * tp + t, and ZeRO-1 shards over the same
+      // dp x cp ranks), so it records dp * cp and any layout reads it back.
+      meta.layout = CheckpointLayout{cfg_.parallel.dp * cfg_.parallel.cp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero,
                                      cfg_.parallel.virtual_stages, cfg_.parallel.sequence_parallel};
       meta.config_yaml = cfg_.yaml;
       CheckpointDir(cfg_.checkpoint.dir).commit(meta, cfg_.checkpoint.keep);

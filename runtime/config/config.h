@@ -44,9 +44,14 @@ struct StepRange {
 enum class ResumeMode { Auto, None, Path };
 
 struct ParallelConfig {
-  int dp = 0;  // 0: inferred as world / (tp * pp)
+  int dp = 0;  // 0: inferred as world / (cp * tp * pp)
   int tp = 1;
   int pp = 1;
+  // Context parallelism: each sequence cut over cp ranks (T / cp rows each,
+  // keys and values gathered in attention); parameters are replicated over
+  // cp, their gradients reduced over dp x cp.
+  int cp = 1;
+  CpSplit cp_split = CpSplit::HeadTail;  // which chunks of a sequence each cp rank holds
   int zero = 0;                     // 1: ZeRO-1, optimizer state sharded over dp
   double bucket_mb = 25;            // gradient bucket size for the dp reduction
   bool overlap_grad_reduce = true;  // start each bucket's reduction during the backward pass

@@ -52,6 +52,8 @@ std::vector<Section> schema(Config& c) {
        {{"dp", &p.dp, AtLeast{0, " (0 infers it from the world size)"}},
         {"tp", &p.tp, AtLeast{1}},
         {"pp", &p.pp, AtLeast{1}},
+        {"cp", &p.cp, AtLeast{1}},
+        {"cp_split", &p.cp_split},
         {"zero", &p.zero, Within{0, 1}},
         {"bucket_mb", &p.bucket_mb, Positive},
         {"overlap_grad_reduce", &p.overlap_grad_reduce},

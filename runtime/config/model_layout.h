@@ -17,10 +17,18 @@ namespace xirang {
 // A chunk's batch: the config's microbatch shape and recompute mode, with
 // `slots` activation slots, split backward under a schedule that splits it
 // with `input_slots` and `weight_slots` (runtime/step/schedule.h's
-// slot_counts; 0: as many as activation slots).
+// slot_counts; 0: as many as activation slots). Its cp is the config's
+// size and split as cp rank 0 without a group: what a memory plan lays out
+// (every cp rank holds as many rows); the trainer sets its rank and group.
 inline ChunkBatch chunk_batch(const Config& c, int slots, int input_slots = 0, int weight_slots = 0) {
-  return ChunkBatch{c.train.micro_batch, c.seq_len(), slots, c.train.recompute,
-                    splits_backward(c.parallel.schedule), input_slots, weight_slots};
+  return ChunkBatch{.micro_batch = c.train.micro_batch,
+                    .seq_len = c.seq_len(),
+                    .cp = ContextParallel{.size = c.parallel.cp, .head_tail = c.parallel.cp_split == CpSplit::HeadTail},
+                    .activation_slots = slots,
+                    .recompute = c.train.recompute,
+                    .split_backward = splits_backward(c.parallel.schedule),
+                    .input_slots = input_slots,
+                    .weight_slots = weight_slots};
 }
 
 inline ParallelLayout parallel_layout(const ParallelConfig& p) {

@@ -32,6 +32,9 @@ namespace xirang {
 enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
 enum class Precision { FP32, BF16, FP16 };  // precision.dtype
 enum class Backend { CPU, CUDA };           // device.backend
+// parallel.cp_split: how a cp group cuts each sequence (kernels/context_split.h):
+// head_tail (rank i holds chunks i and 2c-1-i, causal work balanced) or contiguous.
+enum class CpSplit { HeadTail, Contiguous };
 // faults.kind (runtime/config/config.h FaultConfig)
 enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank, NanGrad, IoError };
 // comm.busy_poll (comm/communicator.h BusyPoll)
@@ -52,6 +55,10 @@ struct ConfigNames<ScheduleKind> {
 template <>
 struct ConfigNames<Precision> {
   static constexpr const char* names[] = {"fp32", "bf16", "fp16"};
+};
+template <>
+struct ConfigNames<CpSplit> {
+  static constexpr const char* names[] = {"head_tail", "contiguous"};
 };
 template <>
 struct ConfigNames<Backend> {

@@ -69,18 +69,18 @@ void check_batch(const Validator& v, const TrainConfig& t, const ModelDims& m) {
                         " (the size of the position table)"));
 }
 
-// world = dp x tp x pp, with dp inferred when 0.
+// world = dp x cp x tp x pp, with dp inferred when 0.
 void check_world(const Validator& v, ParallelConfig& p, int world_size) {
-  const int64_t model_ranks = int64_t{p.tp} * p.pp;
+  const int64_t model_ranks = int64_t{p.cp} * p.tp * p.pp;
   if (p.dp == 0) {
     if (world_size % model_ranks != 0)
-      v.fail_rule(str_cat("world size ", world_size, " is not divisible by parallel.tp (", p.tp,
-                          ") x parallel.pp (", p.pp, ") = ", model_ranks, ", so parallel.dp cannot be inferred"));
+      v.fail_rule(str_cat("world size ", world_size, " is not divisible by parallel.cp (", p.cp, ") x parallel.tp (",
+                          p.tp, ") x parallel.pp (", p.pp, ") = ", model_ranks, ", so parallel.dp cannot be inferred"));
     p.dp = static_cast<int>(world_size / model_ranks);
   }
   if (int64_t{p.dp} * model_ranks != world_size)
-    v.fail_rule(str_cat("world size ", world_size, " != parallel.dp (", p.dp, ") x parallel.tp (", p.tp,
-                        ") x parallel.pp (", p.pp, ")"));
+    v.fail_rule(str_cat("world size ", world_size, " != parallel.dp (", p.dp, ") x parallel.cp (", p.cp,
+                        ") x parallel.tp (", p.tp, ") x parallel.pp (", p.pp, ")"));
 }
 
 // The pipeline: what the layout must split evenly, the schedule's needs.
@@ -99,15 +99,20 @@ void check_pipeline(const Validator& v, const Config& c) {
                                    " x parallel.dp ", p.dp, ") = ", m)));
 }
 
-// Sequence parallelism splits a microbatch's token rows over tp.
+// Context parallelism cuts each sequence into 2 x cp chunks (kernels/context_split.h);
+// sequence parallelism splits a microbatch's token rows (a cp rank's) over tp.
 void check_sharding(const Validator& v, const Config& c) {
   const ParallelConfig& p = c.parallel;
+  if (p.cp > 1 && c.seq_len() % (2 * p.cp) != 0)
+    v.fail_rule(str_cat(c.train.seq_len > 0 ? "train.seq_len=" : "model.seq_len=", c.seq_len(),
+                        " is not divisible by 2 x parallel.cp (", p.cp, ") = ", 2 * p.cp,
+                        ": context parallelism cuts each sequence into 2 x cp equal chunks"));
   if (p.sequence_parallel) {
-    const int64_t rows = int64_t{c.train.micro_batch} * c.seq_len();
+    const int64_t local = c.seq_len() / p.cp, rows = int64_t{c.train.micro_batch} * local;
     if (rows % p.tp != 0)
       v.fail_rule(str_cat("parallel.sequence_parallel splits the ", rows, " token rows of a microbatch (train.micro_batch ",
-                          c.train.micro_batch, " x seq_len ", c.seq_len(), ") over parallel.tp=", p.tp,
-                          ", which does not divide them"));
+                          c.train.micro_batch, " x seq_len ", c.seq_len(), p.cp > 1 ? str_cat(" / parallel.cp ", p.cp) : "",
+                          ") over parallel.tp=", p.tp, ", which does not divide them"));
   }
 }
 

@@ -44,6 +44,10 @@ PrefetchLoader::PrefetchLoader(const TokenDataset& data, const LoaderSpec& spec,
   }
   if (opts_.read_delay_ms < 0) fail(ErrorKind::Config, "loader: read_delay_ms ", opts_.read_delay_ms, " must be >= 0");
   per_rank_ = s.global_batch / s.dp;
+  for (const int64_t at : s.rows.starts)
+    if (s.rows.length < 1 || at < 0 || at + s.rows.length > s.seq_len)
+      fail(ErrorKind::Config, "loader: rows [", at, ", ", at + s.rows.length, ") are not within a sample of seq_len ",
+           s.seq_len);
 
   // One sampler per reading thread: SequenceSampler caches the current
   // epoch's permutation and is not thread-safe. Made here, so a dataset too
@@ -52,10 +56,10 @@ PrefetchLoader::PrefetchLoader(const TokenDataset& data, const LoaderSpec& spec,
   readers_.resize(n_readers);
   for (Reader& r : readers_) {
     r.sampler = std::make_unique<SequenceSampler>(data_, s.seq_len, s.seed, true);
-    r.scratch_tokens.resize(size_t(s.seq_len));
-    r.scratch_targets.resize(size_t(s.seq_len));
+    r.scratch_tokens.resize(size_t(rows()));
+    r.scratch_targets.resize(size_t(rows()));
   }
-  const size_t n = size_t(s.micro_batch) * size_t(s.seq_len);
+  const size_t n = size_t(s.micro_batch) * size_t(rows());
   if (s.device != Device::CPU) {
     if (s.staging_buffers < 1) fail(ErrorKind::Config, "loader: staging_buffers ", s.staging_buffers, " must be >= 1");
     for (int i = 0; i < s.staging_buffers; ++i) staging_.emplace_back(2 * n * sizeof(int32_t), s.device);
@@ -91,7 +95,7 @@ void PrefetchLoader::stop_workers() {
 }
 
 bool PrefetchLoader::load(Reader& r, int64_t seq, int32_t* tokens, int32_t* targets, bool interruptible) {
-  const int T = spec_.seq_len;
+  const int64_t T = rows();
   const int64_t step = spec_.first_step + seq / spec_.microbatches;
   const int64_t mb = seq % spec_.microbatches;
   if (opts_.fail_after >= 0 && seq >= opts_.fail_after)
@@ -110,7 +114,7 @@ bool PrefetchLoader::load(Reader& r, int64_t seq, int32_t* tokens, int32_t* targ
       }
     }
     const int64_t k = int64_t(spec_.dp_rank) * per_rank_ + mb * spec_.micro_batch + b;
-    r.sampler->fill(SequenceSampler::global_index(step, spec_.global_batch, k),
+    r.sampler->fill(SequenceSampler::global_index(step, spec_.global_batch, k), spec_.rows,
                     tokens ? tokens + int64_t(b) * T : r.scratch_tokens.data(),
                     targets ? targets + int64_t(b) * T : r.scratch_targets.data());
   }
@@ -188,7 +192,7 @@ void PrefetchLoader::next(int64_t step, int mb, int32_t* tokens, int32_t* target
   XR_CHECK(!tokens || spec_.need_tokens, "loader: tokens requested from a loader built without need_tokens");
   XR_CHECK(!targets || spec_.need_targets, "loader: targets requested from a loader built without need_targets");
   const double entry = now_seconds();
-  const size_t n = size_t(spec_.micro_batch) * size_t(spec_.seq_len);
+  const size_t n = size_t(spec_.micro_batch) * size_t(rows());
   if (!opts_.enabled) return next_unbuffered(tokens, targets, entry);
 
   Slot& slot = slots_[size_t(next_take_ % int64_t(slots_.size()))];
@@ -244,10 +248,10 @@ void PrefetchLoader::next_unbuffered(int32_t* tokens, int32_t* targets, double e
 }
 
 void PrefetchLoader::next(int64_t step, int mb, const Tensor& tokens, const Tensor& targets, void* stream) {
-  const int64_t n = int64_t(spec_.micro_batch) * spec_.seq_len;
+  const int64_t n = int64_t(spec_.micro_batch) * rows();
   for (const Tensor* t : {&tokens, &targets})
     XR_CHECK(!t->defined() || (t->dtype() == DType::I32 && t->numel() == n && t->device() == spec_.device),
-             "loader: a microbatch goes into (B, T) = (", spec_.micro_batch, ", ", spec_.seq_len, ") int32 on ",
+             "loader: a microbatch goes into (B, rows) = (", spec_.micro_batch, ", ", rows(), ") int32 on ",
              device_name(spec_.device), ", got ", t->str());
   if (spec_.device == Device::CPU)
     return next(step, mb, tokens.defined() ? tokens.data<int32_t>() : nullptr,

@@ -10,7 +10,9 @@
 //   g = step * GB + dp_rank * (GB / dp) + mb * B + b
 //
 // filled exactly as SequenceSampler::fill fills it (T tokens from the
-// sample's start, targets shifted by one). Microbatches come out in
+// sample's start, targets shifted by one), or, with spec.rows (a cp rank's
+// chunks), only those rows: (B, R) with R = rows.rows(T), read alone; every
+// cp rank of a dp rank reads the same samples. Microbatches come out in
 // consumption order: (step, 0), ..., (step, m - 1), (step + 1, 0), ...
 //
 //   LoaderSpec spec{.seq_len = T, .seed = seed, .micro_batch = B, .global_batch = GB,
@@ -82,6 +84,7 @@ struct LoaderSpec {
   int dp = 1;                  // data-parallel size
   int dp_rank = 0;             // this rank's part of the global batch
   int microbatches = 1;        // m = GB / (dp * B)
+  SampleRows rows;             // the rows of each sample this rank reads (a cp rank's); default: all T
   bool need_tokens = true;     // first pipeline stage
   bool need_targets = true;    // last pipeline stage
   int64_t first_step = 0;      // the step to produce first (resume)
@@ -120,13 +123,15 @@ class PrefetchLoader {
   PrefetchLoader(const PrefetchLoader&) = delete;
   PrefetchLoader& operator=(const PrefetchLoader&) = delete;
 
+  // Rows of each sample this rank holds (T, or T / cp under context parallelism).
+  int64_t rows() const { return spec_.rows.rows(spec_.seq_len); }
   // Copies microbatch (step, mb), which must be the next one in order
-  // (Internal error otherwise), into tokens and targets ((B, T) each; either
+  // (Internal error otherwise), into tokens and targets ((B, rows()) each; either
   // may be null, and must be null when the spec does not need it). Blocks
   // until it is read. A read error on a worker is rethrown here, as the same
   // exception, when its microbatch comes up (and again on every later call).
   void next(int64_t step, int mb, int32_t* tokens, int32_t* targets);
-  // The same into (B, T) int32 tensors on spec.device (either undefined when
+  // The same into (B, rows()) int32 tensors on spec.device (either undefined when
   // not needed); on a GPU the upload is queued on `stream` (a cudaStream_t)
   // and next() returns without waiting for it.
   void next(int64_t step, int mb, const Tensor& tokens, const Tensor& targets, void* stream);
@@ -144,14 +149,14 @@ class PrefetchLoader {
   struct Slot {
     SlotState state = SlotState::Free;
     int64_t seq = -1;              // the sequence number it holds or is loading
-    std::vector<int32_t> tokens;   // (B, T) when need_tokens, else empty
-    std::vector<int32_t> targets;  // (B, T) when need_targets, else empty
+    std::vector<int32_t> tokens;   // (B, rows()) when need_tokens, else empty
+    std::vector<int32_t> targets;  // (B, rows()) when need_targets, else empty
     std::exception_ptr error;      // set when Failed
   };
-  // A sampler (not thread-safe) and T-token scratch for what the spec does not need.
+  // A sampler (not thread-safe) and one sample's scratch for what the spec does not need.
   struct Reader {
     std::unique_ptr<SequenceSampler> sampler;
-    std::vector<int32_t> scratch_tokens, scratch_targets;  // (T)
+    std::vector<int32_t> scratch_tokens, scratch_targets;  // (rows())
   };
 
   // next() without prefetching: the read is the wait.

@@ -41,4 +41,19 @@ void SequenceSampler::fill(int64_t g, int32_t* tokens, int32_t* targets) {
   }
 }
 
+void SequenceSampler::fill(int64_t g, const SampleRows& rows, int32_t* tokens, int32_t* targets) {
+  if (rows.whole()) return fill(g, tokens, targets);
+  const int64_t start = sample_start(g), n = rows.length;
+  int64_t out = 0;
+  for (const int64_t at : rows.starts) {
+    if (n < 1 || at < 0 || at + n > seq_len_)
+      fail(ErrorKind::Config, "sampler: rows [", at, ", ", at + n, ") are not within a sample of seq_len ", seq_len_);
+    data_.read(start + at, n + 1, buf_.data());  // n + 1 <= seq_len + 1 tokens: buf_'s size
+    for (int64_t t = 0; t < n; ++t, ++out) {
+      tokens[out] = buf_[size_t(t)];
+      targets[out] = buf_[size_t(t) + 1];
+    }
+  }
+}
+
 }  // namespace xirang

@@ -9,6 +9,13 @@
 //
 //   SequenceSampler sampler(dataset, seq_len, seed);
 //   sampler.fill(sampler.global_index(step, global_batch, k), tokens, targets);
+//
+// Context parallelism: a cp rank holds only some rows of each sample (its
+// two chunks, kernels/context_split.h) and reads only those, SampleRows
+// naming them; the trainer makes one from the chunk's ContextSplit.
+//
+//   SampleRows rows{.length = L, .starts = {i * L, (2 * c - 1 - i) * L}};
+//   sampler.fill(g, rows, tokens, targets);   // 2L rows: rows(), in local order
 #pragma once
 
 #include <cstdint>
@@ -17,6 +24,17 @@
 #include "runtime/data/dataset.h"
 
 namespace xirang {
+
+// The rows of each sample a rank reads, in its local order: runs of `length`
+// positions starting at `starts` (no starts: the whole sequence). The target
+// of position p is the sample's token p + 1, as for the whole sequence.
+struct SampleRows {
+  int64_t length = 0;
+  std::vector<int64_t> starts;
+  bool whole() const { return starts.empty(); }
+  // Rows per sample: T for the whole sequence.
+  int64_t rows(int seq_len) const { return whole() ? seq_len : length * int64_t(starts.size()); }
+};
 
 class SequenceSampler {
  public:
@@ -28,6 +46,10 @@ class SequenceSampler {
   int64_t sample_start(int64_t g);
   // Writes seq_len inputs and seq_len targets of global sample g.
   void fill(int64_t g, int32_t* tokens, int32_t* targets);
+  // Writes rows.rows(seq_len) inputs and as many targets of global sample g:
+  // each run, reading its length + 1 tokens and no others. Throws a Config
+  // error for a run outside the sample.
+  void fill(int64_t g, const SampleRows& rows, int32_t* tokens, int32_t* targets);
 
  private:
   const TokenDataset& data_;

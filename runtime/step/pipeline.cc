@@ -95,7 +95,9 @@ PipelineExecutor::PipelineExecutor(std::vector<ModelChunk*> chunks, const PipeCh
     chunks_.push_back(std::move(ch));
   }
   B_ = chunks[0]->batch().micro_batch;
-  T_ = chunks[0]->batch().seq_len;
+  // A cp rank's rows of each sequence (T / cp; all T when cp = 1): what the loader fills.
+  const ChunkBatch& batch = chunks[0]->batch();
+  T_ = int(batch.cp.split(batch.seq_len).local_rows());
 }
 
 void PipelineExecutor::layout(Arena& a) {

@@ -209,7 +209,7 @@ class PipelineExecutor {
   StepClock* clock_ = nullptr;      // the step's clock (null: none)
   std::vector<Transfer> transfers_; // the step's transfers, for the timeline
   int p_, rank_, v_, m_;
-  int B_ = 0, T_ = 0;
+  int B_ = 0, T_ = 0;  // T_: the rows of each sequence on this rank (T / cp)
   std::map<std::tuple<int, int, int>, WorkPtr> posted_;  // (op, mb, chunk) -> receive in flight
   size_t post_cursor_ = 0;  // next list index to consider for posting
 

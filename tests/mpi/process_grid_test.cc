@@ -1,6 +1,7 @@
 // Tests of the process grid: the rank <-> coordinates mapping, the
-// single-rank grid, and over MPI every dp x tp x pp factorisation of the
-// world size, checking each group's members by a sum of world ranks.
+// single-rank grid, and over MPI every dp x cp x tp x pp factorisation of
+// the world size, checking each group's members by a sum of world ranks and
+// each rank's place in its groups.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,11 +15,12 @@
 namespace xirang::test {
 namespace {
 
-std::string shape_str(const GridShape& s) { return str_cat("dp=", s.dp, " tp=", s.tp, " pp=", s.pp); }
+std::string shape_str(const GridShape& s) { return str_cat("dp=", s.dp, " cp=", s.cp, " tp=", s.tp, " pp=", s.pp); }
 
-TEST(GridMath, CoordinatesRoundTripWithTpFastestThenDpThenPp) {
+TEST(GridMath, CoordinatesRoundTripWithTpFastestThenCpThenDpThenPp) {
   for (GridShape s : {GridShape{1, 1, 1}, GridShape{4, 1, 1}, GridShape{1, 4, 1}, GridShape{1, 1, 4},
-                      GridShape{2, 2, 1}, GridShape{3, 2, 2}, GridShape{2, 4, 3}, GridShape{5, 1, 3}}) {
+                      GridShape{2, 2, 1}, GridShape{3, 2, 2}, GridShape{2, 4, 3}, GridShape{5, 1, 3},
+                      GridShape{1, 1, 1, 4}, GridShape{2, 1, 1, 2}, GridShape{2, 2, 2, 3}, GridShape{3, 2, 1, 2}}) {
     SCOPED_TRACE(shape_str(s));
     for (int r = 0; r < s.world(); ++r) {
       GridCoords c = grid_coords(s, r);
@@ -28,10 +30,18 @@ TEST(GridMath, CoordinatesRoundTripWithTpFastestThenDpThenPp) {
       EXPECT_LT(c.tp, s.tp);
       EXPECT_GE(c.pp, 0);
       EXPECT_LT(c.pp, s.pp);
+      EXPECT_GE(c.cp, 0);
+      EXPECT_LT(c.cp, s.cp);
       EXPECT_EQ(grid_rank(s, c), r);
-      EXPECT_EQ(r, c.pp * s.dp * s.tp + c.dp * s.tp + c.tp);
+      EXPECT_EQ(r, ((c.pp * s.dp + c.dp) * s.cp + c.cp) * s.tp + c.tp);
     }
   }
+  // cp sits between tp and dp: dp2 x cp2 x tp2, rank 2 is cp 1, rank 4 is dp 1.
+  const GridShape d{.dp = 2, .tp = 2, .pp = 1, .cp = 2};
+  EXPECT_EQ(grid_coords(d, 2).cp, 1);
+  EXPECT_EQ(grid_coords(d, 2).dp, 0);
+  EXPECT_EQ(grid_coords(d, 4).cp, 0);
+  EXPECT_EQ(grid_coords(d, 4).dp, 1);
   GridShape s{.dp = 2, .tp = 2, .pp = 2};
   GridCoords c1 = grid_coords(s, 1), c2 = grid_coords(s, 2), c4 = grid_coords(s, 4);
   EXPECT_EQ(c1.tp, 1);  // neighbours differ in tp first
@@ -51,7 +61,11 @@ TEST(ProcessGridSingle, EveryGroupIsOneRank) {
   EXPECT_EQ(g->tp().name(), "tp");
   EXPECT_EQ(g->pp().name(), "pp");
   EXPECT_EQ(g->dp_grads().name(), "dp_grads");
-  for (Communicator* c : {&g->world(), &g->dp(), &g->tp(), &g->pp(), &g->dp_grads()}) {
+  EXPECT_EQ(g->cp().name(), "cp");
+  EXPECT_EQ(g->dp_cp().name(), "dp_cp");
+  EXPECT_EQ(g->coords().cp, 0);
+  EXPECT_EQ(g->shape().cp, 1);
+  for (Communicator* c : {&g->world(), &g->dp(), &g->tp(), &g->pp(), &g->cp(), &g->dp_cp(), &g->dp_grads()}) {
     EXPECT_EQ(c->size(), 1);
     EXPECT_EQ(c->rank(), 0);
     EXPECT_EQ(c->all_reduce_sum(3.5), 3.5);
@@ -68,6 +82,25 @@ double group_rank_sum(const GridShape& s, GridCoords c, int GridCoords::*axis, i
   return sum;
 }
 
+// The same over the dp x cp ranks of this rank's (tp, pp) position.
+double dp_cp_rank_sum(const GridShape& s, GridCoords c) {
+  double sum = 0;
+  for (int d = 0; d < s.dp; ++d) {
+    c.dp = d;
+    sum += group_rank_sum(s, c, &GridCoords::cp, s.cp);
+  }
+  return sum;
+}
+
+// The group's world ranks in the order of its ranks (an all-reduce of
+// one-hot rows), so that membership and order are both checked.
+std::vector<double> members(Communicator& group, int world_rank) {
+  std::vector<double> rows(size_t(group.size()), 0.0);
+  rows[size_t(group.rank())] = world_rank;
+  group.all_reduce(Tensor(rows.data(), {int64_t(rows.size())}, DType::F64), ReduceOp::Sum);
+  return rows;
+}
+
 void check_grid(ProcessGrid& g, const GridShape& s) {
   int w = world_rank();
   EXPECT_EQ(g.world_rank(), w);
@@ -75,6 +108,7 @@ void check_grid(ProcessGrid& g, const GridShape& s) {
   EXPECT_EQ(c.dp, want.dp);
   EXPECT_EQ(c.tp, want.tp);
   EXPECT_EQ(c.pp, want.pp);
+  EXPECT_EQ(c.cp, want.cp);
   EXPECT_EQ(g.world().size(), s.world());
   EXPECT_EQ(g.world().rank(), w);
   EXPECT_EQ(g.tp().size(), s.tp);
@@ -83,26 +117,47 @@ void check_grid(ProcessGrid& g, const GridShape& s) {
   EXPECT_EQ(g.dp().rank(), c.dp);
   EXPECT_EQ(g.pp().size(), s.pp);
   EXPECT_EQ(g.pp().rank(), c.pp);
-  EXPECT_EQ(g.dp_grads().size(), s.dp);
-  EXPECT_EQ(g.dp_grads().rank(), c.dp);
+  EXPECT_EQ(g.cp().size(), s.cp);
+  EXPECT_EQ(g.cp().rank(), c.cp);
+  // Every copy of this rank's parameters, dp index then cp index.
+  EXPECT_EQ(g.dp_cp().size(), s.dp * s.cp);
+  EXPECT_EQ(g.dp_cp().rank(), c.dp * s.cp + c.cp);
+  EXPECT_EQ(g.dp_grads().size(), s.dp * s.cp);
+  EXPECT_EQ(g.dp_grads().rank(), c.dp * s.cp + c.cp);
   EXPECT_EQ(g.world().name(), "world");
   EXPECT_EQ(g.tp().name(), "tp");
   EXPECT_EQ(g.dp().name(), "dp");
   EXPECT_EQ(g.pp().name(), "pp");
   EXPECT_EQ(g.dp_grads().name(), "dp");
+  EXPECT_EQ(g.cp().name(), "cp");
+  EXPECT_EQ(g.dp_cp().name(), "dp_cp");
   // Every rank runs the same sequence of group collectives.
   EXPECT_EQ(g.world().all_reduce_sum(w), s.world() * (s.world() - 1) / 2.0);
   EXPECT_EQ(g.tp().all_reduce_sum(w), group_rank_sum(s, c, &GridCoords::tp, s.tp));
   EXPECT_EQ(g.dp().all_reduce_sum(w), group_rank_sum(s, c, &GridCoords::dp, s.dp));
   EXPECT_EQ(g.pp().all_reduce_sum(w), group_rank_sum(s, c, &GridCoords::pp, s.pp));
-  EXPECT_EQ(g.dp_grads().all_reduce_sum(w), group_rank_sum(s, c, &GridCoords::dp, s.dp));
+  EXPECT_EQ(g.cp().all_reduce_sum(w), group_rank_sum(s, c, &GridCoords::cp, s.cp));
+  EXPECT_EQ(g.dp_cp().all_reduce_sum(w), dp_cp_rank_sum(s, c));
+  EXPECT_EQ(g.dp_grads().all_reduce_sum(w), dp_cp_rank_sum(s, c));
+  std::vector<double> cp_want, dp_cp_want;
+  for (int d = 0; d < s.dp; ++d)
+    for (int k = 0; k < s.cp; ++k) {
+      GridCoords at = c;
+      at.dp = d;
+      at.cp = k;
+      dp_cp_want.push_back(grid_rank(s, at));
+      if (d == c.dp) cp_want.push_back(grid_rank(s, at));
+    }
+  EXPECT_EQ(members(g.cp(), w), cp_want);
+  EXPECT_EQ(members(g.dp_cp(), w), dp_cp_want);
+  EXPECT_EQ(members(g.dp_grads(), w), dp_cp_want);
   // The bucket channel and the dp channel run at the same time without mixing.
   double a = w, b = 10.0 * w;
   WorkPtr wa = g.dp_grads().all_reduce_async(Tensor(&a, {1}, DType::F64), ReduceOp::Sum);
   WorkPtr wb = g.dp().all_reduce_async(Tensor(&b, {1}, DType::F64), ReduceOp::Max);
   wb->wait();
   wa->wait();
-  EXPECT_EQ(a, group_rank_sum(s, c, &GridCoords::dp, s.dp));
+  EXPECT_EQ(a, dp_cp_rank_sum(s, c));
   GridCoords top = c;
   top.dp = s.dp - 1;
   EXPECT_EQ(b, 10.0 * grid_rank(s, top));
@@ -112,7 +167,9 @@ std::vector<GridShape> factorisations(int world) {
   std::vector<GridShape> out;
   for (int pp = 1; pp <= world; ++pp)
     for (int tp = 1; tp <= world; ++tp)
-      if (world % (pp * tp) == 0) out.push_back(GridShape{.dp = world / (pp * tp), .tp = tp, .pp = pp});
+      for (int cp = 1; cp <= world; ++cp)
+        if (world % (pp * tp * cp) == 0)
+          out.push_back(GridShape{.dp = world / (pp * tp * cp), .tp = tp, .pp = pp, .cp = cp});
   return out;
 }
 
@@ -137,10 +194,12 @@ TEST(ProcessGridMpi, MismatchedShapeIsAConfigError) {
   int w = world_size();
   GridShape s = w == 4 ? GridShape{.dp = 3, .tp = 1, .pp = 1} : GridShape{.dp = 2, .tp = 2, .pp = 1};
   expect_error([&] { ProcessGrid::create_mpi(s, kOpts); }, ErrorKind::Config,
-               {str_cat("world size ", w, " does not match parallel.dp x tp x pp = ", s.dp, " x ", s.tp, " x ", s.pp,
-                        " = ", s.world())});
+               {str_cat("world size ", w, " does not match parallel.dp x cp x tp x pp = ", s.dp, " x 1 x ", s.tp, " x ",
+                        s.pp, " = ", s.world())});
+  expect_error([&] { ProcessGrid::create_mpi(GridShape{.dp = 1, .tp = 1, .pp = 1, .cp = 2 * w}, kOpts); },
+               ErrorKind::Config, {str_cat("parallel.dp x cp x tp x pp = 1 x ", 2 * w, " x 1 x 1 = ", 2 * w)});
   expect_error([&] { ProcessGrid::create_mpi(GridShape{.dp = 0, .tp = w, .pp = 1}, kOpts); }, ErrorKind::Config,
-               {"parallel.dp x tp x pp = 0 x"});
+               {"parallel.dp x cp x tp x pp = 0 x"});
   // Nothing collective happened on the failed attempts: a good grid follows.
   auto g = ProcessGrid::create_mpi(GridShape{.dp = w, .tp = 1, .pp = 1}, kOpts);
   check_grid(*g, GridShape{.dp = w, .tp = 1, .pp = 1});

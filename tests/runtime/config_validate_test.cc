@@ -82,8 +82,44 @@ TEST_F(ConfigValidate, InfersDataParallelSize) {
 
   expect_invalid({"parallel.tp=2"}, 3, {"world size 3", "parallel.tp (2)", "parallel.pp (1)", "not divisible"});
   expect_invalid({"parallel.dp=1", "parallel.tp=2"}, 3,
-                 {"world size 3 != parallel.dp (1) x parallel.tp (2) x parallel.pp (1)"});
+                 {"world size 3 != parallel.dp (1) x parallel.cp (1) x parallel.tp (2) x parallel.pp (1)"});
   expect_invalid({}, 0, {"world size 0"});
+}
+
+// Context parallelism: cp ranks count in the world (dp is what is left),
+// and each sequence must cut into 2 x cp equal chunks.
+TEST_F(ConfigValidate, ContextParallelRules) {
+  Config c = base({"parallel.cp=2", "parallel.tp=2"});
+  EXPECT_EQ(c.parallel.cp_split, CpSplit::HeadTail);  // the default: causal work balanced
+  validate(c, 8);
+  EXPECT_EQ(c.parallel.dp, 2);
+  EXPECT_EQ(c.microbatches(), 4);  // cp ranks share their dp rank's samples
+  Config contiguous = base({"parallel.cp=4", "parallel.cp_split=contiguous", "train.seq_len=40"});
+  validate(contiguous, 4);
+  EXPECT_EQ(contiguous.parallel.dp, 1);
+  EXPECT_EQ(contiguous.parallel.cp_split, CpSplit::Contiguous);
+  Config odd = base({"train.seq_len=33"});  // cp = 1 cuts nothing
+  EXPECT_NO_THROW(validate(odd, 1));
+
+  expect_invalid({"parallel.cp=0"}, 1, {"parallel.cp=0 must be >= 1"});
+  expect_config_error([&] { base({"parallel.cp_split=ring"}); }, {"parallel.cp_split='ring'", "head_tail, contiguous"});
+  expect_invalid({"parallel.cp=4"}, 6,
+                 {"world size 6 is not divisible by parallel.cp (4) x parallel.tp (1) x parallel.pp (1) = 4"});
+  expect_invalid({"parallel.dp=2", "parallel.cp=2"}, 2,
+                 {"world size 2 != parallel.dp (2) x parallel.cp (2) x parallel.tp (1) x parallel.pp (1)"});
+  // 36 splits into 4 chunks (cp 2) and over 4 ranks, but not into 8 chunks.
+  Config halves = base({"parallel.cp=2", "train.seq_len=36"});
+  EXPECT_NO_THROW(validate(halves, 2));
+  expect_invalid({"parallel.cp=4", "train.seq_len=36"}, 4,
+                 {"train.seq_len=36 is not divisible by 2 x parallel.cp (4) = 8"});
+  expect_invalid({"parallel.cp=4", "train.seq_len=0", "model.seq_len=60"}, 4,
+                 {"model.seq_len=60 is not divisible by 2 x parallel.cp (4) = 8"});
+  // Sequence parallelism splits a cp rank's rows: 48 rows split over tp 16, a cp rank's 24 do not.
+  Config sp = base({"model.n_head=16", "train.seq_len=48", "parallel.tp=16", "parallel.sequence_parallel=true"});
+  EXPECT_NO_THROW(validate(sp, 16));
+  expect_invalid({"model.n_head=16", "train.seq_len=48", "parallel.tp=16", "parallel.sequence_parallel=true",
+                  "parallel.cp=2"},
+                 32, {"splits the 24 token rows", "/ parallel.cp 2", "parallel.tp=16"});
 }
 
 TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {

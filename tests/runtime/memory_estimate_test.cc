@@ -135,6 +135,31 @@ TEST(MemoryEstimate, TensorParallelShardsAreSmaller) {
   EXPECT_GT(p2a, p1 * 4 / 10);
 }
 
+// Context parallelism: a cp rank's input batch holds its T / cp rows of each
+// sequence, and ZeRO-1 shards over dp x cp, so a dp 2 x cp 2 rank holds the
+// shard of the dp 4 rank at its place in the dp x cp group. (The chunks'
+// own activations fall with cp once the model side lays out its rows.)
+TEST(MemoryEstimate, ContextParallelRowsAndShards) {
+  const Config one = debug_config({"parallel.zero=1"});
+  const Config cp2 = debug_config({"parallel.zero=1", "parallel.cp=2"}, 2);
+  const size_t B = 1, T = 64;
+  ASSERT_EQ(size_t(one.seq_len()), T);
+  EXPECT_EQ(estimate_memory(one).bytes_of("input batch"), 2 * B * T * 4 + 2 * Arena::kAlignment);
+  EXPECT_EQ(estimate_memory(cp2).bytes_of("input batch"), 2 * B * (T / 2) * 4 + 2 * Arena::kAlignment);
+  const Config dp4 = debug_config({"parallel.zero=1", "parallel.dp=4"}, 4);
+  const Config dp2cp2 = debug_config({"parallel.zero=1", "parallel.dp=2", "parallel.cp=2"}, 4);
+  const size_t whole = estimate_memory(one).bytes_of("gradient shard");
+  for (int d = 0; d < 2; ++d)
+    for (int k = 0; k < 2; ++k) {
+      SCOPED_TRACE(str_cat("dp rank ", d, " cp rank ", k));
+      const MemoryPlan got = estimate_memory(dp2cp2, {0, 0, d, k});
+      const MemoryPlan want = estimate_memory(dp4, {0, 0, 2 * d + k});
+      EXPECT_EQ(got.bytes_of("gradient shard"), want.bytes_of("gradient shard"));
+      EXPECT_EQ(got.bytes_of("optimizer state"), want.bytes_of("optimizer state"));
+      EXPECT_LT(got.bytes_of("gradient shard"), whole * 4 / 10);
+    }
+}
+
 // Pipeline stages: the first keeps more microbatches in flight under 1F1B.
 TEST(MemoryEstimate, FirstStageHoldsMoreActivations) {
   const Config c = debug_config({"parallel.pp=4", "parallel.dp=1"}, 4);
