@@ -7,7 +7,7 @@ namespace xirang {
 
 const char* step_part_name(StepPart p) {
   static constexpr const char* kNames[kStepParts] = {"forward",         "backward",  "optimizer",       "data_wait",
-                                                     "tp_comm",         "dp_comm_exposed", "pp_bubble",
+                                                     "tp_comm",         "cp_comm",         "dp_comm_exposed", "pp_bubble",
                                                      "pp_comm_exposed", "ckpt_stall", "device_wait"};
   return kNames[size_t(p)];
 }

@@ -47,13 +47,14 @@ enum class StepPart {
   Optimizer,      // gradient norm, the loss-scale vote, the update
   DataWait,       // blocked on the loader and copying a microbatch in
   TpComm,         // tensor-parallel collectives (blocking)
+  CpComm,         // context-parallel key/value all-gathers and their gradients' reduce-scatters (blocking)
   DpCommExposed,  // data-parallel bucket launches and waits, ZeRO's gather
   PpBubble,       // waiting for a neighbour's activation or gradient, and the pipeline's drain
   PpCommExposed,  // waiting for our own pipeline sends and the tied-embedding reduction
   CkptStall,      // the step stopped to save a checkpoint
   DeviceWait,     // the host waiting for the device's queued passes (their time is the device's)
 };
-constexpr size_t kStepParts = 10;
+constexpr size_t kStepParts = 11;
 const char* step_part_name(StepPart p);
 
 // The trace span a part draws: none when `tl` is null or not tracing.

@@ -21,7 +21,7 @@ const char* op_kind_name(OpKind k) {
       "matmul",         "attention",      "norm",          "loss",          "embedding",
       "elementwise",    "optimizer",      "tp_all_reduce", "tp_all_gather", "tp_reduce_scatter",
       "dp_all_reduce",  "dp_reduce_scatter", "dp_all_gather", "pp_send",    "pp_recv",
-      "tied_all_reduce"};
+      "tied_all_reduce", "cp_all_gather", "cp_reduce_scatter"};
   return names[int(k)];
 }
 

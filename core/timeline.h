@@ -72,8 +72,10 @@ enum class OpKind : uint8_t {
   PpSend,
   PpRecv,
   TiedAllReduce,
+  CpAllGather,
+  CpReduceScatter,
 };
-constexpr int kOpKindCount = 16;
+constexpr int kOpKindCount = 18;
 // "matmul", ..., "tp_all_reduce", ...: the keys of metrics.jsonl's op_ms.
 const char* op_kind_name(OpKind k);
 bool op_kind_is_comm(OpKind k);

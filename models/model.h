@@ -79,7 +79,6 @@ struct ContextParallel {
 struct ChunkBatch {
   int micro_batch = 1;       // sequences per microbatch (B)
   int seq_len = 64;          // tokens per sequence (T), the whole sequence: a cp rank holds T / cp.size of them
-  ContextParallel cp;
   int activation_slots = 1;  // microbatches whose activations are alive at once
   Recompute recompute = Recompute::None;
   // Lay out what a backward split into its input- and weight-gradient
@@ -89,6 +88,7 @@ struct ChunkBatch {
   // (MicrobatchSlots); 0: activation_slots.
   int input_slots = 0;   // microbatches from their forward to their weight part
   int weight_slots = 0;  // microbatches from their input part to their weight part
+  ContextParallel cp;    // this rank's share of each sequence (last, so positional initializers keep their meaning)
   int inputs() const { return input_slots > 0 ? input_slots : activation_slots; }
   int weights() const { return weight_slots > 0 ? weight_slots : activation_slots; }
 };

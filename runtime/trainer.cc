@@ -222,6 +222,7 @@ void Trainer::take_parts(StepMetrics& m) const {
   m.data_wait_ms = clock_.ms(StepPart::DataWait);
   m.data_prefetch_depth = loader_ ? loader_->depth() : 0;
   m.tp_comm_ms = clock_.ms(StepPart::TpComm);
+  m.cp_comm_ms = clock_.ms(StepPart::CpComm);
   m.dp_comm_ms = sync_->comm_ms();
   m.dp_comm_exposed_ms = clock_.ms(StepPart::DpCommExposed);
   m.pp_bubble_ms = clock_.ms(StepPart::PpBubble);

@@ -113,6 +113,11 @@ void other_advice(Part p, const Config* cfg, std::vector<std::string>& out) {
       out.push_back("tensor-parallel communication blocks compute: keep parallel.tp within a node, try "
                     "parallel.sequence_parallel=true, or trade tp for dp or pp");
       break;
+    case Part::CpComm:
+      out.push_back("context-parallel key/value exchange blocks compute: keep parallel.cp on fast links (it is placed "
+                    "right after tp), lower parallel.cp if memory allows, or use grouped-query attention (fewer "
+                    "key/value heads to gather)");
+      break;
     case Part::PpExposed:
       out.push_back("pipeline sends wait on the link: fewer, larger microbatches (train.micro_batch) send fewer messages");
       break;

@@ -15,13 +15,13 @@ namespace fs = std::filesystem;
 
 const char* part_name(Part p) {
   static const char* names[kParts] = {"compute (fwd+bwd)", "optimizer", "data wait", "dp comm (exposed)",
-                                      "tp comm", "pipeline bubble", "pp transfers (exposed)",
+                                      "tp comm", "cp comm", "pipeline bubble", "pp transfers (exposed)",
                                       "checkpoint stall", "unaccounted"};
   return names[int(p)];
 }
 
 const char* part_key(Part p) {
-  static const char* keys[kParts] = {"compute",  "optimizer",   "data_wait",  "dp_comm_exposed", "tp_comm",
+  static const char* keys[kParts] = {"compute",  "optimizer",   "data_wait",  "dp_comm_exposed", "tp_comm", "cp_comm",
                                      "pp_bubble", "pp_comm_exposed", "ckpt_stall", "unaccounted"};
   return keys[int(p)];
 }
@@ -37,6 +37,7 @@ Part report_part(StepPart p) {
     case StepPart::DataWait: return Part::DataWait;
     case StepPart::DpCommExposed: return Part::DpExposed;
     case StepPart::TpComm: return Part::TpComm;
+    case StepPart::CpComm: return Part::CpComm;
     case StepPart::PpBubble: return Part::PpBubble;
     case StepPart::PpCommExposed: return Part::PpExposed;
     case StepPart::CkptStall: return Part::CkptStall;

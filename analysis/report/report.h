@@ -24,8 +24,8 @@ namespace xirang::analysis::report {
 
 // The parts a step's time is split into. Unaccounted is step_ms minus the
 // named ones: host work the trainer does not time (bookkeeping, logging).
-enum class Part { Compute, Optimizer, DataWait, DpExposed, TpComm, PpBubble, PpExposed, CkptStall, Unaccounted };
-inline constexpr int kParts = 9;
+enum class Part { Compute, Optimizer, DataWait, DpExposed, TpComm, CpComm, PpBubble, PpExposed, CkptStall, Unaccounted };
+inline constexpr int kParts = 10;
 // A part, or a straggler's extra time, under this share of the step is not worth a recommendation.
 inline constexpr double kSignificant = 0.05;
 const char* part_name(Part p);   // "data wait"

@@ -15,7 +15,7 @@ namespace xirang::analysis::report {
 namespace {
 
 // The parts in which one rank waits for another.
-constexpr Part kWaitParts[] = {Part::DpExposed, Part::PpBubble, Part::PpExposed, Part::TpComm};
+constexpr Part kWaitParts[] = {Part::DpExposed, Part::PpBubble, Part::PpExposed, Part::TpComm, Part::CpComm};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;

@@ -84,6 +84,7 @@ Part span_part(const std::string& n) {
   if (n == "forward" || n == "backward" || n == "backward_weight" || n == "recompute" || n == "fault_delay")
     return Part::Compute;
   if (n == "tp_all_reduce" || n == "tp_all_gather" || n == "tp_reduce_scatter") return Part::TpComm;
+  if (n == "cp_all_gather" || n == "cp_reduce_scatter") return Part::CpComm;
   if (n == "optimizer") return Part::Optimizer;
   if (n == "data_wait") return Part::DataWait;
   if (n == "wait_activation" || n == "wait_gradient" || n == "pipeline_drain") return Part::PpBubble;

@@ -110,7 +110,7 @@ std::vector<BubbleRow> bubble_rows(const std::vector<Json>& rows) {
     // The pipeline's part of the step: the passes, their communication and the waits (rank 0).
     auto part = [&](StepPart p) { return num(r, "breakdown_ms", step_field(p).key); };
     double span = 0;
-    for (StepPart p : {StepPart::Forward, StepPart::Backward, StepPart::TpComm, StepPart::PpBubble,
+    for (StepPart p : {StepPart::Forward, StepPart::Backward, StepPart::TpComm, StepPart::CpComm, StepPart::PpBubble,
                        StepPart::PpCommExposed, StepPart::DataWait})
       span += part(p);
     b.measured = span > 0 ? part(StepPart::PpBubble) / span : 0;

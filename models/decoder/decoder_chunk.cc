@@ -129,7 +129,8 @@ ModelArch decoder_arch(std::string name, DecoderSpec (*spec)(const ModelDims&), 
 DecoderChunk::DecoderChunk(const DecoderSpec& spec, const ModelDims& dims, const ChunkPlacement& placement,
                            DType dtype, const ChunkBatch& batch, const TensorParallel& parallel)
     : ModelChunk(dims, placement, dtype, batch),
-      tp_(parallel, int64_t(batch.micro_batch) * batch.seq_len),
+      tp_(parallel, int64_t(batch.micro_batch) * (batch.seq_len / std::max(1, batch.cp.size))),
+      cp_(batch.cp, batch.micro_batch, batch.seq_len),
       layers_(spec, dims, placement, tp_.size()) {
   // The model's own rules (a chunk may hold no blocks: tests build such).
   XR_CHECK(dims.n_head >= 1 && (dims.head_dim > 0 || dims.d_model % dims.n_head == 0), spec.name, ": d_model ",
@@ -144,7 +145,7 @@ DecoderChunk::DecoderChunk(const DecoderSpec& spec, const ModelDims& dims, const
 }
 
 ActList DecoderChunk::block_activations(size_t l, BlockActs& a) const {
-  const int64_t B = batch_.micro_batch, T = batch_.seq_len, C = dims_.d_model;
+  const int64_t B = batch_.micro_batch, T = cp_.local_seq_len(), C = dims_.d_model;
   const int64_t N = tp_.rows(), R = tp_.local_rows();
   const DecoderLayers::Block& b = layers_.blocks[l];
   ActList list;
@@ -231,6 +232,7 @@ void DecoderChunk::layout_activations(Arena& acts) {
       if (!kept(a.keep, batch_.recompute))
         *a.tensor = acts.alloc(a.shape, a.wide ? wide_dtype_ : dtype_, "recomputed " + a.what);
   tp_.layout(acts, C, dtype_);
+  if (!layers_.blocks.empty()) cp_.layout(acts, layers_.blocks[0].attn.local_kv_width(), dtype_);
   d_res_ = acts.alloc({R, C}, dtype_, "residual gradient");
   d_c_ = acts.alloc({R, C}, dtype_, "norm output gradient");
   int64_t width = 1;
@@ -247,6 +249,8 @@ void DecoderChunk::layout_activations(Arena& acts) {
     rope_.cos = acts.alloc({batch_.seq_len, half}, wide_dtype_, "rotary cos");
     rope_.sin = acts.alloc({batch_.seq_len, half}, wide_dtype_, "rotary sin");
     rope_.seq_len = batch_.seq_len;
+    rope_.split = cp_.context_split();
+    rope_.cp_rank = cp_.rank();
   }
   if (layers_.head) layers_.head->layout(acts, tp_, wide_dtype_);
   if (placement_.has_head) loss_sum_ = acts.alloc({1}, DType::F64, "loss sum");
@@ -281,7 +285,7 @@ void DecoderChunk::recompute(const KernelContext& ctx, size_t l, const Tensor& x
   if (batch_.recompute == Recompute::Full) {
     block_forward(ctx, b, x, a, /*whole=*/false);
   } else {
-    b.attn.attend(ctx, a.attn.qkv, a.attn.lse, a.attn.y);  // qkv holds q and k as forward left them
+    b.attn.attend(ctx, a.attn.qkv, a.attn.lse, a.attn.y, &cp_);  // qkv holds q and k as forward left them
     for (const ActSpec& s : block_activations(l, a))
       if (s.tensor == &a.ffn.post && !kept(s.keep, Recompute::Selective)) b.ffn->recompute(ctx, a.ffn);
   }
@@ -299,7 +303,7 @@ void DecoderChunk::ensure_rope(const KernelContext& ctx) {
 void DecoderChunk::block_forward(const KernelContext& ctx, const DecoderLayers::Block& b, const Tensor& x,
                                  BlockActs& a, bool whole) {
   b.norm1.forward(ctx, a.norm1.y, a.norm1.mean, a.norm1.rstd, x);
-  b.attn.forward(ctx, a.attn, tp_.gathered(a.norm1.y), rope());
+  b.attn.forward(ctx, a.attn, tp_.gathered(a.norm1.y), rope(), &cp_);
   Tensor ln2 = a.norm2.y;
   if (tp_.split()) {
     b.attn.proj().forward(ctx, tp_, a.res2, a.attn.y.flat2d(), x);
@@ -316,7 +320,8 @@ void DecoderChunk::block_forward(const KernelContext& ctx, const DecoderLayers::
 
 void DecoderChunk::head_forward(const KernelContext& ctx, SlotActs& s, const Tensor& x, const Tensor& targets,
                                 double dloss) {
-  check_shape((layers_.spec.name + "::forward").c_str(), "targets", targets, {batch_.micro_batch, batch_.seq_len});
+  check_shape((layers_.spec.name + "::forward").c_str(), "targets", targets,
+              {batch_.micro_batch, cp_.local_seq_len()});
   const NormActs& f = s.final_norm;
   layers_.final_norm->forward(ctx, f.y, f.mean, f.rstd, x);
   layers_.head->forward(ctx, tp_, layers_.head_table(), s.logits, s.losses, tp_.gathered(f.y), targets, dloss);
@@ -337,15 +342,18 @@ double DecoderChunk::take_loss(const KernelContext& ctx) {
 
 void DecoderChunk::forward(const KernelContext& ctx, MicrobatchSlots slot, const Tensor& tokens,
                            const Tensor& targets, double dloss) {
-  XR_CHECK(tp_.can_run(), layers_.spec.name, ": a chunk laid out without its tensor-parallel group cannot run");
+  XR_CHECK(tp_.can_run() && cp_.can_run(), layers_.spec.name,
+           ": a chunk laid out without its tensor- or context-parallel group cannot run");
   tp_.begin_pass(ctx);
+  cp_.begin_pass(ctx);
   ensure_rope(ctx);
   SlotActs& s = slots_.at(size_t(slot.activation));
   if (placement_.has_embedding) {
-    check_shape((layers_.spec.name + "::forward").c_str(), "tokens", tokens, {batch_.micro_batch, batch_.seq_len});
+    check_shape((layers_.spec.name + "::forward").c_str(), "tokens", tokens,
+                {batch_.micro_batch, cp_.local_seq_len()});
     layers_.embed->forward(ctx, tp_, s.input, tokens);
     if (layers_.positions)
-      layers_.positions->forward(ctx, s.input, batch_.seq_len,
+      layers_.positions->forward(ctx, s.input, cp_.context_split(), cp_.rank(),
                                  tp_.sequence_parallel() ? tp_.rank() * tp_.local_rows() : 0);
   }
   const Tensor* x = &s.input;
@@ -383,7 +391,8 @@ void DecoderChunk::block_backward(const KernelContext& ctx, const DecoderLayers:
 
   dy = tp_.full_rows(d_res_);
   b.attn.proj().backward(ctx, dy_attn, dy, a.attn.y.flat2d(), later);
-  b.attn.backward(ctx, tp_, dqkv, dy_attn.view(a.attn.y.shape()), a.attn, tp_.gathered(a.norm1.y), rope(), later);
+  b.attn.backward(ctx, tp_, dqkv, dy_attn.view(a.attn.y.shape()), a.attn, tp_.gathered(a.norm1.y), rope(), later,
+                  &cp_);
   b.norm1.backward(ctx, d_res_, ColumnParallelLinear::input_grad(tp_, d_c_), x, a.norm1.mean, a.norm1.rstd);
   if (phase == GradPhase::Final) {
     b.attn.reduce_grads(tp_);
@@ -414,14 +423,15 @@ Tensor DecoderChunk::stage_output(int slot) {
 
 void DecoderChunk::embedding_backward(const KernelContext& ctx, const Tensor& dy_full, const Tensor& tokens) const {
   layers_.embed->backward(ctx, tp_, dy_full, tokens);
-  if (layers_.positions) layers_.positions->backward(ctx, dy_full, batch_.seq_len);
+  if (layers_.positions) layers_.positions->backward(ctx, dy_full, cp_.context_split(), cp_.rank());
 }
 
 void DecoderChunk::backward(const KernelContext& ctx, MicrobatchSlots slot, const Tensor& tokens, GradPhase phase,
                             const Tensor& output_grad, BackwardPart part) {
   XR_CHECK(part == BackwardPart::Full || splits_backward(), layers_.spec.name,
            ": a split backward needs a chunk laid out with ChunkBatch::split_backward");
-  XR_CHECK(tp_.can_run(), layers_.spec.name, ": a chunk laid out without its tensor-parallel group cannot run");
+  XR_CHECK(tp_.can_run() && cp_.can_run(), layers_.spec.name,
+           ": a chunk laid out without its tensor- or context-parallel group cannot run");
   if (part == BackwardPart::WeightGrad) {
     later_.at(size_t(slot.weight)).run(ctx, [this](int layer) { grad_ready(layer); });
     return;
@@ -441,6 +451,7 @@ void DecoderChunk::backward(const KernelContext& ctx, MicrobatchSlots slot, cons
     else grad_ready(layer);
   };
   tp_.begin_pass(ctx);
+  cp_.begin_pass(ctx);
   SlotActs& s = slots_.at(size_t(slot.activation));
   if (placement_.has_head) {
     head_backward(ctx, s, phase);

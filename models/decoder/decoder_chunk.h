@@ -141,7 +141,8 @@ class DecoderChunk : public ModelChunk {
   const DecoderLayers& layers() const { return layers_; }
 
  private:
-  // R = N / P token rows with sequence parallelism, else R = N = B * T.
+  // N = B * T token rows (T: this cp rank's share of a sequence, T / cp);
+  // R = N / P token rows with sequence parallelism, else R = N.
   struct BlockActs {
     NormActs norm1;  // (R, C), (R), (R): local rows, gathered when needed
     AttnActs attn;   // qkv, log-sum-exp, output before the projection
@@ -193,6 +194,7 @@ class DecoderChunk : public ModelChunk {
   int64_t weight_queue_bytes() const;
 
   TpComm tp_;  // before layers_: they are built for its size
+  CpComm cp_;  // context parallelism: this rank's share of each sequence, the key/value exchange
   DecoderLayers layers_;
   std::vector<SlotActs> slots_;   // activation slots
   std::vector<SlotActs> inputs_;  // input slots (split backward): in_input_slot()'s entries only

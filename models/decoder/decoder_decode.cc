@@ -86,7 +86,8 @@ class SpecDecoder final : public Decoder {
     FfnActs ffn{rows(ffn_.pre), rows(ffn_.post)};
     Tensor qkv3 = qkv.view({1, n, qkv_width()});
     layers_.embed->forward(ctx, tp, x, tokens.view({1, n}));
-    if (layers_.positions) layers_.positions->forward(ctx, x, max_len(), pos);  // row i at position pos + i
+    if (layers_.positions)  // row i at position pos + i
+      layers_.positions->forward(ctx, x, ContextSplit::whole(max_len()), 0, pos);
     for (size_t l = 0; l < layers_.blocks.size(); ++l) {
       const DecoderLayers::Block& b = layers_.blocks[l];
       b.norm1.forward(ctx, ln, mean, rstd, x);

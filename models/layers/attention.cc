@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "kernels/attention.h"
+#include "kernels/cp_attention.h"
 #include "kernels/qk_norm.h"
 #include "kernels/rope.h"
 
@@ -58,16 +59,33 @@ int64_t CausalSelfAttention::local_qkv_width() const {
   return (int64_t(n_head_) + 2 * int64_t(n_kv_head_)) * head_dim_ / tp_;
 }
 
+namespace {
+
+// The rotation of q and k at each row's position: the whole sequence's rows
+// in order, or a context-parallel rank's share of it.
+void rotate(const KernelContext& ctx, Tensor qkv, const RotaryTables& rope, int H, int KV, bool backward) {
+  if (rope.split.ranks > 1) {
+    if (backward) rope_qkv_backward(ctx, qkv, rope.cos, rope.sin, H, KV, rope.split, rope.cp_rank);
+    else rope_qkv_forward(ctx, qkv, rope.cos, rope.sin, H, KV, rope.split, rope.cp_rank);
+  } else if (backward) {
+    rope_qkv_backward(ctx, qkv, rope.cos, rope.sin, H, KV, rope.seq_len, 0);
+  } else {
+    rope_qkv_forward(ctx, qkv, rope.cos, rope.sin, H, KV, rope.seq_len, 0);
+  }
+}
+
+}  // namespace
+
 void CausalSelfAttention::forward(const KernelContext& ctx, AttnActs& a, const Tensor& x_full,
-                                  const RotaryTables* rope) const {
+                                  const RotaryTables* rope, CpComm* cp) const {
   if (options_.qk_norm) {
     qkv_.forward(ctx, a.qkv_raw.flat2d(), x_full);
     normalize_qk(ctx, a.qkv, a.qk_rstd, a.qkv_raw);
   } else {
     qkv_.forward(ctx, a.qkv.flat2d(), x_full);
   }
-  if (rope) rope_qkv_forward(ctx, a.qkv, rope->cos, rope->sin, local_heads_, local_kv_heads_, rope->seq_len, 0);
-  attend(ctx, a.qkv, a.lse, a.y);
+  if (rope) rotate(ctx, a.qkv, *rope, local_heads_, local_kv_heads_, /*backward=*/false);
+  attend(ctx, a.qkv, a.lse, a.y, cp);
 }
 
 void CausalSelfAttention::normalize_qk(const KernelContext& ctx, Tensor out, Tensor rstd, const Tensor& raw) const {
@@ -76,15 +94,28 @@ void CausalSelfAttention::normalize_qk(const KernelContext& ctx, Tensor out, Ten
                      options_.qk_eps);
 }
 
-void CausalSelfAttention::attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y) const {
-  flash_attention_forward(ctx, y, lse, qkv, local_heads_, local_kv_heads_);
+void CausalSelfAttention::attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y,
+                                 CpComm* cp) const {
+  if (cp && cp->split()) {
+    const Tensor kv_all = cp->gather_kv(ctx, qkv, local_heads_, local_kv_heads_);
+    cp_attention_forward(ctx, y, lse, qkv, kv_all, cp->context_split(), cp->rank(), local_heads_, local_kv_heads_);
+  } else {
+    flash_attention_forward(ctx, y, lse, qkv, local_heads_, local_kv_heads_);
+  }
 }
 
 void CausalSelfAttention::backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy,
                                    const AttnActs& a, const Tensor& x_full, const RotaryTables* rope,
-                                   WeightGradQueue* later) const {
-  flash_attention_backward(ctx, dqkv, dy, a.qkv, a.y, a.lse, local_heads_, local_kv_heads_);
-  if (rope) rope_qkv_backward(ctx, dqkv, rope->cos, rope->sin, local_heads_, local_kv_heads_, rope->seq_len, 0);
+                                   WeightGradQueue* later, CpComm* cp) const {
+  if (cp && cp->split()) {
+    const Tensor kv_all = cp->gather_kv(ctx, a.qkv, local_heads_, local_kv_heads_);
+    cp_attention_backward(ctx, dqkv, cp->kv_grad(), dy, a.qkv, kv_all, a.y, a.lse, cp->context_split(), cp->rank(),
+                          local_heads_, local_kv_heads_);
+    cp->reduce_kv_grad(ctx, dqkv, local_heads_, local_kv_heads_);
+  } else {
+    flash_attention_backward(ctx, dqkv, dy, a.qkv, a.y, a.lse, local_heads_, local_kv_heads_);
+  }
+  if (rope) rotate(ctx, dqkv, *rope, local_heads_, local_kv_heads_, /*backward=*/true);
   if (options_.qk_norm)  // in place: dqkv becomes the gradient of the projection's output
     qk_rmsnorm_backward(ctx, dqkv, q_norm_->grad, k_norm_->grad, dqkv, a.qkv_raw, q_norm_->value, k_norm_->value,
                         a.qk_rstd, local_heads_, local_kv_heads_, GradMode::Overwrite);

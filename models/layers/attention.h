@@ -36,15 +36,20 @@
 #include <vector>
 
 #include "models/layers/activation.h"
+#include "models/layers/cp_comm.h"
 #include "models/layers/linear.h"
 
 namespace xirang {
 
 // Rotary position tables cos, sin (T, head_dim / 2) for positions 0..T-1
 // (kernels/rope.h's rope_table), and the sequence length of the rows.
+// Under context parallelism the rows are a cp rank's share of each
+// sequence: `split` and `cp_rank` give each row's position in the table.
 struct RotaryTables {
   Tensor cos, sin;
   int64_t seq_len = 0;
+  ContextSplit split;
+  int cp_rank = 0;
 };
 
 // What attention keeps for its backward.
@@ -90,18 +95,26 @@ class CausalSelfAttention {
   // the q/k norm: a.qkv_raw, a.qk_rstd); a.y (B, T, H head_dim / P) the
   // attention of the rank's heads; a.lse (B, H/P, T) kept for backward.
   // `rope`: rotate q and k first (null: no rotation).
-  void forward(const KernelContext& ctx, AttnActs& a, const Tensor& x_full, const RotaryTables* rope) const;
+  void forward(const KernelContext& ctx, AttnActs& a, const Tensor& x_full, const RotaryTables* rope,
+               CpComm* cp = nullptr) const;
   // The q/k norm of `raw` into `out` (B, T, qkv width; `out` may be `raw`
   // where no backward follows: generation), rstd (B, T, (H + KV)/P).
   void normalize_qk(const KernelContext& ctx, Tensor out, Tensor rstd, const Tensor& raw) const;
   // The attention core alone, y and lse from qkv (as forward leaves it,
-  // rotated): what selective recomputation re-runs before backward.
-  void attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y) const;
+  // rotated): what selective recomputation re-runs before backward. With a
+  // context-parallel `cp` that splits the sequence, the queries of this
+  // rank's rows attend to every rank's keys and values (gathered).
+  void attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y, CpComm* cp = nullptr) const;
   // From dy (B, T, H head_dim / P): dqkv (qkv's shape), then this rank's partial input gradient in
   // tp.partial() (ColumnParallelLinear::input_grad reduces it).
   // `later`: the q/k/v projection's weight product is left to it (weight_grads.h).
+  // With a splitting `cp`, the keys and values are gathered again and their
+  // gradients reduce-scattered back to the ranks that hold them.
   void backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy, const AttnActs& a,
-                const Tensor& x_full, const RotaryTables* rope, WeightGradQueue* later = nullptr) const;
+                const Tensor& x_full, const RotaryTables* rope, WeightGradQueue* later = nullptr,
+                CpComm* cp = nullptr) const;
+  // Columns of this rank's packed k and v (kernels/cp_attention.h kv_pack): 2 Hkv head_dim / P.
+  int64_t local_kv_width() const { return 2 * int64_t(local_kv_heads_) * head_dim_; }
   // Sums the q/k norm weight gradients over the group (each rank saw its own heads); a no-op without.
   void reduce_grads(TpComm& tp) const;
 

@@ -29,12 +29,17 @@ void LearnedPositions::declare(ParamList& list, const std::string& name, int64_t
 
 void LearnedPositions::bind(std::vector<Parameter>& params) { table_ = &ref_.in(params); }
 
-void LearnedPositions::forward(const KernelContext& ctx, Tensor x, int64_t seq_len, int64_t row_offset) const {
-  add_positions(ctx, x, table_->value, seq_len, row_offset);
+// One rank keeps the whole-sequence ops (their sums' order is the golden losses').
+void LearnedPositions::forward(const KernelContext& ctx, Tensor x, const ContextSplit& split, int cp_rank,
+                               int64_t row_offset) const {
+  if (split.ranks > 1) add_positions(ctx, x, table_->value, split, cp_rank, row_offset);
+  else add_positions(ctx, x, table_->value, split.seq_len, row_offset);
 }
 
-void LearnedPositions::backward(const KernelContext& ctx, const Tensor& dy_full, int64_t seq_len) const {
-  add_positions_backward(ctx, table_->grad, dy_full, seq_len, 0);
+void LearnedPositions::backward(const KernelContext& ctx, const Tensor& dy_full, const ContextSplit& split,
+                                int cp_rank) const {
+  if (split.ranks > 1) add_positions_backward(ctx, table_->grad, dy_full, split, cp_rank, 0);
+  else add_positions_backward(ctx, table_->grad, dy_full, split.seq_len, 0);
 }
 
 }  // namespace xirang

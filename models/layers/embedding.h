@@ -54,10 +54,12 @@ class LearnedPositions {
   // The table (max_seq_len, C), replicated; normal(0.01), layer -1.
   void declare(ParamList& list, const std::string& name, int64_t max_seq_len, int64_t width);
   void bind(std::vector<Parameter>& params);
-  // x (R, C) += positions of its rows: row i is token row_offset + i of
-  // sequences of length seq_len.
-  void forward(const KernelContext& ctx, Tensor x, int64_t seq_len, int64_t row_offset) const;
-  void backward(const KernelContext& ctx, const Tensor& dy_full, int64_t seq_len) const;
+  // x (R, C) += positions of its rows: row i is row row_offset + i of the
+  // flattened (B, split.local_rows()) rows of a cp rank's share of each
+  // sequence (kernels/context_split.h; the whole sequence in order at c = 1).
+  void forward(const KernelContext& ctx, Tensor x, const ContextSplit& split, int cp_rank, int64_t row_offset) const;
+  // dy_full: all (B * local_rows, C) rows.
+  void backward(const KernelContext& ctx, const Tensor& dy_full, const ContextSplit& split, int cp_rank) const;
 
  private:
   ParamRef ref_;

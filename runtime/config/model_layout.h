@@ -23,12 +23,12 @@ namespace xirang {
 inline ChunkBatch chunk_batch(const Config& c, int slots, int input_slots = 0, int weight_slots = 0) {
   return ChunkBatch{.micro_batch = c.train.micro_batch,
                     .seq_len = c.seq_len(),
-                    .cp = ContextParallel{.size = c.parallel.cp, .head_tail = c.parallel.cp_split == CpSplit::HeadTail},
                     .activation_slots = slots,
                     .recompute = c.train.recompute,
                     .split_backward = splits_backward(c.parallel.schedule),
                     .input_slots = input_slots,
-                    .weight_slots = weight_slots};
+                    .weight_slots = weight_slots,
+                    .cp = ContextParallel{.size = c.parallel.cp, .head_tail = c.parallel.cp_split == CpSplit::HeadTail}};
 }
 
 inline ParallelLayout parallel_layout(const ParallelConfig& p) {

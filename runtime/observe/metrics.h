@@ -50,6 +50,7 @@ struct StepMetrics {
   double dp_comm_ms = 0;          // time data-parallel communication took this step (overlapped or not)
   double dp_comm_exposed_ms = 0;  // time the step spent on it: bucket launches and waits
   double tp_comm_ms = 0;          // time in tensor-parallel collectives (blocking, so all exposed)
+  double cp_comm_ms = 0;          // time in context-parallel key/value collectives (blocking, so all exposed)
   double pp_bubble_ms = 0;        // time this stage waited for a neighbour's activation or gradient, or the drain
   double pp_comm_exposed_ms = 0;  // time it waited for its own pipeline sends and the tied-embedding reduction
   double ckpt_stall_ms = 0;       // time the step was stopped to save a checkpoint

@@ -31,6 +31,10 @@ constexpr StepField kFields[] = {
      &StepMetrics::dp_comm_exposed_ms, StepPart::DpCommExposed, "xirang_step_dp_comm_exposed_seconds", true},
     {"tp_comm_ms", "ms", "Tensor-parallel communication time of the last step (blocking).", K::Part,
      &StepMetrics::tp_comm_ms, StepPart::TpComm, "xirang_step_tp_comm_seconds", true},
+    {"cp_comm_ms", "ms",
+     "Context-parallel communication time of the last step: the key/value all-gathers and their gradients' "
+     "reduce-scatters (blocking).",
+     K::Part, &StepMetrics::cp_comm_ms, StepPart::CpComm, "xirang_step_cp_comm_seconds", true},
     {"pp_bubble_ms", "ms", "Time the last step waited for a pipeline neighbour.", K::Part, &StepMetrics::pp_bubble_ms,
      StepPart::PpBubble, "xirang_step_pp_bubble_seconds", true},
     {"pp_comm_exposed_ms", "ms",

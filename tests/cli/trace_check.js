@@ -99,6 +99,7 @@ const less = (within, names, nested) => {
   return total(outer) - total(within.filter(c => nested.includes(c.name) && outer.some(p => p !== c && inside(c, p))));
 };
 const TP = ['tp_all_reduce', 'tp_all_gather', 'tp_reduce_scatter'];
+const CP = ['cp_all_gather', 'cp_reduce_scatter'];
 let worst = { pct: 0, what: 'none' };
 for (const s of steps) {
   const m = metrics[s];
@@ -117,10 +118,12 @@ for (const s of steps) {
   near('step', step.dur / 1e3, m.step_ms);
   const passes = w.filter(e => e.name === 'forward' || e.name === 'backward' || e.name === 'backward_weight');
   const tpInPasses = w.filter(c => TP.includes(c.name) && passes.some(p => inside(c, p)));
+  const cpInPasses = w.filter(c => CP.includes(c.name) && passes.some(p => inside(c, p)));
   // backward_ms leaves out the gradient hook's tied reduction (a span) and bucket launches (not one).
-  near('forward+backward less nested tp and tied', less(w, ['forward', 'backward', 'backward_weight'], [...TP, 'tied_all_reduce']),
+  near('forward+backward less nested tp and tied', less(w, ['forward', 'backward', 'backward_weight'], [...TP, ...CP, 'tied_all_reduce']),
        m.forward_ms + m.backward_ms);
   near('tp collectives', total(tpInPasses), m.tp_comm_ms);
+  near('cp collectives', total(cpInPasses), m.cp_comm_ms || 0);
   near('optimizer less nested dp_wait', less(w, ['optimizer'], ['dp_wait']), m.optimizer_ms);
   near('data_wait', total(w.filter(e => e.name === 'data_wait')), m.data_wait_ms);
   near('bubble: pipeline waits and drain less nested tied', less(w, ['wait_activation', 'wait_gradient', 'pipeline_drain'],

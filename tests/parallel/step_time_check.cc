@@ -81,6 +81,7 @@ const Part kParts[] = {{"forward", &StepMetrics::forward_ms},
                        {"data_wait", &StepMetrics::data_wait_ms},
                        {"dp_exposed", &StepMetrics::dp_comm_exposed_ms},
                        {"tp_comm", &StepMetrics::tp_comm_ms},
+                       {"cp_comm", &StepMetrics::cp_comm_ms},
                        {"pp_bubble", &StepMetrics::pp_bubble_ms},
                        {"pp_exposed", &StepMetrics::pp_comm_exposed_ms},
                        {"ckpt_stall", &StepMetrics::ckpt_stall_ms}};

@@ -145,7 +145,7 @@ std::vector<std::pair<size_t, float>> optimizer_weights(Trainer& t, const std::m
 }
 
 // The single-rank reference: the same model, data, seed and global batch.
-const std::vector<std::string> kOneRank = {"parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.zero=0",
+const std::vector<std::string> kOneRank = {"parallel.dp=1", "parallel.cp=1", "parallel.tp=1", "parallel.pp=1", "parallel.zero=0",
                                            "parallel.sequence_parallel=false", "parallel.schedule=1f1b",
                                            "parallel.virtual_stages=1"};
 
@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
       h = (h ^ bits) * 1099511628211ull;
     }
     uint32_t h0[2] = {uint32_t(h), uint32_t(h >> 32)};
-    grid->dp().broadcast(Tensor(h0, {2}, DType::U32), 0);
+    grid->dp_cp().broadcast(Tensor(h0, {2}, DType::U32), 0);  // every copy: dp x cp
     int same = h0[0] == uint32_t(h) && h0[1] == uint32_t(h >> 32), all_same = 0;
     MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
 
@@ -304,8 +304,9 @@ int main(int argc, char** argv) {
     MPI_Allreduce(MPI_IN_PLACE, &any_tied, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
 
     if (rank == 0) {
-      std::printf("%s: layout dp=%d tp=%d pp=%d (%s, v=%d) zero=%d sp=%d overlap=%d bucket_mb=%g, %d ranks, %d steps\n",
-                  cfg.model.arch.c_str(), cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, schedule_name(cfg.parallel.schedule),
+      std::printf("%s: layout dp=%d cp=%d tp=%d pp=%d (%s, v=%d) zero=%d sp=%d overlap=%d bucket_mb=%g, %d ranks, %d steps\n",
+                  cfg.model.arch.c_str(), cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.tp, cfg.parallel.pp,
+                  schedule_name(cfg.parallel.schedule),
                   cfg.parallel.virtual_stages, cfg.parallel.zero,
                   int(cfg.parallel.sequence_parallel), int(cfg.parallel.overlap_grad_reduce), cfg.parallel.bucket_mb,
                   world, args.steps);
@@ -343,7 +344,7 @@ int main(int argc, char** argv) {
                     " of one rank (largest difference " +
                     sci(diff_scale[0] / diff_scale[1]) + " of the largest parameter)");
       }
-      check(all_same == 1, "every data-parallel replica's parameters equal its group's first rank's bit for bit");
+      check(all_same == 1, "every data- and context-parallel copy's parameters equal its group's first rank's bit for bit");
       if (cfg.parallel.pp > 1 && any_tied)
         check(all_tied_same == 1, "the tied token table is bitwise the same on the first and the last stage");
       check(r.losses.size() < 2 || r.losses.back() < r.losses.front(), "the loss went down");
@@ -365,11 +366,11 @@ int main(int argc, char** argv) {
       // ZeRO-1 keeps 1/dp of the AdamW state per rank (plus alignment padding of its pieces).
       const double opt = double(t.memory_plan().bytes_of("optimizer state"));
       // Tensor parallelism shrinks the state only for split parameters, so this check is for tp=1.
-      const double expect = double(ref_opt_bytes) / (cfg.parallel.zero ? cfg.parallel.dp : 1);
+      const double expect = double(ref_opt_bytes) / (cfg.parallel.zero ? cfg.parallel.dp * cfg.parallel.cp : 1);
       if (cfg.parallel.tp == 1 && cfg.parallel.pp == 1)
         check(opt >= 0.99 * expect && opt <= 1.02 * expect + 65536,
             "optimizer state per rank " + std::to_string(size_t(opt)) + " bytes, expected about " +
-                std::to_string(size_t(expect)) + (cfg.parallel.zero ? " (1/dp of one rank's)" : " (as one rank)"));
+                std::to_string(size_t(expect)) + (cfg.parallel.zero ? " (1/(dp cp) of one rank's)" : " (as one rank)"));
       std::printf("%d passed, %d failed\n", passed, failed);
     }
     int bad = failed, any_bad = 0;

@@ -63,12 +63,12 @@ TEST(StepFields, TheJsonlWriterWritesEveryRow) {
     ASSERT_TRUE(j.contains(f.key)) << f.key;
     EXPECT_EQ(j[f.key].get<double>(), m.*f.value) << f.key;
   }
-  // The order the file has always had.
+  // The order the file has always had (cp_comm_ms joined after tp_comm_ms).
   std::string keys;
   for (const auto& [k, v] : j.items()) keys += k + " ";
   EXPECT_EQ(keys.substr(0, keys.find("loss_scale")),
             "step loss lr grad_norm tokens_per_s step_ms mfu forward_ms backward_ms optimizer_ms data_wait_ms "
-            "data_prefetch_depth dp_comm_ms dp_comm_exposed_ms tp_comm_ms pp_bubble_ms pp_comm_exposed_ms "
+            "data_prefetch_depth dp_comm_ms dp_comm_exposed_ms tp_comm_ms cp_comm_ms pp_bubble_ms pp_comm_exposed_ms "
             "ckpt_stall_ms unaccounted_ms ");
 }
 
