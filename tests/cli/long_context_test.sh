@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Context parallelism for memory (configs/llama_long_debug.yaml: a narrow
+# LLaMA at a 32,768-token context): under memory.limit_gb = 0.08 (81.92 MiB)
+# one rank's memory plan (about 127 MiB, nearly all activations) is refused
+# with one line before any step; at parallel.cp = 4 each rank holds a quarter
+# of every sequence's rows, its plan (about 38 MiB: the activations per
+# microbatch fall to exactly a quarter) fits and it trains a step.
+# Usage: long_context_test.sh XIRANG_BINARY SOURCE_DIR WORK_DIR CASE
+# Exit 77: mpirun is missing.
+set -uo pipefail
+xirang=$1 src=$2 work=$3 case=$4
+mkdir -p "$work"
+cd "$work" || exit 1
+. "$src/tests/cli/lib.sh"
+
+cfg=$src/configs/llama_long_debug.yaml
+common=(--set data.train=data/debug/train --set memory.limit_gb=0.08 --set train.steps=1)
+[ -f data/debug/train/index.json ] ||
+  "$xirang" data prepare --tokenizer bytes --out data/debug --force "$src/tests/assets/text/english.txt" \
+    >/dev/null || die "data prepare failed"
+
+case $case in
+  one_rank_refused)
+    "$xirang" train "$cfg" "${common[@]}" >out.txt 2>err.txt && die "one rank trained under the limit"
+    tail -n 1 err.txt | grep -q "^xirang: memory error: the memory plan needs .* but memory.limit_gb allows 81.92 MiB" ||
+      die "unexpected error line: $(tail -n 1 err.txt)"
+    ! grep -q '^step ' err.txt || die "a step ran before the refusal"
+    echo "ok [$case]: $(tail -n 1 err.txt)" ;;
+  cp4_trains)
+    command -v mpirun >/dev/null || { echo "SKIP [$case]: mpirun is missing"; exit 77; }
+    env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 4 --oversubscribe \
+      -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 \
+      "$xirang" train "$cfg" "${common[@]}" --set parallel.cp=4 >out.txt 2>err.txt ||
+      die "cp=4 failed: $(grep -v '^\[' err.txt | tail -n 3)"
+    grep -q 'seq_len 32768 / cp 4' err.txt out.txt || die "the memory plan does not show the cp share"
+    grep -q '^trained to step 1 of 1 on 4 ranks' err.txt out.txt || die "no step trained"
+    # A quarter of one rank's activations per microbatch (101.50 MiB at cp = 1).
+    grep -q '^activations per microbatch: none 25.38 MiB' err.txt out.txt ||
+      die "activations per microbatch: $(grep -h '^activations per microbatch' err.txt out.txt)"
+    echo "ok [$case]: $(grep -h '^  total' err.txt out.txt | head -n 1)" ;;
+  *) die "unknown case" ;;
+esac
