@@ -176,6 +176,8 @@ TYPED_TEST(CpAttentionTest, GroupEqualsWholeSequenceFlash) {
       expect_near(got.lse, to_f64(want.lse), tol, "lse");
       expect_near(got.dqkv, to_f64(want.dqkv), tol, "dqkv");
     }
+  } else {
+    GTEST_SKIP() << "16-bit storage: SixteenBitAgainstFloat64";
   }
 }
 
@@ -195,6 +197,8 @@ TYPED_TEST(CpAttentionTest, SixteenBitAgainstFloat64) {
       expect_near(got.lse, want.lse, 1e-5, "lse");
       expect_near(got.dqkv, want.dqkv, (4 + a.c) * u, "dqkv");
     }
+  } else {
+    GTEST_SKIP() << "wide storage: GroupEqualsWholeSequenceFlash";
   }
 }
 
@@ -212,6 +216,8 @@ TYPED_TEST(CpAttentionTest, OneRankIsFlashBitForBit) {
       EXPECT_EQ(bytes_of(got.lse), bytes_of(want.lse)) << "KV " << kv;
       EXPECT_EQ(bytes_of(got.dqkv), bytes_of(want.dqkv)) << "KV " << kv;
     }
+  } else {
+    GTEST_SKIP() << "f64 only: the float flash pair runs the blocked path";
   }
 }
 
