@@ -65,7 +65,7 @@ std::string script(const Run& run, const std::string& tmp, const std::string& di
   std::ostringstream s;
   // One fixed colour per part (gnuplot's cycle repeats after 8); noenhanced keeps '_' literal.
   s << "set terminal pngcairo size 800,420 font ',10' noenhanced\nset datafile missing '?'\nset grid ytics\n"
-    << "colors = '#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1 #ff9da7 #9c755f'\n"
+    << "colors = '#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1 #ff9da7 #9c755f #bab0ac'\n"
     << "set xlabel 'step'\n";
   s << "set output " << gq(dir + "/step_breakdown.png") << "\n"
     << "set title 'Step time by part (ms)" << (n > 1 ? ", warm-up step 1 not shown" : "") << "'\n"

@@ -128,7 +128,7 @@ PlotResult plot_utilisation(const Utilisation& u, const std::string& dir) {
     std::ostringstream s;
     s << "set terminal pngcairo size " << std::max(640, 120 + 40 * int(u.ranks.size()))
       << ",440 font ',10' noenhanced\nset grid ytics\n"
-      << "colors = '#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1 #ff9da7 #9c755f'\n"
+      << "colors = '#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1 #ff9da7 #9c755f #bab0ac'\n"
       << "set output " << gnuplot_quote(dir + "/utilisation.png") << "\n"
       << "set title 'Traced steps " << u.first_step << "-" << u.last_step << ": share of step time per rank'\n"
       << "set xlabel 'rank (dp,tp,pp)'\nset ylabel '% of step time'\nset yrange [0:100]\n"

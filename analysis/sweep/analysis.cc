@@ -42,6 +42,7 @@ std::string series_label(const Json& row) {
       l += str_cat(" ", k.substr(k.rfind('.') + 1), "=", v.is_string() ? v.get<std::string>() : v.dump());
   const Json& lay = row["layout"];
   if (lay["tp"] != 1 || lay["pp"] != 1) l += str_cat(" tp", lay["tp"].dump(), " pp", lay["pp"].dump());
+  if (lay.value("cp", 1) != 1) l += str_cat(" cp", lay["cp"].dump());  // rows written before cp have none
   return l;
 }
 

@@ -125,6 +125,7 @@ namespace {
 
 Json layout_of(const Config& c) {
   return {{"dp", c.parallel.dp},
+          {"cp", c.parallel.cp},
           {"tp", c.parallel.tp},
           {"pp", c.parallel.pp},
           {"virtual_stages", c.parallel.virtual_stages},

@@ -26,7 +26,7 @@ std::string gq(const std::string& s) { return gnuplot_quote(s); }
 
 const char* kHeader =
     "set terminal pngcairo size 900,480 font ',10' noenhanced\nset datafile missing '?'\nset grid ytics\n"
-    "colors = '#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1 #ff9da7 #9c755f #bab0ac'\n";
+    "colors = '#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1 #ff9da7 #9c755f #bab0ac #d37295'\n";
 
 // The ten disjoint parts of a step (dp_comm_ms overlaps backward and is left out).
 std::vector<std::string> parts() {

@@ -62,7 +62,7 @@ std::vector<Column> columns(const std::vector<Json>& rows) {
     for (const auto& [k, v] : r["settings"].items())
       if (k != "ranks" && std::find(settings.begin(), settings.end(), k) == settings.end()) settings.push_back(k);
   for (const std::string& k : settings) cols.push_back({k, {"settings", k}});
-  for (const char* k : {"dp", "tp", "pp", "virtual_stages", "schedule", "zero", "sequence_parallel", "micro_batch",
+  for (const char* k : {"dp", "cp", "tp", "pp", "virtual_stages", "schedule", "zero", "sequence_parallel", "micro_batch",
                         "global_batch"})
     cols.push_back({k, {"layout", k}});
   for (const char* k : {"n_layer", "d_model", "n_head", "seq_len", "vocab_size"}) cols.push_back({k, {"model", k}});

@@ -342,8 +342,8 @@ double DecoderChunk::take_loss(const KernelContext& ctx) {
 
 void DecoderChunk::forward(const KernelContext& ctx, MicrobatchSlots slot, const Tensor& tokens,
                            const Tensor& targets, double dloss) {
-  XR_CHECK(tp_.can_run() && cp_.can_run(), layers_.spec.name,
-           ": a chunk laid out without its tensor- or context-parallel group cannot run");
+  XR_CHECK(tp_.can_run(), layers_.spec.name, ": a chunk laid out without its tensor-parallel group cannot run");
+  XR_CHECK(cp_.can_run(), layers_.spec.name, ": a chunk laid out without its context-parallel group cannot run");
   tp_.begin_pass(ctx);
   cp_.begin_pass(ctx);
   ensure_rope(ctx);
@@ -430,8 +430,8 @@ void DecoderChunk::backward(const KernelContext& ctx, MicrobatchSlots slot, cons
                             const Tensor& output_grad, BackwardPart part) {
   XR_CHECK(part == BackwardPart::Full || splits_backward(), layers_.spec.name,
            ": a split backward needs a chunk laid out with ChunkBatch::split_backward");
-  XR_CHECK(tp_.can_run() && cp_.can_run(), layers_.spec.name,
-           ": a chunk laid out without its tensor- or context-parallel group cannot run");
+  XR_CHECK(tp_.can_run(), layers_.spec.name, ": a chunk laid out without its tensor-parallel group cannot run");
+  XR_CHECK(cp_.can_run(), layers_.spec.name, ": a chunk laid out without its context-parallel group cannot run");
   if (part == BackwardPart::WeightGrad) {
     later_.at(size_t(slot.weight)).run(ctx, [this](int layer) { grad_ready(layer); });
     return;

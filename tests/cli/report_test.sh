@@ -152,7 +152,7 @@ case $case in
              '^checkpoint stall ' '^unaccounted ' '^bottleneck: '; do
       grep -qE "$l" out.txt || die "no line /$l/ in: $(cat out.txt)"
     done
-    [ "$(part_rows out.txt | wc -l)" = 9 ] || die "expected 9 parts: $(part_rows out.txt)"
+    [ "$(part_rows out.txt | wc -l)" = 10 ] || die "expected 10 parts: $(part_rows out.txt)"
     part_rows out.txt | awk '{s += $NF} END {if (s < 99.5 || s > 100.5) {print "shares sum to " s; exit 1}}' ||
       die "the shares do not add up to 100%"
     # Unaccounted = step_ms - the named parts (when not negative, the total row is step_ms).
@@ -161,7 +161,7 @@ case $case in
     step_ms=$(sed -n 's/^step_ms (measured) *//p' out.txt)
     awk -v n="$named" -v u="$unacc" -v s="$step_ms" 'BEGIN {d = s - n; if (d < 0) d = 0; exit !(d - u < 0.005 && u - d < 0.005)}' ||
       die "unaccounted $unacc ms is not step_ms $step_ms - named $named"
-    echo "ok [$case]: 9 parts, shares sum to 100%, unaccounted $unacc ms" ;;
+    echo "ok [$case]: 10 parts, shares sum to 100%, unaccounted $unacc ms" ;;
   known_numbers)
     write_known
     "$xirang" report known.jsonl >out.txt 2>err.txt || die "report failed: $(cat err.txt)"

@@ -157,15 +157,15 @@ case $case in
     grep -q '^utilisation over traced steps 2-4 (trace: run/trace)' out.txt || die "no utilisation table: $(tail -12 out.txt)"
     rows=$(sed -n '/^rank (dp,tp,pp) /,/^$/p' out.txt | grep -E '^[0-9]+ \([0-9],[0-9],[0-9]\) ')
     [ "$(echo "$rows" | wc -l)" = 8 ] || die "expected 8 rank rows: $rows"
-    # Each row: rank, coordinates, step ms, then 9 shares in % that sum to 100.
+    # Each row: rank, coordinates, step ms, then 10 shares in % that sum to 100.
     echo "$rows" | tr -d '%' | awk '{s = 0; for (i = 4; i <= NF; ++i) { if ($i < 0 || $i > 100) exit 1; s += $i }
-                                    if (NF != 12 || s < 99.5 || s > 100.5) exit 1}' || die "bad shares: $rows"
+                                    if (NF != 13 || s < 99.5 || s > 100.5) exit 1}' || die "bad shares: $rows"
     "$xirang" report run --json >out.json 2>err.txt || die "report --json failed: $(cat err.txt)"
     node -e "const u = JSON.parse(require('fs').readFileSync('out.json', 'utf8')).utilisation;
       if (!u || u.ranks.length !== 8 || u.first_step !== 2 || u.last_step !== 4) throw new Error('no utilisation for 8 ranks');
       for (const r of u.ranks) {
         const shares = Object.values(r.parts).map(p => p.share);
-        if (shares.length !== 9 || shares.some(s => !(s >= 0 && s <= 1))) throw new Error('rank ' + r.rank + ': share outside [0,1]');
+        if (shares.length !== 10 || shares.some(s => !(s >= 0 && s <= 1))) throw new Error('rank ' + r.rank + ': share outside [0,1]');
         const sum = shares.reduce((a, b) => a + b, 0);
         if (Math.abs(sum - 1) > 1e-6 || r.steps !== 3 || !(r.step_ms > 0)) throw new Error('rank ' + r.rank + ': shares sum to ' + sum);
       }" 2>err.txt || die "--json utilisation: $(grep "^Error" err.txt | head -1)"

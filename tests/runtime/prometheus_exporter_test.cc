@@ -100,7 +100,7 @@ TEST(PrometheusMetrics, GaugesInBaseUnitsWithHelpTypeAndLabels) {
     EXPECT_NE(t.find("# HELP " + name + " "), std::string::npos) << line;
     EXPECT_EQ(name.find("_ms"), std::string::npos) << "milliseconds on the wire: " << line;
   }
-  EXPECT_EQ(samples, 27);
+  EXPECT_EQ(samples, 28);
 }
 
 TEST(PrometheusMetrics, CountersStartAtZeroAndIncrease) {
