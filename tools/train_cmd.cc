@@ -215,7 +215,7 @@ int train_command(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
       std::printf("usage: xirang train CONFIG [--set section.key=value ...]\n"
-                  "       mpirun -np N xirang train CONFIG [...]   (N = parallel.dp x tp x pp)\n"
+                  "       mpirun -np N xirang train CONFIG [...]   (N = parallel.dp x cp x tp x pp)\n"
                   "SIGTERM or SIGUSR1 saves a checkpoint after the current step and exits with status %d;\n"
                   "a second signal exits at once.\n", xirang::kPreemptedExitCode);
       return 0;

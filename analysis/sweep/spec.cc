@@ -256,7 +256,7 @@ Prepared prepare(const Spec& spec, const Point& p) {
   Prepared pre;
   pre.config = load_config(spec.base, p.overrides);
   const ParallelConfig& par = pre.config->parallel;
-  pre.ranks = p.ranks ? *p.ranks : (par.dp > 0 ? par.dp : 1) * par.tp * par.pp;
+  pre.ranks = p.ranks ? *p.ranks : (par.dp > 0 ? par.dp : 1) * par.cp * par.tp * par.pp;
   try {
     validate(*pre.config, pre.ranks);
   } catch (const Error& e) {

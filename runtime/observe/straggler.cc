@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "core/error.h"
+
 namespace xirang {
 
 namespace {
@@ -72,9 +74,10 @@ void StragglerDetector::check(int step) {
   if (run_ != checks_ || grid_.world_rank() != 0) return;
   const GridCoords c = grid_coords(grid_.shape(), last_.rank);
   std::fprintf(stderr,
-               "straggler: rank %d (dp %d, tp %d, pp %d) compute %.1f ms is %.2f x the median for %d checks "
+               "straggler: rank %d (dp %d, %stp %d, pp %d) compute %.1f ms is %.2f x the median for %d checks "
                "(step %d; its step time %.1f ms)\n",
-               last_.rank, c.dp, c.tp, c.pp, last_.ms, last_.ratio, run_, step, all[size_t(2 * last_.rank + 1)]);
+               last_.rank, c.dp, grid_.shape().cp > 1 ? str_cat("cp ", c.cp, ", ").c_str() : "", c.tp, c.pp, last_.ms,
+               last_.ratio, run_, step, all[size_t(2 * last_.rank + 1)]);
   std::fflush(stderr);
 }
 
