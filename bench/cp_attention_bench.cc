@@ -6,7 +6,9 @@
 // threads: each rank's time is the median over --repeats of its
 // cp_attention_forward + cp_attention_backward (f32). Head-tail gives every
 // rank the same number of (query, key) pairs, so max/mean should be near 1;
-// contiguous gives the last rank (2c - 1)/c of the mean.
+// contiguous gives the last rank (2c - 1)/c of the mean. The one-rank flash
+// pair on the whole sequence is timed too: (per-rank mean x c) / one-rank
+// says what the split costs over doing the same work unsplit.
 //
 //   build/bin/cp_attention_bench [--cp 4] [--seq 4096] [--heads 8] [--kv-heads 2] [--head-dim 64] [--repeats 5]
 #include <chrono>
@@ -19,6 +21,7 @@
 
 #include "bench/bench_util.h"
 #include "core/rng.h"
+#include "kernels/attention.h"
 #include "kernels/context_split.h"
 #include "kernels/cp_attention.h"
 
@@ -59,6 +62,25 @@ std::vector<double> time_ranks(const ContextSplit& split, int64_t B, int H, int 
   return ms;
 }
 
+// Median milliseconds of flash_attention_forward + backward (f32) on the whole sequence.
+double time_one_rank(int64_t T, int64_t B, int H, int KV, int64_t D, int repeats) {
+  KernelContext ctx;
+  const int64_t W = (H + 2 * KV) * D, C = H * D;
+  auto qkv = random_floats(size_t(B * T * W), 12), dout = random_floats(size_t(B * T * C), 13);
+  std::vector<float> out(size_t(B * T * C)), lse(size_t(B * H * T)), dqkv(qkv.size());
+  Tensor q(qkv.data(), {B, T, W}, DType::F32), o(out.data(), {B, T, C}, DType::F32);
+  Tensor l(lse.data(), {B, H, T}, DType::F32), dq(dqkv.data(), {B, T, W}, DType::F32);
+  Tensor dO(dout.data(), {B, T, C}, DType::F32);
+  std::vector<double> runs;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    flash_attention_forward(ctx, o, l, q, H, KV);
+    flash_attention_backward(ctx, dq, dO, q, o, l, H, KV);
+    runs.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return bench::median(runs);
+}
+
 int64_t arg(int argc, char** argv, const char* name, int64_t fallback) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
@@ -73,6 +95,8 @@ int main(int argc, char** argv) {
   const int repeats = int(arg(argc, argv, "--repeats", 5)), only = int(arg(argc, argv, "--cp", 0));
   std::printf("cp attention, CPU f32: B 1, T %lld, H %d, KV %d, D %lld, median of %d (forward + backward)\n",
               (long long)T, H, KV, (long long)D, repeats);
+  const double one = time_one_rank(T, 1, H, KV, D, repeats);
+  std::printf("one rank (flash pair, whole sequence): %.0f ms\n", one);
   for (int c : {2, 4}) {
     if (only != 0 && c != only) continue;
     for (bool head_tail : {true, false}) {
@@ -88,6 +112,7 @@ int main(int argc, char** argv) {
       std::printf("c %d %-10s ms per rank:%s  max/mean %.3f  (expected %.3f)\n", c,
                   head_tail ? "head-tail" : "contiguous", per.c_str(), mx / mean,
                   head_tail ? 1.0 : double(2 * c - 1) / c);
+      std::printf("  (per-rank mean x c) / one rank: %.2f\n", mean * c / one);
     }
   }
   return 0;

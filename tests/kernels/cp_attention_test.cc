@@ -221,6 +221,65 @@ TYPED_TEST(CpAttentionTest, OneRankIsFlashBitForBit) {
   }
 }
 
+// The blocked float path (kernels/cpu/cp_attention_blocked.cc) on chunks
+// that cross its 32-row query blocks and are not multiples of 8 or 16
+// (L = 37, 70), odd and wide head sizes, every head grouping, c = 2 and 4,
+// both splits: against f64 flash on the same (rounded) inputs. f32: 1e-5
+// as GroupEqualsWholeSequenceFlash; 16-bit as SixteenBitAgainstFloat64.
+TYPED_TEST(CpAttentionTest, BlockedPathOnLongChunksAgainstFloat64) {
+  using T = TypeParam;
+  if constexpr (!std::is_same_v<T, double>) {
+    const double u = is_16bit_v<T> ? unit_roundoff<T>() : 0;
+    int i = 0;
+    for (int c : {2, 4})
+      for (bool ht : {true, false})
+        for (int64_t kv : {4, 2, 1}) {
+          const int64_t L = i % 2 ? 70 : 37, D = i % 3 == 0 ? 20 : i % 3 == 1 ? 64 : 8;
+          ++i;
+          const CpShape a{1, 2 * c * L, 4, kv, D, c, ht};
+          SCOPED_TRACE(a.str());
+          auto qkv = cast_vec<T>(randn(size_t(a.B * a.T * a.W()), 2701 + i));
+          auto dout = cast_vec<T>(randn(size_t(a.B * a.T * a.C()), 2702 + i));
+          CpRun<T> got = run_cp(qkv, dout, a);
+          CpRun<double> want = run_flash(to_f64(qkv), to_f64(dout), a);
+          if constexpr (is_16bit_v<T>) {
+            expect_stored(got.out, want.out, 2 * u, 0.97, "out");
+            expect_near(got.lse, want.lse, 1e-5, "lse");
+            expect_near(got.dqkv, want.dqkv, (4 + a.c) * u, "dqkv");
+          } else {
+            expect_near(got.out, want.out, 1e-5, "out");
+            expect_near(got.lse, want.lse, 1e-5, "lse");
+            expect_near(got.dqkv, want.dqkv, 1e-5, "dqkv");
+          }
+        }
+  } else {
+    GTEST_SKIP() << "f64 runs the row loops: GroupEqualsWholeSequenceFlash";
+  }
+}
+
+// With float compute and c = 1 the cp pair's blocks, products and sums are
+// the one-rank blocked flash pair's (one chunk of T: blocks start at
+// multiples of 32 in both), so the results are bit for bit equal, also for
+// T not a multiple of the block or of 16.
+TYPED_TEST(CpAttentionTest, OneRankBlockedIsFlashBitForBit) {
+  using T = TypeParam;
+  if constexpr (!std::is_same_v<T, double>) {
+    for (int64_t t : {45, 64})
+      for (int64_t kv : {4, 1}) {
+        const CpShape a{2, t, 4, kv, 20, 1, true};
+        SCOPED_TRACE(a.str());
+        auto qkv = cast_vec<T>(randn(size_t(a.B * a.T * a.W()), 2801));
+        auto dout = cast_vec<T>(randn(size_t(a.B * a.T * a.C()), 2802));
+        CpRun<T> got = run_cp(qkv, dout, a), want = run_flash(qkv, dout, a);
+        EXPECT_EQ(bytes_of(got.out), bytes_of(want.out));
+        EXPECT_EQ(bytes_of(got.lse), bytes_of(want.lse));
+        EXPECT_EQ(bytes_of(got.dqkv), bytes_of(want.dqkv));
+      }
+  } else {
+    GTEST_SKIP() << "f64: OneRankIsFlashBitForBit";
+  }
+}
+
 // Results do not depend on the thread count (one task per (batch, head)
 // forward, per (batch, key/value head) backward).
 TYPED_TEST(CpAttentionTest, IndependentOfThreadCount) {
