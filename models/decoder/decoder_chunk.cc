@@ -129,8 +129,8 @@ ModelArch decoder_arch(std::string name, DecoderSpec (*spec)(const ModelDims&), 
 DecoderChunk::DecoderChunk(const DecoderSpec& spec, const ModelDims& dims, const ChunkPlacement& placement,
                            DType dtype, const ChunkBatch& batch, const TensorParallel& parallel)
     : ModelChunk(dims, placement, dtype, batch),
-      tp_(parallel, int64_t(batch.micro_batch) * (batch.seq_len / std::max(1, batch.cp.size))),
       cp_(batch.cp, batch.micro_batch, batch.seq_len),
+      tp_(parallel, int64_t(batch.micro_batch) * cp_.local_seq_len()),
       layers_(spec, dims, placement, tp_.size()) {
   // The model's own rules (a chunk may hold no blocks: tests build such).
   XR_CHECK(dims.n_head >= 1 && (dims.head_dim > 0 || dims.d_model % dims.n_head == 0), spec.name, ": d_model ",

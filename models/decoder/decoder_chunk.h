@@ -193,8 +193,8 @@ class DecoderChunk : public ModelChunk {
   // each layer input that no input slot keeps (recomputed or gathered).
   int64_t weight_queue_bytes() const;
 
-  TpComm tp_;  // before layers_: they are built for its size
   CpComm cp_;  // context parallelism: this rank's share of each sequence, the key/value exchange
+  TpComm tp_;  // after cp_ (its rows are the cp share's), before layers_ (they are built for its size)
   DecoderLayers layers_;
   std::vector<SlotActs> slots_;   // activation slots
   std::vector<SlotActs> inputs_;  // input slots (split backward): in_input_slot()'s entries only
