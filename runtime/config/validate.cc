@@ -72,15 +72,17 @@ void check_batch(const Validator& v, const TrainConfig& t, const ModelDims& m) {
 // world = dp x cp x tp x pp, with dp inferred when 0.
 void check_world(const Validator& v, ParallelConfig& p, int world_size) {
   const int64_t model_ranks = int64_t{p.cp} * p.tp * p.pp;
+  // cp is named only where it is used, so the messages of other layouts read as before it.
+  const std::string cp = p.cp > 1 ? str_cat("parallel.cp (", p.cp, ") x ") : "";
   if (p.dp == 0) {
     if (world_size % model_ranks != 0)
-      v.fail_rule(str_cat("world size ", world_size, " is not divisible by parallel.cp (", p.cp, ") x parallel.tp (",
-                          p.tp, ") x parallel.pp (", p.pp, ") = ", model_ranks, ", so parallel.dp cannot be inferred"));
+      v.fail_rule(str_cat("world size ", world_size, " is not divisible by ", cp, "parallel.tp (", p.tp,
+                          ") x parallel.pp (", p.pp, ") = ", model_ranks, ", so parallel.dp cannot be inferred"));
     p.dp = static_cast<int>(world_size / model_ranks);
   }
   if (int64_t{p.dp} * model_ranks != world_size)
-    v.fail_rule(str_cat("world size ", world_size, " != parallel.dp (", p.dp, ") x parallel.cp (", p.cp,
-                        ") x parallel.tp (", p.tp, ") x parallel.pp (", p.pp, ")"));
+    v.fail_rule(str_cat("world size ", world_size, " != parallel.dp (", p.dp, ") x ", cp, "parallel.tp (", p.tp,
+                        ") x parallel.pp (", p.pp, ")"));
 }
 
 // The pipeline: what the layout must split evenly, the schedule's needs.

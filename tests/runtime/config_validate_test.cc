@@ -82,7 +82,7 @@ TEST_F(ConfigValidate, InfersDataParallelSize) {
 
   expect_invalid({"parallel.tp=2"}, 3, {"world size 3", "parallel.tp (2)", "parallel.pp (1)", "not divisible"});
   expect_invalid({"parallel.dp=1", "parallel.tp=2"}, 3,
-                 {"world size 3 != parallel.dp (1) x parallel.cp (1) x parallel.tp (2) x parallel.pp (1)"});
+                 {"world size 3 != parallel.dp (1) x parallel.tp (2) x parallel.pp (1)"});
   expect_invalid({}, 0, {"world size 0"});
 }
 
