@@ -227,6 +227,7 @@ ScheduleKind layout_schedule(const Workload& w, const PlanLayout& l) {
 Config layout_config(const Workload& w, const PlanLayout& l) {
   Config c = w.cfg;
   c.parallel.dp = l.dp;
+  c.parallel.cp = 1;  // PlanLayout has no cp (xirang plan refuses a config with parallel.cp > 1)
   c.parallel.tp = l.tp;
   c.parallel.pp = l.pp;
   c.parallel.virtual_stages = l.virtual_stages;

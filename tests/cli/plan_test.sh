@@ -58,6 +58,9 @@ case $case in
   unknown_layout_key) expect_error 2 "usage error: --layout: unknown key 'tensor'" -- plan "$cfg" --cluster "$a100" --layout tensor=2 ;;
   unknown_model_key)
     expect_error 1 "config error: .*model.flavour" -- plan "$cfg" --cluster "$a100" --gpus 8 --set model.flavour=1 ;;
+  cp_not_modelled)
+    expect_error 1 "config error: xirang plan does not model context parallelism yet: parallel.cp=2" -- \
+      plan "$cfg" --cluster "$a100" --gpus 8 --set parallel.cp=2 ;;
   gpus_mismatch)
     expect_error 1 "config error: .*uses 4 devices, not --gpus 8" -- plan "$cfg" --cluster "$a100" --gpus 8 --layout dp=2,tp=2 ;;
   json_output)
