@@ -4,6 +4,7 @@
 //
 //   build/bin/train_bench [--steps N] [--shapes 4x64,8x256] [--set section.key=value ...] [--config llama_demo.yaml]
 //   build/bin/train_bench --overhead trace|op_profile [--pairs 5] ...   // the feature on against off, as ratios
+//   build/bin/train_bench --overhead trace|op_profile --interleave [--pairs 20] ...  // on and off steps of one run
 //   build/bin/train_bench --overhead recompute_selective|recompute_full ... // train.recompute=... against none
 //
 // --config names a file of configs/ (default gpt2_124m.yaml).
@@ -17,12 +18,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.h"
 #include "core/error.h"
+#include "core/clock.h"
 #include "core/omp_wait.h"
+#include "core/timeline.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/matmul.h"
 #include "runtime/config/config.h"
@@ -143,6 +147,141 @@ void print_overhead(const Shape2& s, const std::vector<std::string>& base, const
   std::fflush(stdout);
 }
 
+// --interleave: the feature on for one step of each adjacent pair of steps
+// of one run and off for the other (which one alternates from pair to
+// pair), by switching the trainer's timeline at each step's start. Adjacent
+// steps of one process share the machine's state far more closely than two
+// processes do, so the ratio resolves costs well under the 2% that separate
+// runs cannot. A control run switches nothing and is classified the same
+// way: its ratio is the method's own noise. What this leaves out is the
+// trace file's writing at the end of its window (once per window, not per
+// step), which the separate runs include, and the difference between an
+// idle timeline (the off steps here) and none (a run with both features
+// off): about 1.5 ns a span site and 0.3 ns an op site (timeline_bench).
+class StepToggle final : public StepObserver {
+ public:
+  StepToggle(Timeline& tl, bool trace, bool control) : tl_(tl), trace_(trace), control_(control) {}
+  // Step 1 (one-time costs) is neither; steps 2k + 2 and 2k + 3 form pair k.
+  static bool is_on(int step) { return step >= 2 && (step - 2) % 2 == ((step - 2) / 2) % 2; }
+  void on_step_begin(int step) override {
+    cpu0_ = process_cpu_seconds();
+    const bool on = !control_ && is_on(step);
+    tl_.set_tracing(trace_ && on);
+    tl_.set_profiling(!trace_ && on);
+  }
+  void on_step(StepMetrics& m) override {
+    cpu_ms.push_back(1e3 * (process_cpu_seconds() - cpu0_));
+    if (control_) return;
+    if (trace_) {
+      tl_.set_tracing(false);
+      sites = std::max<int64_t>(sites, int64_t(tl_.take_spans().size()));  // what a trace window would take and write
+    } else {
+      tl_.set_profiling(false);
+      if (m.ops)
+        for (int64_t n : m.ops->calls) ops_in_step += n;
+      sites = std::max(sites, ops_in_step);
+      ops_in_step = 0;
+    }
+  }
+
+  std::vector<double> cpu_ms;  // per step: the process's CPU time (all threads), less sensitive to other processes
+  int64_t sites = 0;           // the most spans (trace) or op calls (op_profile) one step recorded
+  int64_t ops_in_step = 0;
+
+ private:
+  Timeline& tl_;
+  bool trace_, control_;
+  double cpu0_ = 0;
+};
+
+struct PairRatios {
+  double off_ms = 0, on_ms = 0, median = 0, lo = 0, hi = 0;  // medians of the steps; ratios on / off
+  double cpu_median = 0;                                     // the pairs' CPU-time ratios on / off
+  int64_t sites = 0;                                         // recorded per on-step
+};
+
+volatile int site_sink = 0;
+
+// Nanoseconds one recording site costs (a span kept, or an op timed and
+// summed), best of five loops, an empty loop's time subtracted: the
+// direct cost of the instrumentation, which load on the machine can only
+// inflate (bench/timeline_bench.cc tabulates every case).
+double recording_site_ns(bool trace) {
+  Timeline tl;
+  if (trace) tl.set_tracing(true);
+  else tl.set_profiling(true);
+  const long n = 200000;
+  const auto best = [&](auto&& body) {
+    double b = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      const double t0 = now_seconds();
+      for (long i = 0; i < n; ++i) body(i);
+      b = std::min(b, (now_seconds() - t0) * 1e9 / double(n));
+    }
+    return b;
+  };
+  const double empty = best([](long i) { site_sink = int(i); });
+  const double site = trace ? best([&](long i) {
+    SpanScope sp(&tl, "forward", Track::Main, int(i & 7), 0);
+    site_sink = int(i);
+    if ((i & 0xffff) == 0) tl.take_spans();
+  })
+                            : best([&](long i) {
+                                OpScope op(&tl, nullptr, OpKind::Matmul);
+                                site_sink = int(i);
+                              });
+  return std::max(0.0, site - empty);
+}
+
+PairRatios interleaved_run(const std::vector<std::string>& base, bool trace, bool control, int pairs, double peak) {
+  std::vector<std::string> o = base;
+  o.push_back("train.steps=" + std::to_string(1 + 2 * pairs));
+  // Attaches the trainer's timeline (with neither feature on, the step's
+  // sites see none); StepToggle decides at every step what it records.
+  o.push_back("metrics.op_profile=true");
+  Config c = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/" + config_file, o);
+  validate(c, 1);
+  TrainerOptions opts;
+  opts.print = false;
+  opts.peak = PeakFlops{peak, "measured sgemm"};
+  Trainer t(c, opts);
+  auto toggle = std::make_unique<StepToggle>(t.timeline(), trace, control);
+  const StepToggle& seen = *toggle;
+  t.add_observer(std::move(toggle));
+  const TrainResult r = t.run();
+  std::vector<double> on, off, ratios, cpu_ratios;
+  for (int k = 0; k < pairs; ++k) {
+    const int a = 2 * k + 2, b = a + 1;  // step numbers; r.steps[i] is step i + 1
+    const double ma = r.steps[size_t(a - 1)].step_ms, mb = r.steps[size_t(b - 1)].step_ms;
+    const double m_on = StepToggle::is_on(a) ? ma : mb, m_off = StepToggle::is_on(a) ? mb : ma;
+    on.push_back(m_on);
+    off.push_back(m_off);
+    ratios.push_back(m_on / m_off);
+    const double ca = seen.cpu_ms[size_t(a - 1)], cb = seen.cpu_ms[size_t(b - 1)];
+    cpu_ratios.push_back(StepToggle::is_on(a) ? ca / cb : cb / ca);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  // The middle half of the pairs' ratios: their spread, without the odd pair a daemon woke in.
+  return {bench::median(off), bench::median(on), bench::median(ratios), ratios[ratios.size() / 4],
+          ratios[(3 * ratios.size()) / 4], bench::median(cpu_ratios), seen.sites};
+}
+
+void print_interleaved(const Shape2& s, const std::vector<std::string>& base, const std::string& what, int pairs,
+                       double peak) {
+  if (what != "trace" && what != "op_profile") {
+    std::fprintf(stderr, "train_bench: --interleave takes --overhead trace or op_profile, not '%s'\n", what.c_str());
+    std::exit(2);
+  }
+  const PairRatios f = interleaved_run(base, what == "trace", false, pairs, peak);
+  const PairRatios c = interleaved_run(base, what == "trace", true, pairs, peak);
+  std::printf("| %d x %d | %.1f | %.1f | %.4f (%.4f .. %.4f) | %.4f (%.4f .. %.4f) | %.4f | %.4f |\n", s.batch, s.seq,
+              f.off_ms, f.on_ms, f.median, f.lo, f.hi, c.median, c.lo, c.hi, f.cpu_median, c.cpu_median);
+  const double ns = recording_site_ns(what == "trace");
+  std::printf("  direct cost: %lld %s per step x %.1f ns = %.3f ms, %.3f%% of the off step\n", (long long)f.sites,
+              what == "trace" ? "spans" : "op calls", ns, f.sites * ns * 1e-6, 100 * f.sites * ns * 1e-6 / f.off_ms);
+  std::fflush(stdout);
+}
+
 // --overhead trace|op_profile: the settings that turn the feature on for every timed step.
 std::vector<std::string> overhead_sets(const std::string& what, const std::filesystem::path& dir, int steps) {
   if (what == "trace")
@@ -160,6 +299,7 @@ std::vector<std::string> overhead_sets(const std::string& what, const std::files
 int main(int argc, char** argv) {
   xirang::restart_with_passive_omp_wait(argv);
   int steps = 3, pairs = 5;
+  bool interleave = false;
   std::string shapes = "4x64,8x256", overhead;
   std::vector<std::string> sets;  // extra config overrides, e.g. precision.dtype=bf16
   for (int i = 1; i < argc; ++i) {
@@ -168,12 +308,14 @@ int main(int argc, char** argv) {
     else if (a == "--shapes" && i + 1 < argc) shapes = argv[++i];
     else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
     else if (a == "--overhead" && i + 1 < argc) overhead = argv[++i];
+    else if (a == "--interleave") interleave = true;
     else if (a == "--pairs" && i + 1 < argc) pairs = std::max(1, std::atoi(argv[++i]));
     else if (a == "--config" && i + 1 < argc) config_file = argv[++i];
     else {
       std::fprintf(stderr,
                    "usage: train_bench [--steps N] [--shapes BxT,...] [--set section.key=value ...] [--config FILE]\n"
-                   "                   [--overhead trace|op_profile|recompute_selective|recompute_full [--pairs N]]\n");
+                   "                   [--overhead trace|op_profile|recompute_selective|recompute_full [--pairs N]]\n"
+                   "                   [--overhead trace|op_profile --interleave [--pairs N]]\n");
       return 2;
     }
   }
@@ -186,7 +328,17 @@ int main(int argc, char** argv) {
     const double peak = sgemm_peak(&peak_path);
     std::printf("sgemm peak measured in this run: %.1f GFLOP/s (%s); CPU GEMM path: %s\n", peak / 1e9,
                 peak_path.c_str(), path.c_str());
-    if (overhead.empty())
+    if (interleave && overhead.empty()) {
+      std::fprintf(stderr, "train_bench: --interleave needs --overhead trace or op_profile\n");
+      return 2;
+    }
+    if (interleave)
+      std::printf("%s on against off in adjacent steps of one run, %d pairs per shape (ratio: step time on / off;\n"
+                  "median and middle half of the pairs); control: the same run with nothing switched\n"
+                  "| B x T | off ms (median) | on ms (median) | ratio on / off | control ratio | CPU-time ratio | control |\n"
+                  "|---|---|---|---|---|---|---|\n",
+                  overhead.c_str(), pairs);
+    else if (overhead.empty())
       std::printf("| B x T | tokens/step | step ms (median) | tokens/s | MFU vs sgemm |\n|---|---|---|---|---|\n");
     else
       std::printf("%s on against off, %d alternating pairs per shape (ratio: step time on / off)\n"
@@ -200,6 +352,12 @@ int main(int argc, char** argv) {
                                     "train.eval_every=0", "data.train=" + (dir / "train").string(), "data.val=",
                                     "metrics.jsonl="};
       o.insert(o.end(), sets.begin(), sets.end());
+      if (interleave) {
+        o.erase(std::remove_if(o.begin(), o.end(), [](const std::string& x) { return x.rfind("train.steps=", 0) == 0; }),
+                o.end());
+        print_interleaved(s, o, overhead, pairs, peak);
+        continue;
+      }
       if (!overhead.empty()) {
         print_overhead(s, o, overhead_sets(overhead, dir, steps), pairs, peak);
         continue;

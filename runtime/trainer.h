@@ -99,6 +99,10 @@ class Trainer {
   DType model_dtype() const { return model_dtype_; }
   const LossScale& loss_scale() const { return loss_scale_; }
   const AdamW& optimizer() const { return *opt_; }
+  // After the observers the config asks for, so it sees (and may override)
+  // what they did at each step's start: benchmarks steering the timeline.
+  void add_observer(std::unique_ptr<StepObserver> o) { observers_.push_back(std::move(o)); }
+  Timeline& timeline() { return timeline_; }
 
  private:
   // Arena sizes, measured by running the carving code against measuring arenas.
