@@ -39,6 +39,7 @@
 // too, counted from the common initialisation).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -54,6 +55,7 @@
 #include "runtime/checkpoint/checkpoint_io.h"
 #include "runtime/config/config.h"
 #include "runtime/config/model_layout.h"
+#include "runtime/memory_estimate.h"
 #include "runtime/trainer.h"
 
 using namespace xirang;
@@ -162,6 +164,25 @@ void check(bool ok, const std::string& what) {
   (ok ? passed : failed)++;
 }
 
+// Whether the arenas `tr` allocated (its memory plan: each arena is sized
+// by the carving code it lays out) are estimate_memory's for this rank's
+// coordinates, category for category, byte for byte.
+int plan_matches_estimate(const Config& c, const Trainer& tr, const ProcessGrid& g) {
+  const GridCoords& at = g.coords();
+  const MemoryPlan want = estimate_memory(c, RankCoords{at.pp, at.tp, at.dp, at.cp});
+  const MemoryPlan& got = tr.memory_plan();
+  int ok = 1;
+  for (const auto& item : got.items())
+    if (item.category != "checkpoint snapshot" && want.bytes_of(item.category) != item.bytes) {
+      std::fprintf(stderr, "rank %d: %s: arenas %zu bytes, estimate %zu\n", g.world_rank(), item.category.c_str(),
+                   item.bytes, want.bytes_of(item.category));
+      ok = 0;
+    }
+  for (const auto& item : want.items())
+    if (got.bytes_of(item.category) != item.bytes) ok = 0;
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,10 +237,14 @@ int main(int argc, char** argv) {
     std::vector<float> params = flat_params(t);
 
     // The same layout with the --against overrides: bitwise the same losses and parameters on every rank.
-    int against_same = 1;
+    int against_same = 1, plan_same = plan_matches_estimate(cfg, t, *grid);
+    unsigned long long against_acts = 0;  // the --against run's activations arena
     std::vector<double> against_losses;
     if (!args.against.empty()) {
-      Trainer other(make_config(args, args.against, world), quiet, grid.get());
+      const Config against_cfg = make_config(args, args.against, world);
+      Trainer other(against_cfg, quiet, grid.get());
+      plan_same = std::min(plan_same, plan_matches_estimate(against_cfg, other, *grid));
+      against_acts = other.memory_plan().bytes_of("activations");
       TrainResult pr = other.run();
       against_losses = pr.losses;
       const std::vector<float> pp = flat_params(other);
@@ -229,6 +254,15 @@ int main(int argc, char** argv) {
     }
     int all_against_same = 0;
     MPI_Allreduce(&against_same, &all_against_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+
+    // The memory plan of every rank (its arenas) against the estimate for
+    // its coordinates, in both runs; each rank's activations arena in both.
+    int all_plan_same = 0;
+    MPI_Allreduce(&plan_same, &all_plan_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    unsigned long long acts[3] = {(unsigned long long)grid->coords().pp, t.memory_plan().bytes_of("activations"),
+                                  against_acts};
+    std::vector<unsigned long long> all_acts(rank == 0 ? size_t(3 * world) : 0);
+    MPI_Gather(acts, 3, MPI_UNSIGNED_LONG_LONG, all_acts.data(), 3, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
 
     // Each rank compares its shards with the matching slices of the reference.
     ref_params.resize(ref_size);
@@ -348,6 +382,25 @@ int main(int argc, char** argv) {
       if (cfg.parallel.pp > 1 && any_tied)
         check(all_tied_same == 1, "the tied token table is bitwise the same on the first and the last stage");
       check(r.losses.size() < 2 || r.losses.back() < r.losses.front(), "the loss went down");
+      check(all_plan_same == 1, "every rank's arenas are estimate_memory's plan for its coordinates, byte for byte");
+      {
+        std::vector<unsigned long long> most(size_t(cfg.parallel.pp) * 2, 0);
+        for (int w = 0; w < world; ++w)
+          for (int k = 0; k < 2; ++k) {
+            unsigned long long& m = most[size_t(all_acts[size_t(3 * w)]) * 2 + size_t(k)];
+            m = std::max(m, all_acts[size_t(3 * w + 1 + k)]);
+          }
+        unsigned long long peak[2] = {0, 0};
+        for (int s = 0; s < cfg.parallel.pp; ++s) {
+          std::printf("  activations arena, pipeline rank %d: %llu bytes%s\n", s, most[size_t(2 * s)],
+                      args.against.empty() ? ""
+                                           : str_cat(", ", most[size_t(2 * s + 1)], " with the --against overrides").c_str());
+          for (int k = 0; k < 2; ++k) peak[k] = std::max(peak[k], most[size_t(2 * s + k)]);
+        }
+        if (!args.against.empty())
+          std::printf("  activations arena, most of any rank: %.3fx the --against run's\n",
+                      double(peak[0]) / double(peak[1]));
+      }
       if (!args.against.empty()) {
         std::string other;
         for (const std::string& o : args.against) other += (other.empty() ? "" : " ") + o;

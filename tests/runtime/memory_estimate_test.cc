@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/config/config.h"
+#include "runtime/config/model_layout.h"
 #include "runtime/data/dataset.h"
 #include "runtime/memory_estimate.h"
 #include "runtime/trainer.h"
@@ -43,6 +44,24 @@ Config debug_config(std::vector<std::string> overrides, int world = 1) {
   Config c = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", overrides);
   validate(c, world);
   return c;
+}
+
+// A pipeline-only layout of configs/<file>.yaml with m = 3p microbatches
+// (micro_batch 1) under 1f1b or zb_h1.
+Config pipeline_config(const std::string& file, int pp, bool zb_h1, std::vector<std::string> extra) {
+  extra.insert(extra.begin(), "data.train=" + tiny_dataset());
+  extra.insert(extra.end(), {"parallel.pp=" + std::to_string(pp), "parallel.dp=1", "train.micro_batch=1",
+                             "train.global_batch=" + std::to_string(3 * pp),
+                             std::string("parallel.schedule=") + (zb_h1 ? "zb_h1" : "1f1b")});
+  Config c = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/" + file + ".yaml", extra);
+  validate(c, pp);
+  return c;
+}
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", double(bytes) / (1 << 20));
+  return buf;
 }
 
 void expect_same_plan(const MemoryPlan& want, const MemoryPlan& got) {
@@ -231,6 +250,72 @@ TEST(MemoryEstimate, HugeModelIsFastAndAllocatesNothing) {
   const double params = double(plan.bytes_of("parameters")) / 2;  // fp16
   EXPECT_GT(params, 1.0e12 / 512 * 0.9);
   EXPECT_LT(params, 1.0e12 / 512 * 1.3);
+}
+
+// The measure: m = 3p microbatches, every pipeline rank's
+// activations under both schedules, gpt2_debug and llama_debug at pp 2 and
+// 4 in fp32 and bf16, no recomputation. Rank r of p holds 1F1B's p - r
+// (+2 posted ahead) activation slots, p input slots and r + 1 weight
+// slots, so the later ranks plan more than under 1F1B, but no rank more
+// than 7% above 1F1B's most (its first rank's).
+TEST(MemoryEstimate, ZeroBubbleH1PeakActivationsAtThreeMicrobatchesPerStage) {
+  for (const char* file : {"gpt2_debug", "llama_debug"})
+    for (const char* dtype : {"fp32", "bf16"})
+      for (int pp : {2, 4}) {
+        size_t most[2] = {0, 0};
+        std::string per_rank;
+        for (int r = 0; r < pp; ++r) {
+          size_t bytes[2];
+          for (int k = 0; k < 2; ++k) {
+            const Config cfg = pipeline_config(file, pp, k == 1, {std::string("precision.dtype=") + dtype});
+            bytes[k] = estimate_memory(cfg, {r, 0, 0}).bytes_of("activations");
+            most[k] = std::max(most[k], bytes[k]);
+          }
+          per_rank += str_cat(" r", r, " ", mib(bytes[0]), "/", mib(bytes[1]));
+        }
+        const double ratio = double(most[1]) / double(most[0]);
+        std::printf("%s %s pp=%d m=%d: peak activations 1f1b %s, zb_h1 %s MiB (%.3fx); per rank 1f1b/zb_h1:%s\n", file,
+                    dtype, pp, 3 * pp, mib(most[0]).c_str(), mib(most[1]).c_str(), ratio, per_rank.c_str());
+        EXPECT_LE(ratio, 1.07) << file << " " << dtype << " pp=" << pp;
+      }
+}
+
+// What one microbatch keeps in each pool, measured on a middle chunk of
+// gpt2_debug (2 layers, N = 64 rows, C = 64, fp32) by laying out one more
+// slot of a pool. Without recomputation the activation and input slots
+// split 1F1B's slot (nothing kept twice) and a weight slot holds the four
+// weight products' output gradients, N (3C + C + 4C + C) floats a layer.
+// With full recomputation that weight slot alone is several times 1F1B's
+// slot (which keeps each layer's input): deferring W costs memory that no
+// pool can avoid, which is why the 7% bound holds without recomputation only.
+TEST(MemoryEstimate, ZeroBubbleH1PoolsPerMicrobatch) {
+  auto pools = [](const std::vector<std::string>& extra) {
+    const Config zb = pipeline_config("gpt2_debug", 4, true, extra), one = pipeline_config("gpt2_debug", 4, false, extra);
+    auto measure = [](const Config& cfg, int a, int i, int w) {
+      auto c = model_arch(cfg.model.arch)
+                   .make_chunk(cfg.model, ChunkPlacement::of_chunk(cfg.model.n_layer, 4, 1), DType::F32,
+                               chunk_batch(cfg, a, i, w), TensorParallel{});
+      Arena arena = Arena::measuring("activations");
+      c->layout_activations(arena);
+      return int64_t(arena.used());
+    };
+    const int64_t base = measure(zb, 1, 1, 1);
+    struct {
+      int64_t one_f_one_b, activation, input, weight;
+    } b{measure(one, 2, 0, 0) - measure(one, 1, 0, 0), measure(zb, 2, 1, 1) - base, measure(zb, 1, 2, 1) - base,
+        measure(zb, 1, 1, 2) - base};
+    return b;
+  };
+  const int64_t N = 64, C = 64, layers = 2, f32 = 4;
+  const auto none = pools({});
+  EXPECT_EQ(none.activation + none.input, none.one_f_one_b);
+  EXPECT_EQ(none.weight, layers * N * (3 * C + C + 4 * C + C) * f32);
+  const auto full = pools({"train.recompute=full"});
+  EXPECT_GT(full.weight, 8 * full.one_f_one_b);
+  std::printf("per microbatch (bytes): no recomputation 1f1b slot %lld, zb_h1 activation %lld + input %lld + weight %lld; "
+              "full recomputation 1f1b slot %lld, zb_h1 weight %lld\n",
+              (long long)none.one_f_one_b, (long long)none.activation, (long long)none.input, (long long)none.weight,
+              (long long)full.one_f_one_b, (long long)full.weight);
 }
 
 }  // namespace
