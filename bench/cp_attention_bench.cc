@@ -5,7 +5,10 @@
 // All ranks run in this one process, one after another, on the same
 // threads: forward and backward are timed apart, and each rank's figure is
 // the fastest of --repeats (other builds on a shared machine only ever add
-// time; the fastest run is the one they disturbed least). Head-tail gives
+// time; the fastest run is the one they disturbed least; the cpu line,
+// forward + backward in process CPU time, also leaves out the time the
+// threads waited for a core, but counts idle OpenMP threads' spinning, so
+// it is steadiest with OMP_NUM_THREADS=1). Head-tail gives
 // every rank the same number of (query, key) pairs, so max/mean should be near 1;
 // contiguous gives the last rank (2c - 1)/c of the mean. The one-rank flash
 // pair on the whole sequence is timed too (median): (per-rank mean x c) / one-rank
@@ -17,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -39,7 +43,15 @@ std::vector<float> random_floats(size_t n, uint64_t seed) {
 // One rank's timed runs: forward and backward separately, and their sum per run.
 struct RankTimes {
   std::vector<double> fwd, bwd, total;
+  std::vector<double> cpu;  // forward + backward in the process's CPU time: blind to time spent descheduled
 };
+
+// The process's CPU time (all threads) in milliseconds.
+double cpu_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
 
 // Every rank's forward and backward --repeats times; the repeats loop is
 // the outer one, so load from other work on the machine falls on all ranks
@@ -72,11 +84,13 @@ std::vector<RankTimes> time_ranks(const ContextSplit& split, int64_t B, int H, i
       Tensor q(x.qkv.data(), {B, Tl, W}, DType::F32), o(x.out.data(), {B, Tl, C}, DType::F32);
       Tensor l(x.lse.data(), {B, H, Tl}, DType::F32), dq(x.dqkv.data(), {B, Tl, W}, DType::F32);
       Tensor dO(x.dout.data(), {B, Tl, C}, DType::F32);
+      const double c0 = cpu_ms();
       const auto t0 = clock::now();
       cp_attention_forward(ctx, o, l, q, kv_t, split, r, H, KV);
       const auto t1 = clock::now();
       cp_attention_backward(ctx, dq, dkv_t, dO, q, kv_t, o, l, split, r, H, KV);
       const auto t2 = clock::now();
+      t[size_t(r)].cpu.push_back(cpu_ms() - c0);
       t[size_t(r)].fwd.push_back(ms(t0, t1));
       t[size_t(r)].bwd.push_back(ms(t1, t2));
       t[size_t(r)].total.push_back(ms(t0, t2));
@@ -155,6 +169,7 @@ int main(int argc, char** argv) {
       report("forward", t, &RankTimes::fwd);
       report("backward", t, &RankTimes::bwd);
       const double mean = report("total", t, &RankTimes::total);
+      report("cpu", t, &RankTimes::cpu);
       std::printf("    (per-rank mean x c) / one rank: %.2f\n", mean * c / one);
     }
   }
