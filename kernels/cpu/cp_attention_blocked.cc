@@ -35,8 +35,8 @@ namespace {
 // Keys per piece of a query block's long rows. A block's work touches its
 // keys' k, v (both ways round), dk and dv, 1.5 KiB a key (D 64): at a few
 // thousand keys the block outgrows the 2 MiB L2, and rank 0 (whose tail
-// chunk sees every key) ran 5% slower than the mean on equal work, 7-15%
-// in CPU time while other work shared the L3 (docs/performance.md). In
+// chunk sees every key) ran 3-5% slower than the mean on equal work, up to
+// 15% in CPU time while other work shared the L3 (docs/performance.md). In
 // pieces of 512 (768 KiB) each key is read from L3 once per block.
 constexpr int64_t kKeyPiece = 512;
 // A piece's score rows are this far apart: an odd multiple of 16 floats, so
