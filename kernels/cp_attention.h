@@ -46,6 +46,17 @@ void cp_attention_backward(const KernelContext& ctx, Tensor dqkv, Tensor dkv_all
                            const Tensor& qkv, const Tensor& kv_all, const Tensor& out, const Tensor& lse,
                            const ContextSplit& split, int rank, int n_head, int n_kv_head = 0);
 
+// The (query, key) pairs of one (batch, head) of `rank`: causal_pairs the
+// mask keeps (the sum over local rows of position + 1); computed_pairs those
+// the float path multiplies (each query block's rows against its keys
+// rounded up to 16, masked ones included). For the bench and the balance
+// test: equal computed pairs per rank is what makes equal times possible.
+struct CpAttentionWork {
+  int64_t causal_pairs = 0;
+  int64_t computed_pairs = 0;
+};
+CpAttentionWork cp_attention_work(const ContextSplit& split, int rank);
+
 // kv (B, T, 2 KV D) = the k and v columns of qkv (B, T, (H + 2 KV) D).
 void kv_pack(const KernelContext& ctx, Tensor kv, const Tensor& qkv, int n_head, int n_kv_head = 0);
 // The k and v columns of dqkv (B, T, (H + 2 KV) D) = dkv (B, T, 2 KV D); its q columns untouched.

@@ -23,14 +23,34 @@ constexpr int64_t kMR = 6;
 
 inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
+// How a product's tile meets C: Set writes the sums, Add adds them to C,
+// Chain starts the fused multiply-add chains from C's values instead of
+// zero. The chains are float registers, so stopping one at a K boundary,
+// storing it and going on from the stored value gives the same bits: a
+// product over K cut into pieces, each piece Chain onto C (zero at first),
+// equals Set over the whole K (keeps long key rows in cache, results equal).
+enum class Into { Set, Add, Chain };
+
 // C(MR x 16) (+)= A(MR x K) B(K x 16), A(r, k) = A[r rsa + k csa], B row k at B + k ldb.
 // The accumulators are named registers (an array of them ends up on the stack).
 template <int MR>
 inline void tile(int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B, int64_t ldb, float* C,
-                 int64_t ldc, bool accumulate) {
+                 int64_t ldc, Into into) {
   static_assert(MR >= 1 && MR <= 6);
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
          c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  if (into == Into::Chain) {
+    auto get = [&](int r, __m256& lo, __m256& hi) {
+      lo = _mm256_loadu_ps(C + r * ldc);
+      hi = _mm256_loadu_ps(C + r * ldc + 8);
+    };
+    get(0, c00, c01);
+    if constexpr (MR > 1) get(1, c10, c11);
+    if constexpr (MR > 2) get(2, c20, c21);
+    if constexpr (MR > 3) get(3, c30, c31);
+    if constexpr (MR > 4) get(4, c40, c41);
+    if constexpr (MR > 5) get(5, c50, c51);
+  }
   for (int64_t k = 0; k < K; ++k) {
     const __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
     const float* a = A + k * csa;
@@ -65,7 +85,7 @@ inline void tile(int64_t K, const float* A, int64_t rsa, int64_t csa, const floa
   }
   auto put = [&](int r, __m256 lo, __m256 hi) {
     float* c = C + r * ldc;
-    if (accumulate) {
+    if (into == Into::Add) {
       lo = _mm256_add_ps(_mm256_loadu_ps(c), lo);
       hi = _mm256_add_ps(_mm256_loadu_ps(c + 8), hi);
     }
@@ -81,22 +101,30 @@ inline void tile(int64_t K, const float* A, int64_t rsa, int64_t csa, const floa
 }
 
 // C(M x N) (+)= A(M x K) B(K x N) with N a multiple of 16; A(i, k) = A[i rsa + k csa]
-// (rsa = lda, csa = 1 for A; rsa = 1, csa = lda for a transposed A).
+// (rsa = lda, csa = 1 for A; rsa = 1, csa = lda for a transposed A). Each
+// element of C is one chain over K whatever M and N are, so products cut
+// along M or N (or, with Into::Chain, along K) keep their bits.
 inline void gemm16(int64_t M, int64_t N, int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B,
-                   int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+                   int64_t ldb, float* C, int64_t ldc, Into into) {
   for (int64_t j = 0; j < N; j += 16)
     for (int64_t i = 0; i < M; i += kMR) {
       const float* a = A + i * rsa;
       float* c = C + i * ldc + j;
       switch (std::min<int64_t>(kMR, M - i)) {
-        case 6: tile<6>(K, a, rsa, csa, B + j, ldb, c, ldc, accumulate); break;
-        case 5: tile<5>(K, a, rsa, csa, B + j, ldb, c, ldc, accumulate); break;
-        case 4: tile<4>(K, a, rsa, csa, B + j, ldb, c, ldc, accumulate); break;
-        case 3: tile<3>(K, a, rsa, csa, B + j, ldb, c, ldc, accumulate); break;
-        case 2: tile<2>(K, a, rsa, csa, B + j, ldb, c, ldc, accumulate); break;
-        default: tile<1>(K, a, rsa, csa, B + j, ldb, c, ldc, accumulate); break;
+        case 6: tile<6>(K, a, rsa, csa, B + j, ldb, c, ldc, into); break;
+        case 5: tile<5>(K, a, rsa, csa, B + j, ldb, c, ldc, into); break;
+        case 4: tile<4>(K, a, rsa, csa, B + j, ldb, c, ldc, into); break;
+        case 3: tile<3>(K, a, rsa, csa, B + j, ldb, c, ldc, into); break;
+        case 2: tile<2>(K, a, rsa, csa, B + j, ldb, c, ldc, into); break;
+        default: tile<1>(K, a, rsa, csa, B + j, ldb, c, ldc, into); break;
       }
     }
+}
+
+// accumulate: Into::Add, else Into::Set.
+inline void gemm16(int64_t M, int64_t N, int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B,
+                   int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  gemm16(M, N, K, A, rsa, csa, B, ldb, C, ldc, accumulate ? Into::Add : Into::Set);
 }
 
 // T rows of a head slice (`ld` apart in src) as float rows of width Dp, zero-padded.

@@ -259,6 +259,14 @@ void cp_attention_backward(const KernelContext& ctx, Tensor dqkv, Tensor dkv_all
   });
 }
 
+CpAttentionWork cp_attention_work(const ContextSplit& split, int rank) {
+  cp_attention_checks::check_split("cp_attention_work", split, rank);
+  CpAttentionWork w;
+  for (int64_t t = 0; t < split.local_rows(); ++t) w.causal_pairs += split.position(rank, t) + 1;
+  w.computed_pairs = cpu::cp_attention_blocked::computed_pairs(split, rank);
+  return w;
+}
+
 void kv_pack(const KernelContext& ctx, Tensor kv, const Tensor& qkv, int n_head, int n_kv_head) {
   OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
   XR_ON_CUDA(ctx, kv_pack(ctx, kv, qkv, n_head, n_kv_head));

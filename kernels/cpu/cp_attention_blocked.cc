@@ -1,6 +1,6 @@
 // Context-parallel attention's blocked float path (see cp_attention_blocked.h).
 //
-// As attention_blocked.cc with two changes. Keys: a task gathers its
+// As attention_blocked.cc with three changes. Keys: a task gathers its
 // key/value head's k and v rows from kv_all in global position order for
 // positions [0, P), P = the rank's last position + 1 (later ones are never
 // seen), zero-padded to Dp columns and transposed to (Dp, Pp). Queries: a
@@ -10,7 +10,11 @@
 // With c = 1 and T a multiple of kQBlock the blocks, products and sums are
 // those of the one-rank path; otherwise forward still matches it bitwise
 // (the extra keys a block multiplies are exact zeros) while backward's dk
-// and dv sum over differently cut blocks (equal up to rounding).
+// and dv sum over differently cut blocks (equal up to rounding). Long
+// rows: backward, and forward's P V, take a block's keys in pieces of
+// kKeyPiece so that what the block touches stays in L2; every sum keeps
+// its order (sums over keys continue their chains across pieces,
+// attention_tiles.h's Into::Chain), so the bits are those of uncut products.
 #include "kernels/cpu/cp_attention_blocked.h"
 
 #include <immintrin.h>
@@ -28,6 +32,17 @@ using namespace attention_tiles;
 
 namespace {
 
+// Keys per piece of a query block's long rows. A block's work touches its
+// keys' k, v (both ways round), dk and dv, 1.5 KiB a key (D 64): at a few
+// thousand keys the block outgrows the 2 MiB L2, and rank 0 (whose tail
+// chunk sees every key) ran 3-5% slower than the mean on equal work, up to
+// 15% in CPU time while other work shared the L3 (docs/performance.md). In
+// pieces of 512 (768 KiB) each key is read from L3 once per block.
+constexpr int64_t kKeyPiece = 512;
+// A piece's score rows are this far apart: an odd multiple of 16 floats, so
+// a column of 32 rows does not fall in a few cache sets (as 512 would).
+constexpr int64_t kPieceLd = kKeyPiece + 16;
+
 // The rank's view: positions reachable (P), chunk length, padded widths.
 // Pp, the row length of the transposed keys and of the score blocks, is P
 // rounded up to an odd multiple of 16: with P a power of two (or a multiple
@@ -42,8 +57,7 @@ struct View {
   View(const CpDims& c, const ContextSplit& s, int r)
       : cd(c), split(s), rank(r), P(s.position(r, c.d.T - 1) + 1), L(s.chunk()), Dp(round16(c.d.D)),
         Pp(round16(P) / 16 % 2 ? round16(P) : round16(P) + 16) {}
-  // The end of the query block starting at local row t0 (within its chunk).
-  int64_t block_end(int64_t t0) const { return std::min(t0 + kQBlock, t0 < L ? std::min(L, cd.d.T) : cd.d.T); }
+  int64_t block_end(int64_t t0) const { return cp_attention_blocked::block_end(split, t0); }
 };
 
 // Key/value head g's k and v at positions [0, P) of batch b as float rows of Dp.
@@ -60,6 +74,20 @@ void gather_kv(const View& w, const S* pkv, int64_t b, int64_t g, float* k, floa
 }
 
 }  // namespace
+
+int64_t block_end(const ContextSplit& split, int64_t t0) {
+  const int64_t T = split.local_rows(), L = split.chunk();
+  return std::min(t0 + kQBlock, t0 < L ? std::min(L, T) : T);
+}
+
+int64_t computed_pairs(const ContextSplit& split, int rank) {
+  int64_t pairs = 0;
+  for (int64_t t0 = 0, t1; t0 < split.local_rows(); t0 = t1) {
+    t1 = block_end(split, t0);
+    pairs += (t1 - t0) * round16(split.position(rank, t0) + t1 - t0);
+  }
+  return pairs;
+}
 
 template <class S>
 void forward(const CpDims& cd, const ContextSplit& split, int rank, const S* pqkv, const S* pkv, S* pout,
@@ -93,7 +121,9 @@ void forward(const CpDims& cd, const ContextSplit& split, int rank, const S* pqk
         const __m256 inv = _mm256_set1_ps(float(1.0 / sum));
         for (int64_t j = 0; j < np; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inv));
       }
-      gemm16(m, Dp, n, sc, Pp, 1, v, Dp, ob, Dp, false);
+      std::fill(ob, ob + m * Dp, 0.f);  // O = P V, its sums over the keys cut into pieces
+      for (int64_t j0 = 0; j0 < n; j0 += kKeyPiece)
+        gemm16(m, Dp, std::min(kKeyPiece, n - j0), sc + j0, Pp, 1, v + j0 * Dp, Dp, ob, Dp, Into::Chain);
       for (int64_t r = 0; r < m; ++r) cpu::store_row(ob + r * Dp, pout + (b * T + t0 + r) * d.C + h * d.D, d.D);
     }
   }
@@ -114,7 +144,7 @@ void backward(const CpDims& cd, const ContextSplit& split, int rank, S* pdq, S* 
   for (int64_t bg = 0; bg < d.B * d.KV; ++bg) {
     const int64_t b = bg / d.KV, g = bg % d.KV;
     float* k = cpu::thread_scratch<float, cpu::kScratchA>(
-        size_t(4 * PDp + 3 * TDp + 2 * Dp * Pp + 2 * kQBlock * Pp + T));
+        size_t(4 * PDp + 3 * TDp + 2 * Dp * Pp + 2 * kQBlock * kPieceLd + kQBlock * Dp + T));
     float* v = k + PDp;
     float* dk = v + PDp;  // the current query head's, by position
     float* dv = dk + PDp;
@@ -123,9 +153,10 @@ void backward(const CpDims& cd, const ContextSplit& split, int rank, S* pdq, S* 
     float* dq = dO + TDp;
     float* kt = dq + TDp;  // (Dp, Pp)
     float* vt = kt + Dp * Pp;
-    float* sp = vt + Dp * Pp;  // P, then dS, of a query block (kQBlock, Pp)
-    float* dp = sp + kQBlock * Pp;
-    float* delta = dp + kQBlock * Pp;
+    float* sp = vt + Dp * Pp;  // P, then dS, of a query block's key piece (kQBlock, kPieceLd)
+    float* dp = sp + kQBlock * kPieceLd;
+    float* dqb = dp + kQBlock * kPieceLd;  // the block's dQ (kQBlock, Dp)
+    float* delta = dqb + kQBlock * Dp;
     gather_kv(w, pkv, b, g, k, v);
     transpose_rows(k, w.P, Dp, Pp, kt);
     transpose_rows(v, w.P, Dp, Pp, vt);
@@ -150,22 +181,28 @@ void backward(const CpDims& cd, const ContextSplit& split, int rank, S* pdq, S* 
       for (int64_t t0 = 0, t1; t0 < T; t0 = t1) {
         t1 = w.block_end(t0);
         const int64_t m = t1 - t0, p0 = split.position(rank, t0), n = p0 + m, np = round16(n);
-        gemm16(m, np, Dp, qh + t0 * Dp, Dp, 1, kt, Pp, sp, Pp, false);  // S = Q K^T
-        gemm16(m, np, Dp, dO + t0 * Dp, Dp, 1, vt, Pp, dp, Pp, false);  // dP = dO V^T
-        for (int64_t r = 0; r < m; ++r)  // P = e^(scale S - lse), 0 after the query's position
-          exp_row(sp + r * Pp, p0 + r, np, scale, plse[bh * T + t0 + r]);
-        gemm16(n, Dp, m, sp, 1, Pp, dO + t0 * Dp, Dp, dv, Dp, true);  // dV += P^T dO
-        for (int64_t r = 0; r < m; ++r) {  // dS = P (dP - delta) scale
-          float* p = sp + r * Pp;
-          const float* dpr = dp + r * Pp;
-          const __m256 dl = _mm256_set1_ps(delta[t0 + r]), vs = _mm256_set1_ps(scale);
-          for (int64_t j = 0; j < np; j += 8) {
-            const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + j), _mm256_sub_ps(_mm256_loadu_ps(dpr + j), dl));
-            _mm256_storeu_ps(p + j, _mm256_mul_ps(x, vs));
+        std::fill(dqb, dqb + m * Dp, 0.f);
+        for (int64_t j0 = 0; j0 < np; j0 += kKeyPiece) {  // keys j0 .. j0 + nk (w16: nk rounded up to 16)
+          const int64_t w16 = std::min(kKeyPiece, np - j0), nk = std::min(kKeyPiece, n - j0);
+          gemm16(m, w16, Dp, qh + t0 * Dp, Dp, 1, kt + j0, Pp, sp, kPieceLd, Into::Set);  // S = Q K^T
+          gemm16(m, w16, Dp, dO + t0 * Dp, Dp, 1, vt + j0, Pp, dp, kPieceLd, Into::Set);  // dP = dO V^T
+          for (int64_t r = 0; r < m; ++r)  // P = e^(scale S - lse), 0 after the query's position
+            exp_row(sp + r * kPieceLd, p0 + r - j0, w16, scale, plse[bh * T + t0 + r]);
+          gemm16(nk, Dp, m, sp, 1, kPieceLd, dO + t0 * Dp, Dp, dv + j0 * Dp, Dp, Into::Add);  // dV += P^T dO
+          for (int64_t r = 0; r < m; ++r) {  // dS = P (dP - delta) scale
+            float* p = sp + r * kPieceLd;
+            const float* dpr = dp + r * kPieceLd;
+            const __m256 dl = _mm256_set1_ps(delta[t0 + r]), vs = _mm256_set1_ps(scale);
+            for (int64_t j = 0; j < w16; j += 8) {
+              const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(p + j), _mm256_sub_ps(_mm256_loadu_ps(dpr + j), dl));
+              _mm256_storeu_ps(p + j, _mm256_mul_ps(x, vs));
+            }
           }
+          gemm16(nk, Dp, m, sp, 1, kPieceLd, qh + t0 * Dp, Dp, dk + j0 * Dp, Dp, Into::Add);  // dK += dS^T Q
+          gemm16(m, Dp, nk, sp, kPieceLd, 1, k + j0 * Dp, Dp, dqb, Dp, Into::Chain);          // dQ = dS K
         }
-        gemm16(n, Dp, m, sp, 1, Pp, qh + t0 * Dp, Dp, dk, Dp, true);  // dK += dS^T Q
-        gemm16(m, Dp, n, sp, Pp, 1, k, Dp, dq + t0 * Dp, Dp, true);   // dQ += dS K
+        // dq's rows start at zero: adding the chains gives the bits of one product over all the keys.
+        for (int64_t i = 0; i < m * Dp; ++i) dq[t0 * Dp + i] += dqb[i];
       }
       for (int64_t t = 0; t < T; ++t) cpu::store_row(dq + t * Dp, pdq + (b * T + t) * d.W + d.q_off(h), d.D);
       if (acc)

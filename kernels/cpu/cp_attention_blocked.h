@@ -11,6 +11,13 @@
 
 namespace xirang::cpu::cp_attention_blocked {
 
+// The query blocks: the block that starts at local row t0 ends here (at
+// most kQBlock rows, never across the boundary of the rank's two chunks).
+int64_t block_end(const ContextSplit& split, int64_t t0);
+
+// (query, key) pairs per (batch, head) that forward multiplies: the blocks' rows x keys rounded up to 16.
+int64_t computed_pairs(const ContextSplit& split, int rank);
+
 // out and lse (B, H, T local) of rank `rank`'s queries against kv_all.
 template <class S>
 void forward(const cp_attention_checks::CpDims& cd, const ContextSplit& split, int rank, const S* pqkv,

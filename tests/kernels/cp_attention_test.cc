@@ -260,11 +260,13 @@ TYPED_TEST(CpAttentionTest, BlockedPathOnLongChunksAgainstFloat64) {
 // With float compute and c = 1 the cp pair's blocks, products and sums are
 // the one-rank blocked flash pair's (one chunk of T: blocks start at
 // multiples of 32 in both), so the results are bit for bit equal, also for
-// T not a multiple of the block or of 16.
+// T not a multiple of the block or of 16. At T = 1100 the cp pair cuts each
+// block's keys into pieces of 512 and the flash pair does not: the chains
+// continued across pieces must give the same bits.
 TYPED_TEST(CpAttentionTest, OneRankBlockedIsFlashBitForBit) {
   using T = TypeParam;
   if constexpr (!std::is_same_v<T, double>) {
-    for (int64_t t : {45, 64})
+    for (int64_t t : {45, 64, 1100})
       for (int64_t kv : {4, 1}) {
         const CpShape a{2, t, 4, kv, 20, 1, true};
         SCOPED_TRACE(a.str());
@@ -318,6 +320,34 @@ TEST(CpAttention, GradientCheck) {
     const CpRun<double> r = run_cp(qkv, R, a);
     EXPECT_LT(normwise_error(numeric_gradient(qkv, 1e-6, loss), r.dqkv), 1e-6);
   }
+}
+
+// The work of each rank: head-tail gives every rank the same causal pairs
+// and, with chunks a multiple of the 32-row block, the same multiplied
+// pairs (a rank's diagonal blocks are as many as its blocks); contiguous
+// gives later ranks more. The ranks' causal pairs add up to the whole sequence's T (T + 1) / 2.
+TEST(CpAttention, WorkPerRank) {
+  for (int c : {2, 4})
+    for (int64_t T : {int64_t(1024), int64_t(4096)}) {
+      SCOPED_TRACE("c " + std::to_string(c) + " T " + std::to_string(T));
+      const ContextSplit ht = ContextSplit::of(T, c), contiguous = ContextSplit::of(T, c, false);
+      int64_t causal = 0, causal_contiguous = 0;
+      for (int r = 0; r < c; ++r) {
+        const CpAttentionWork w = cp_attention_work(ht, r), w0 = cp_attention_work(ht, 0);
+        EXPECT_EQ(w.causal_pairs, w0.causal_pairs) << "rank " << r;
+        EXPECT_EQ(w.computed_pairs, w0.computed_pairs) << "rank " << r;
+        EXPECT_GE(w.computed_pairs, w.causal_pairs) << "rank " << r;
+        EXPECT_LT(w.computed_pairs, w.causal_pairs + ht.local_rows() * 32) << "rank " << r;  // a block's diagonal
+        causal += w.causal_pairs;
+        const CpAttentionWork u = cp_attention_work(contiguous, r);
+        if (r > 0) EXPECT_GT(u.causal_pairs, cp_attention_work(contiguous, r - 1).causal_pairs) << "rank " << r;
+        causal_contiguous += u.causal_pairs;
+      }
+      EXPECT_EQ(causal, T * (T + 1) / 2);
+      EXPECT_EQ(causal_contiguous, T * (T + 1) / 2);
+    }
+  expect_error([] { cp_attention_work(ContextSplit::of(10, 2), 0); }, ErrorKind::Shape,
+               {"cp_attention_work", "not a multiple of 2 * cp"});
 }
 
 TEST(CpAttention, BadShapesAreShapeErrors) {
