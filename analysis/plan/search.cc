@@ -21,18 +21,20 @@ std::vector<PlanLayout> candidates(const Workload& w, const Cluster& c, const Se
   const int n = o.devices, gb = w.cfg.train.global_batch, layers = w.cfg.model.n_layer;
   for (int tp : divisors(std::min(n, c.devices_per_node), c.devices_per_node)) {
     if (n % tp) continue;
-    for (int pp : divisors(n / tp, layers)) {
-      const int dp = n / (tp * pp);
-      if (gb % dp) continue;
-      for (int mb : divisors(gb / dp, o.max_micro_batch))
-        for (int v : divisors(layers / pp, pp > 1 ? o.max_virtual_stages : 1))
-          for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero)
-            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
-              for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                PlanLayout l{dp, tp, pp, v, mb, zero, sp == 1, rc};
-                if (layout_problem(w, l, c).empty()) out.push_back(l);
-              }
-    }
+    for (int pp : divisors(n / tp, layers))
+      for (int cp : divisors(n / (tp * pp), o.max_context_parallel)) {
+        const int dp = n / (tp * pp * cp);
+        if (gb % dp) continue;
+        // cp's own rules (2 cp chunks per sequence, rows over tp) are layout_problem's, from the config's validation.
+        for (int mb : divisors(gb / dp, o.max_micro_batch))
+          for (int v : divisors(layers / pp, pp > 1 ? o.max_virtual_stages : 1))
+            for (int zero = 0; zero <= (dp * cp > 1 ? 1 : 0); ++zero)
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
+                for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                  PlanLayout l{dp, tp, pp, v, mb, zero, sp == 1, rc, cp};
+                  if (layout_problem(w, l, c).empty()) out.push_back(l);
+                }
+      }
   }
   return out;
 }
@@ -61,6 +63,7 @@ std::string compare(const Prediction& a, const Prediction& b) {
       {"compute", (x.forward_s + x.backward_s) - (y.forward_s + y.backward_s)},
       {"recomputation", x.recompute_s - y.recompute_s},
       {"tp comm", x.tp_comm_s - y.tp_comm_s},
+      {"cp comm", x.cp_comm_s - y.cp_comm_s},
       {"pipeline bubble", x.pp_bubble_s - y.pp_bubble_s},
       {"pp transfers", x.pp_comm_exposed_s - y.pp_comm_exposed_s},
       {"exposed dp comm", x.dp_comm_exposed_s - y.dp_comm_exposed_s},
