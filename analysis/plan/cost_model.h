@@ -97,6 +97,9 @@ struct Prediction {
 std::string layout_problem(const Workload& w, const PlanLayout& l, const Cluster& c);
 // Time only (fast; the search ranks by it).
 Prediction predict_time(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f);
+// predict_time's step less the pipeline's bubble and exposed transfers (the
+// simulator's terms, never negative): a bound the search prunes with.
+double step_lower_bound(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f);
 // Adds memory per device (the trainer's plan for the largest stage, plus recomputation and buffers) and fit.
 void add_memory(const Workload& w, const Cluster& c, Prediction& p);
 Prediction predict(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <queue>
 
 namespace xirang::analysis::plan {
 
@@ -41,15 +42,34 @@ std::vector<PlanLayout> candidates(const Workload& w, const Cluster& c, const Se
 
 }  // namespace
 
+// The ranking is that of predicting every candidate and checking memory from
+// the fastest down, without simulating most of them: candidates go in order
+// of a lower bound on their step (step_lower_bound: all but the simulated
+// pipeline terms), and a predicted layout is taken once no candidate left
+// can be faster (its step below the next bound). Ties keep enumeration order.
 SearchResult search(const Workload& w, const Cluster& c, const SearchOptions& o) {
   SearchResult r;
-  std::vector<Prediction> all;
-  for (const PlanLayout& l : candidates(w, c, o)) all.push_back(predict_time(w, l, c, o.features));
+  const std::vector<PlanLayout> all = candidates(w, c, o);
   r.candidates = int(all.size());
-  std::stable_sort(all.begin(), all.end(),
-                   [](const Prediction& a, const Prediction& b) { return a.tokens_per_s > b.tokens_per_s; });
-  for (Prediction& p : all) {
-    if (int(r.ranked.size()) >= o.top) break;
+  std::vector<std::pair<double, size_t>> bounds;  // (bound on the step, enumeration index)
+  for (size_t i = 0; i < all.size(); ++i) bounds.push_back({step_lower_bound(w, all[i], c, o.features), i});
+  std::sort(bounds.begin(), bounds.end());
+  // Predicted, not yet taken: the fastest (then the first enumerated) on top.
+  auto slower = [](const std::pair<Prediction, size_t>& a, const std::pair<Prediction, size_t>& b) {
+    return a.first.time.step_s != b.first.time.step_s ? a.first.time.step_s > b.first.time.step_s : a.second > b.second;
+  };
+  std::priority_queue<std::pair<Prediction, size_t>, std::vector<std::pair<Prediction, size_t>>, decltype(slower)> ready(slower);
+  size_t next = 0;
+  while (int(r.ranked.size()) < o.top) {
+    const bool more = next < bounds.size();
+    if (more && (ready.empty() || ready.top().first.time.step_s >= bounds[next].first)) {
+      const size_t i = bounds[next++].second;
+      ready.push({predict_time(w, all[i], c, o.features), i});
+      continue;
+    }
+    if (ready.empty()) break;
+    Prediction p = ready.top().first;
+    ready.pop();
     add_memory(w, c, p);
     if (p.fits) r.ranked.push_back(p);
     else ++r.rejected_memory;

@@ -33,16 +33,44 @@ SimResult simulate_cached(ScheduleKind k, int p, int m, int v, const SimCosts& c
   return cache.emplace(key.str(), r).first->second;
 }
 
-// Pipeline part of the step: compute, exposed tp, bubble, transfers.
-void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f, StepTime& t,
-                    std::vector<StageCost>& stages) {
+// The busiest pipeline stage's compute and collectives over the step's
+// microbatches (no simulation); `stages` gets every rank's per-microbatch costs.
+void stage_terms(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f, StepTime& t,
+                 std::vector<StageCost>& stages) {
+  const int m = w.cfg.train.global_batch / (l.micro_batch * l.dp);
+  int busiest = 0;
+  for (int r = 0; r < l.pp; ++r) {
+    stages.push_back(stage_cost(w, l, c, f, r));
+    if (stages[size_t(r)].fwd_total() + stages[size_t(r)].bwd_total() >
+        stages[size_t(busiest)].fwd_total() + stages[size_t(busiest)].bwd_total())
+      busiest = r;
+  }
+  const StageCost& s = stages[size_t(busiest)];
+  t.forward_s = m * s.fwd.compute;
+  t.backward_s = m * s.bwd.compute;
+  t.recompute_s = m * s.rc.compute;
+  t.first_stage_compute_s = m * (stages.front().fwd.compute + stages.front().bwd.compute + stages.front().rc.compute);
+  t.tp_comm_s = m * (s.fwd.tp_comm + s.bwd.tp_comm + s.rc.tp_comm);
+  t.cp_comm_s = m * (s.fwd.cp_comm + s.bwd.cp_comm + s.rc.cp_comm);
+  if (l.cp > 1) {
+    const Link& link = cp_link(c, l);
+    const int gathers = 2 + (l.recompute != Recompute::None);
+    t.notes.push_back({"cp comm", format("%.4g MB of keys and values per layer and microbatch over %d ranks (%s): "
+                                         "%d all-gathers %.4g ms each, 1 reduce-scatter %.4g ms",
+                                         cp_kv_bytes(w, l) / 1e6, l.cp, &link == &c.intra_node ? "intra-node" : "inter-node",
+                                         gathers, cp_gather_s(w, l, c) * 1e3, cp_reduce_scatter_s(w, l, c) * 1e3)});
+  }
+}
+
+// The pipeline's bubble and exposed transfers: the simulator over the stages' costs.
+void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, StepTime& t,
+                    const std::vector<StageCost>& stages) {
   const int p = l.pp, m = w.cfg.train.global_batch / (l.micro_batch * l.dp);
   SimCosts costs;
   int busiest = 0;
   for (int r = 0; r < p; ++r) {
-    stages.push_back(stage_cost(w, l, c, f, r));
-    costs.forward_per_rank.push_back(stages.back().fwd_total());
-    costs.backward_per_rank.push_back(stages.back().bwd_total());
+    costs.forward_per_rank.push_back(stages[size_t(r)].fwd_total());
+    costs.backward_per_rank.push_back(stages[size_t(r)].bwd_total());
     if (stages[size_t(r)].fwd_total() + stages[size_t(r)].bwd_total() >
         stages[size_t(busiest)].fwd_total() + stages[size_t(busiest)].bwd_total())
       busiest = r;
@@ -63,13 +91,6 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
   const SimResult free = simulate_cached(kind, p, m, l.virtual_stages, costs);
   costs.transfer = p > 1 ? send_s(msg, link_between_stages(c, l)) : 0;
   const SimResult real = p > 1 ? simulate_cached(kind, p, m, l.virtual_stages, costs) : free;
-  const StageCost& s = stages[size_t(busiest)];
-  t.forward_s = m * s.fwd.compute;
-  t.backward_s = m * s.bwd.compute;
-  t.recompute_s = m * s.rc.compute;
-  t.first_stage_compute_s = m * (stages.front().fwd.compute + stages.front().bwd.compute + stages.front().rc.compute);
-  t.tp_comm_s = m * (s.fwd.tp_comm + s.bwd.tp_comm + s.rc.tp_comm);
-  t.cp_comm_s = m * (s.fwd.cp_comm + s.bwd.cp_comm + s.rc.cp_comm);
   const double busy = *std::max_element(free.busy.begin(), free.busy.end());
   t.pp_bubble_s = free.makespan - busy;
   t.pp_comm_exposed_s = real.makespan - free.makespan;
@@ -79,14 +100,6 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
   if (kind == ScheduleKind::ZeroBubbleH1)
     t.notes.push_back({"zb_h1", format("weight part W = %.4f of a backward", costs.weight_share)});
   t.notes.push_back({"pp transfer", format("%.4g MB per message, %.4g ms each", msg / 1e6, costs.transfer * 1e3)});
-  if (l.cp > 1) {
-    const Link& link = cp_link(c, l);
-    const int gathers = 2 + (l.recompute != Recompute::None);
-    t.notes.push_back({"cp comm", format("%.4g MB of keys and values per layer and microbatch over %d ranks (%s): "
-                                         "%d all-gathers %.4g ms each, 1 reduce-scatter %.4g ms",
-                                         cp_kv_bytes(w, l) / 1e6, l.cp, &link == &c.intra_node ? "intra-node" : "inter-node",
-                                         gathers, cp_gather_s(w, l, c) * 1e3, cp_reduce_scatter_s(w, l, c) * 1e3)});
-  }
 }
 
 // The data-parallel reduction after (and during) the last backward, and ZeRO's parameter gather.
@@ -135,7 +148,8 @@ Prediction predict_time(const Workload& w, const PlanLayout& l, const Cluster& c
   if (!p.problem.empty()) return p;
   StepTime& t = p.time;
   std::vector<StageCost> stages;
-  pipeline_terms(w, l, c, f, t, stages);
+  stage_terms(w, l, c, f, t, stages);
+  pipeline_terms(w, l, c, t, stages);
   dp_terms(w, l, c, f, stages, t);
   optimizer_term(w, l, c, t);
   t.step_s = t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s + t.cp_comm_s + t.pp_bubble_s + t.pp_comm_exposed_s +
@@ -153,6 +167,16 @@ Prediction predict_time(const Workload& w, const PlanLayout& l, const Cluster& c
   const double peak = w.cfg.precision.dtype == Precision::FP32 && c.peak_tflops_fp32 > 0 ? c.peak_tflops_fp32 : c.peak_tflops;
   p.mfu = p.model_tflops / peak;
   return p;
+}
+
+double step_lower_bound(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f) {
+  StepTime t;
+  std::vector<StageCost> stages;
+  stage_terms(w, l, c, f, t, stages);
+  dp_terms(w, l, c, f, stages, t);
+  optimizer_term(w, l, c, t);
+  return t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s + t.cp_comm_s + t.dp_comm_exposed_s + t.optimizer_s +
+         t.data_wait_s;
 }
 
 void add_memory(const Workload& w, const Cluster& c, Prediction& p) {
