@@ -52,7 +52,8 @@ SearchResult search(const Workload& w, const Cluster& c, const SearchOptions& o)
   const std::vector<PlanLayout> all = candidates(w, c, o);
   r.candidates = int(all.size());
   std::vector<std::pair<double, size_t>> bounds;  // (bound on the step, enumeration index)
-  for (size_t i = 0; i < all.size(); ++i) bounds.push_back({step_lower_bound(w, all[i], c, o.features), i});
+  for (size_t i = 0; i < all.size(); ++i)
+    bounds.push_back({o.prune ? step_lower_bound(w, all[i], c, o.features) : 0.0, i});
   std::sort(bounds.begin(), bounds.end());
   // Predicted, not yet taken: the fastest (then the first enumerated) on top.
   auto slower = [](const std::pair<Prediction, size_t>& a, const std::pair<Prediction, size_t>& b) {

@@ -25,6 +25,8 @@ struct SearchOptions {
   // Context parallelism pays off for long sequences; past 16 ranks per
   // sequence (Llama 3's largest) the candidates only slow the search down.
   int max_context_parallel = 16;
+  // false: simulate every candidate (the ranking pruning must reproduce; tests compare the two).
+  bool prune = true;
 };
 
 struct SearchResult {

@@ -164,5 +164,36 @@ TEST(PlanCp, LongSequenceNeedsCp) {
               with.ranked.front().time.step_s, double(with.ranked.front().memory_total) / 1e9);
 }
 
+// The search simulates only candidates whose bound can still win; its
+// ranking (and the count of faster layouts that did not fit) is that of
+// simulating every one.
+TEST(PlanSearch, PruningKeepsTheRankingOfTimingEveryLayout) {
+  struct Case {
+    Workload w;
+    const char* cluster;
+    int devices;
+  };
+  const Case cases[] = {{workload_of(load_config(kSrc + "/configs/gpt2_124m.yaml")), "A100-80GB", 16},
+                        {llama8b(262144, 16), "H100-SXM", 16},
+                        {llama8b(8192, 64), "H100-SXM", 32}};
+  for (const Case& k : cases) {
+    const Cluster c = load_cluster(kSrc + "/configs/clusters/" + k.cluster + ".yaml");
+    SearchOptions o;
+    o.devices = k.devices;
+    o.top = 8;
+    const SearchResult pruned = search(k.w, c, o);
+    o.prune = false;
+    const SearchResult every = search(k.w, c, o);
+    ASSERT_EQ(pruned.ranked.size(), every.ranked.size());
+    ASSERT_FALSE(every.ranked.empty());
+    EXPECT_EQ(pruned.candidates, every.candidates);
+    EXPECT_EQ(pruned.rejected_memory, every.rejected_memory);
+    for (size_t i = 0; i < every.ranked.size(); ++i) {
+      EXPECT_EQ(pruned.ranked[i].layout.str(), every.ranked[i].layout.str()) << i;
+      EXPECT_DOUBLE_EQ(pruned.ranked[i].time.step_s, every.ranked[i].time.step_s) << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xirang::analysis::plan
