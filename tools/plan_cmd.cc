@@ -115,17 +115,13 @@ int run_calibration(const PlanArgs& a) {
 int run_plan(const PlanArgs& a) {
   const Cluster cluster = load_cluster(a.cluster);
   Config cfg = load_config(a.config, a.overrides);
-  // The time model has no context-parallel term yet (docs/architecture.md, Not yet built).
-  if (cfg.parallel.cp > 1)
-    fail(ErrorKind::Config, "xirang plan does not model context parallelism yet: parallel.cp=", cfg.parallel.cp,
-         " (plan the layout at parallel.cp=1; the trainer's memory plan at startup shows the cp rank's memory)");
   if (a.global_batch > 0) cfg.train.global_batch = a.global_batch;
   const Workload w = workload_of(cfg);
   std::vector<Prediction> shown;
   if (!a.layout.empty()) {
     const ParallelConfig& pc = cfg.parallel;
     PlanLayout base{std::max(pc.dp, 1), pc.tp, pc.pp, pc.virtual_stages, cfg.train.micro_batch, pc.zero,
-                    pc.sequence_parallel, cfg.train.recompute};
+                    pc.sequence_parallel, cfg.train.recompute, pc.cp};
     const PlanLayout l = parse_layout(a.layout, base);
     if (a.gpus > 0 && l.devices() != a.gpus)
       fail(ErrorKind::Config, "--layout ", l.str(), " uses ", l.devices(), " devices, not --gpus ", a.gpus);

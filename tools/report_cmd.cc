@@ -213,13 +213,12 @@ void print_utilisation(const Utilisation& u) {
   std::printf("\nutilisation over traced steps %d-%d (trace: %s), share of each rank's step time\n", u.first_step,
               u.last_step, u.source.c_str());
   static const char* heads[kParts] = {"compute", "optim", "data", "dp wait", "tp comm", "bubble", "pp send", "ckpt", "other"};
-  std::printf("%-20s %9s", "rank (dp,tp,pp)", "step ms");
+  const bool with_cp = has_cp(u);
+  std::printf("%-20s %9s", rank_axis(with_cp).c_str(), "step ms");
   for (const char* h : heads) std::printf(" %8s", h);
   std::printf("\n");
   for (const RankUtilisation& r : u.ranks) {
-    char who[48];
-    std::snprintf(who, sizeof who, "%d (%d,%d,%d)", r.rank, r.dp, r.tp, r.pp);
-    std::printf("%-20s %9.3f", who, r.step_ms);
+    std::printf("%-20s %9.3f", rank_label(r, with_cp).c_str(), r.step_ms);
     for (double s : r.share) std::printf(" %7.1f%%", 100 * s);
     std::printf("\n");
   }

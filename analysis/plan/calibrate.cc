@@ -44,6 +44,7 @@ SweepPoint parse_point(const json& j, const std::string& where) {
   cfg.parallel.schedule = parse_schedule(l.value("schedule", std::string("1f1b")), str_cat(where, ": layout.schedule"));
   SweepPoint p;
   p.layout.dp = int(field(l, "dp", where));
+  p.layout.cp = int(l.value("cp", 1));  // rows of older sweeps have no field
   p.layout.tp = int(field(l, "tp", where));
   p.layout.pp = int(field(l, "pp", where));
   p.layout.virtual_stages = int(l.value("virtual_stages", 1));

@@ -42,10 +42,13 @@ double exposed_tp(double comm, double gemm, const Features& f) {
   return std::max(comm * (1 - kTpOverlapHidden), comm - gemm);
 }
 
-// Forward of one transformer layer for one microbatch.
+// Forward of one transformer layer for one microbatch. A cp rank holds T /
+// cp rows of each sequence: every per-token cost divides by cp, the
+// attention core's too (its queries see all T keys, and the head-tail split
+// gives each rank as many causal scores).
 PassCost layer_forward(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f) {
   const Config& cfg = w.cfg;
-  const double n = double(l.micro_batch) * cfg.seq_len(), h = cfg.model.d_model, ds = dtype_bytes(cfg);
+  const double n = rank_tokens(w, l), h = cfg.model.d_model, ds = dtype_bytes(cfg);
   const double gemm = c.matmul_seconds(n * w.layer_flops_per_token / 3 / l.tp, h, is_fp32(cfg));
   const double elem = c.memory_seconds(n * h * ds * (kElemOutside / (l.sequence_parallel ? l.tp : 1) + kElemInside / l.tp));
   PassCost p;
@@ -53,6 +56,7 @@ PassCost layer_forward(const Workload& w, const PlanLayout& l, const Cluster& c,
   // Two collectives of the (tokens x d_model) activations: all-reduces, or
   // all-gather + reduce-scatter pairs under sequence parallelism (the same bytes).
   if (l.tp > 1) p.tp_comm = exposed_tp(2 * all_reduce_s(n * h * ds, l.tp, c.intra_node), gemm, f);
+  p.cp_comm = cp_gather_s(w, l, c);
   return p;
 }
 
@@ -60,20 +64,22 @@ PassCost layer_forward(const Workload& w, const PlanLayout& l, const Cluster& c,
 // microbatch: the attention core's forward (its products at the rate the
 // layer's forward gives them, so that the core costs what it costs there)
 // and the MLP's activation (element-wise: its input read, its output
-// written). No collectives: both lie inside the tensor-parallel region.
+// written). No tensor-parallel collectives: both lie inside the region; under
+// cp the core gathers the keys and values once more.
 PassCost layer_selective(const Workload& w, const PlanLayout& l, const Cluster& c) {
   const Config& cfg = w.cfg;
-  const double n = double(l.micro_batch) * cfg.seq_len(), ds = dtype_bytes(cfg);
+  const double n = rank_tokens(w, l), ds = dtype_bytes(cfg);
   PassCost p;
   p.compute = c.matmul_seconds(n * w.attention_flops_per_token / l.tp, cfg.model.d_model, is_fp32(cfg)) +
               c.memory_seconds(n * w.ffn_width / l.tp * ds * kActivationTraffic) + c.op_overhead_us * 1e-6;
+  p.cp_comm = cp_gather_s(w, l, c);
   return p;
 }
 
 // Embedding (first chunk) or head and loss (last chunk), forward.
 PassCost ends_forward(const Workload& w, const PlanLayout& l, const Cluster& c, bool first, bool last) {
   const Config& cfg = w.cfg;
-  const double n = double(l.micro_batch) * cfg.seq_len(), h = cfg.model.d_model, ds = dtype_bytes(cfg);
+  const double n = rank_tokens(w, l), h = cfg.model.d_model, ds = dtype_bytes(cfg);
   PassCost p;
   if (first) {
     p.compute += c.memory_seconds(3 * n * h * ds);
@@ -89,6 +95,27 @@ PassCost ends_forward(const Workload& w, const PlanLayout& l, const Cluster& c, 
 
 }  // namespace
 
+double rank_tokens(const Workload& w, const PlanLayout& l) {
+  return double(l.micro_batch) * w.cfg.seq_len() / l.cp;
+}
+
+// Every rank's keys and values of one layer, one microbatch (models/layers/cp_comm.h):
+// B sequences x T rows x (k and v) x the kv heads of this tp rank x head_dim, in the activations' dtype.
+double cp_kv_bytes(const Workload& w, const PlanLayout& l) {
+  const ModelDims& d = w.cfg.model;
+  return double(l.micro_batch) * w.cfg.seq_len() * 2 * (double(d.kv_heads()) / l.tp) * d.head_size() * dtype_bytes(w.cfg);
+}
+
+const Link& cp_link(const Cluster& c, const PlanLayout& l) { return link_for(c, l.tp, l.cp); }
+
+double cp_gather_s(const Workload& w, const PlanLayout& l, const Cluster& c) {
+  return all_gather_s(cp_kv_bytes(w, l), l.cp, cp_link(c, l));
+}
+
+double cp_reduce_scatter_s(const Workload& w, const PlanLayout& l, const Cluster& c) {
+  return reduce_scatter_s(cp_kv_bytes(w, l), l.cp, cp_link(c, l));
+}
+
 // Per-microbatch costs of pipeline rank r (all its chunks).
 StageCost stage_cost(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f, int r) {
   const int chunks = l.pp * l.virtual_stages, layers = w.cfg.model.n_layer / chunks;
@@ -99,14 +126,20 @@ StageCost stage_cost(const Workload& w, const PlanLayout& l, const Cluster& c, c
     const PassCost e = ends_forward(w, l, c, g == 0, g == chunks - 1);
     s.fwd.compute += layers * lf.compute + e.compute;
     s.fwd.tp_comm += layers * lf.tp_comm + e.tp_comm;
-    // Backward: twice the forward's work (backward_factor of its time), the mirrored collectives.
+    s.fwd.cp_comm += layers * lf.cp_comm;
+    // Backward: twice the forward's work (backward_factor of its time), the mirrored collectives;
+    // under cp the keys and values gathered again and their gradients reduce-scattered to their owners.
     s.bwd.compute += c.backward_factor * (layers * lf.compute + e.compute);
     s.bwd.tp_comm += layers * lf.tp_comm + e.tp_comm;
+    s.bwd.cp_comm += layers * (cp_gather_s(w, l, c) + cp_reduce_scatter_s(w, l, c));
     if (l.recompute == Recompute::Full) {
       s.rc.compute += layers * lf.compute;
       s.rc.tp_comm += layers * lf.tp_comm;
+      s.rc.cp_comm += layers * lf.cp_comm;
     } else if (l.recompute == Recompute::Selective) {
-      s.rc.compute += layers * layer_selective(w, l, c).compute;
+      const PassCost sel = layer_selective(w, l, c);
+      s.rc.compute += layers * sel.compute;
+      s.rc.cp_comm += layers * sel.cp_comm;
     }
   }
   return s;
@@ -117,7 +150,7 @@ const Link& link_for(const Cluster& c, int stride, int size) {
   return stride * size > c.devices_per_node ? c.inter_node : c.intra_node;
 }
 
-const Link& link_between_stages(const Cluster& c, const PlanLayout& l) { return link_for(c, l.tp * l.dp, 2); }
+const Link& link_between_stages(const Cluster& c, const PlanLayout& l) { return link_for(c, l.tp * l.cp * l.dp, 2); }
 
 double local_params(const Workload& w, const PlanLayout& l) {
   const double layers = double(w.cfg.model.n_layer) / l.pp;
@@ -126,7 +159,7 @@ double local_params(const Workload& w, const PlanLayout& l) {
 
 std::string PlanLayout::str() const {
   std::ostringstream o;
-  o << "dp=" << dp << ",tp=" << tp << ",pp=" << pp << ",virtual_stages=" << virtual_stages
+  o << "dp=" << dp << (cp > 1 ? ",cp=" + std::to_string(cp) : "") << ",tp=" << tp << ",pp=" << pp << ",virtual_stages=" << virtual_stages
     << ",micro_batch=" << micro_batch << ",zero=" << zero << ",sequence_parallel=" << int(sequence_parallel)
     << ",recompute=" << config_name(recompute);
   return o.str();
@@ -157,6 +190,7 @@ PlanLayout parse_layout(const std::string& text, PlanLayout l) {
     }
     if (v < 0) fail(ErrorKind::Usage, "--layout: ", k, "=", v, " must not be negative");
     if (k == "dp") l.dp = v;
+    else if (k == "cp") l.cp = v;
     else if (k == "tp") l.tp = v;
     else if (k == "pp") l.pp = v;
     else if (k == "virtual_stages" || k == "v") l.virtual_stages = v;
@@ -164,7 +198,7 @@ PlanLayout parse_layout(const std::string& text, PlanLayout l) {
     else if (k == "zero") l.zero = v;
     else if (k == "sequence_parallel" || k == "sp") l.sequence_parallel = v != 0;
     else fail(ErrorKind::Usage, "--layout: unknown key '", k,
-              "' (expected dp, tp, pp, virtual_stages, micro_batch, zero, sequence_parallel, recompute)");
+              "' (expected dp, cp, tp, pp, virtual_stages, micro_batch, zero, sequence_parallel, recompute)");
   }
   return l;
 }
@@ -227,7 +261,7 @@ ScheduleKind layout_schedule(const Workload& w, const PlanLayout& l) {
 Config layout_config(const Workload& w, const PlanLayout& l) {
   Config c = w.cfg;
   c.parallel.dp = l.dp;
-  c.parallel.cp = 1;  // PlanLayout has no cp (xirang plan refuses a config with parallel.cp > 1)
+  c.parallel.cp = l.cp;  // parallel.cp_split stays the config's
   c.parallel.tp = l.tp;
   c.parallel.pp = l.pp;
   c.parallel.virtual_stages = l.virtual_stages;
@@ -240,8 +274,8 @@ Config layout_config(const Workload& w, const PlanLayout& l) {
 }
 
 std::string layout_problem(const Workload& w, const PlanLayout& l, const Cluster& c) {
-  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.micro_batch < 1)
-    return "dp, tp, pp, virtual_stages and micro_batch must be at least 1";
+  if (l.dp < 1 || l.cp < 1 || l.tp < 1 || l.pp < 1 || l.virtual_stages < 1 || l.micro_batch < 1)
+    return "dp, cp, tp, pp, virtual_stages and micro_batch must be at least 1";
   if (l.zero > 1) return str_cat("zero=", l.zero, ": only ZeRO-1 (zero=1) exists");
   if (l.tp > c.devices_per_node || c.devices_per_node % l.tp != 0)
     return str_cat("tp=", l.tp, " must divide the ", c.devices_per_node, " devices of a node (", c.name, ")");
@@ -251,6 +285,9 @@ std::string layout_problem(const Workload& w, const PlanLayout& l, const Cluster
     return str_cat("train.global_batch=", gb, " is not divisible by micro_batch x dp = ", l.micro_batch * l.dp);
   const std::string model = xirang::layout_problem(w.cfg.model, ParallelLayout{l.dp, l.tp, l.pp, l.virtual_stages});
   if (!model.empty()) return model;
+  // Sequences over cp (2 cp chunks each), token rows over tp: the config's rules, in its words.
+  const std::string sharding = sharding_problem(layout_config(w, l));
+  if (!sharding.empty()) return sharding;
   const int m = gb / (l.micro_batch * l.dp);
   // The schedule this layout runs, under the rules validation and make_schedule apply.
   const std::string schedule = schedule_problem(layout_schedule(w, l), l.pp, l.virtual_stages, m);

@@ -8,9 +8,12 @@
 // bytes and a cluster constant (docs/performance_model.md has every
 // formula); the pipeline's bubble and exposed transfers come from running
 // runtime/schedule's simulator with the per-microbatch stage costs.
+// Context parallelism (cp) gives each rank T / cp rows of every sequence:
+// its compute and tp traffic shrink by cp, and it pays the key/value
+// all-gathers and reduce-scatter of models/layers/cp_comm.h, exposed.
 //
 //   Workload w = workload_of(cfg);          // cfg: a loaded config
-//   PlanLayout l;  l.tp = 8;  l.pp = 4;  l.dp = 32;  l.micro_batch = 2;  l.recompute = Recompute::Full;
+//   PlanLayout l;  l.tp = 8;  l.cp = 2;  l.pp = 4;  l.dp = 16;  l.micro_batch = 2;  l.recompute = Recompute::Full;
 //   Prediction p = predict(w, l, cluster, {});
 //   p.time.step_s;  p.tokens_per_s;  p.memory.total();
 #pragma once
@@ -25,12 +28,15 @@
 
 namespace xirang::analysis::plan {
 
+// Ranks are numbered tp fastest, then cp, then dp, then pp (the trainer's groups).
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1, virtual_stages = 1, micro_batch = 1, zero = 0;
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;  // train.recompute
-  int devices() const { return dp * tp * pp; }
-  std::string str() const;  // "dp=4,tp=2,pp=2,virtual_stages=1,micro_batch=2,zero=0,sequence_parallel=0,recompute=none"
+  int cp = 1;                             // parallel.cp: ranks sharing each sequence
+  int devices() const { return dp * cp * tp * pp; }
+  // "dp=4,tp=2,pp=2,virtual_stages=1,micro_batch=2,zero=0,sequence_parallel=0,recompute=none" (",cp=C" after dp when cp > 1)
+  std::string str() const;
 };
 // Parses "tp=2,pp=4,..." over `base` (keys not named keep their value); a Usage error names a bad key or value.
 PlanLayout parse_layout(const std::string& text, PlanLayout base);
@@ -60,6 +66,7 @@ struct StepTime {
   double forward_s = 0, backward_s = 0, recompute_s = 0;  // compute on the busiest stage, all microbatches
   double first_stage_compute_s = 0;  // forward + backward + recompute of pipeline stage 0 (what rank 0 measures)
   double tp_comm_s = 0;           // exposed tensor-parallel collectives (inside forward/backward above? no: separate)
+  double cp_comm_s = 0;           // context-parallel key/value gathers and gradient reduce-scatters (never overlapped)
   double pp_bubble_s = 0;         // idle pipeline time (simulator, transfers free)
   double pp_comm_exposed_s = 0;   // what the transfers add to the simulated pipeline
   double dp_comm_s = 0;           // the data-parallel reduction's full duration
@@ -85,15 +92,19 @@ struct Prediction {
 };
 
 // The rule `l` breaks for this workload and cluster ("" if none): the
-// model's check_layout, batch divisibility, schedule rules, tp within a node.
+// model's check_layout, batch divisibility, schedule rules, tp within a node,
+// and the config's sharding rules for cp and sequence parallelism (sharding_problem).
 std::string layout_problem(const Workload& w, const PlanLayout& l, const Cluster& c);
 // Time only (fast; the search ranks by it).
 Prediction predict_time(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f);
+// predict_time's step less the pipeline's bubble and exposed transfers (the
+// simulator's terms, never negative): a bound the search prunes with.
+double step_lower_bound(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f);
 // Adds memory per device (the trainer's plan for the largest stage, plus recomputation and buffers) and fit.
 void add_memory(const Workload& w, const Cluster& c, Prediction& p);
 Prediction predict(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f);
 
-// The config the trainer would run for `l` (parallel.*, train.micro_batch).
+// The config the trainer would run for `l` (parallel.*, train.micro_batch; the config's parallel.cp_split kept).
 Config layout_config(const Workload& w, const PlanLayout& l);
 
 }  // namespace xirang::analysis::plan

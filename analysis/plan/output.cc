@@ -12,6 +12,7 @@ namespace {
 std::vector<std::pair<const char*, double>> terms(const StepTime& t) {
   return {{"forward", t.forward_s},           {"backward", t.backward_s},
           {"recompute", t.recompute_s},       {"tp_comm", t.tp_comm_s},
+          {"cp_comm", t.cp_comm_s},
           {"pp_bubble", t.pp_bubble_s},       {"pp_comm_exposed", t.pp_comm_exposed_s},
           {"dp_comm_exposed", t.dp_comm_exposed_s}, {"optimizer", t.optimizer_s},
           {"data_wait", t.data_wait_s}};
@@ -20,8 +21,8 @@ std::vector<std::pair<const char*, double>> terms(const StepTime& t) {
 }  // namespace
 
 std::string table(const std::vector<Prediction>& ps, const Cluster& c) {
-  std::string s = format("%-3s %-4s %-3s %-4s %-2s %-3s %-4s %-2s %-9s %9s %9s %12s %8s %6s  %s\n", "#", "dp", "tp", "pp",
-                       "v", "mb", "zero", "sp", "recompute", "mem GB", "step s", "tokens/s", "TFLOP/s", "MFU",
+  std::string s = format("%-3s %-4s %-3s %-3s %-4s %-2s %-3s %-4s %-2s %-9s %9s %9s %12s %8s %6s  %s\n", "#", "dp", "cp", "tp",
+                       "pp", "v", "mb", "zero", "sp", "recompute", "mem GB", "step s", "tokens/s", "TFLOP/s", "MFU",
                        "largest terms (share of step)");
   int rank = 1;
   for (const Prediction& p : ps) {
@@ -31,8 +32,8 @@ std::string table(const std::vector<Prediction>& ps, const Cluster& c) {
     std::string big;
     for (int i = 0; i < 3; ++i)
       if (ts[size_t(i)].second > 0) big += format("%s %.0f%% ", ts[size_t(i)].first, 100 * ts[size_t(i)].second / p.time.step_s);
-    s += format("%-3d %-4d %-3d %-4d %-2d %-3d %-4d %-2d %-9s %9s %9.4g %12.4g %8.1f %5.1f%%  %s\n", rank++, l.dp, l.tp,
-              l.pp, l.virtual_stages, l.micro_batch, l.zero, int(l.sequence_parallel), recompute_name(l.recompute),
+    s += format("%-3d %-4d %-3d %-3d %-4d %-2d %-3d %-4d %-2d %-9s %9s %9.4g %12.4g %8.1f %5.1f%%  %s\n", rank++, l.dp, l.cp,
+              l.tp, l.pp, l.virtual_stages, l.micro_batch, l.zero, int(l.sequence_parallel), recompute_name(l.recompute),
               p.memory_known ? format("%.2f", double(p.memory_total) / 1e9).c_str() : "?", p.time.step_s,
               p.tokens_per_s, p.model_tflops, 100 * p.mfu, big.c_str());
   }
@@ -71,7 +72,7 @@ std::string explain(const Prediction& p, const Workload& w, const Cluster& c) {
 nlohmann::json to_json(const Prediction& p) {
   const PlanLayout& l = p.layout;
   nlohmann::json j;
-  j["layout"] = {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"virtual_stages", l.virtual_stages},
+  j["layout"] = {{"dp", l.dp}, {"cp", l.cp}, {"tp", l.tp}, {"pp", l.pp}, {"virtual_stages", l.virtual_stages},
                  {"micro_batch", l.micro_batch}, {"zero", l.zero}, {"sequence_parallel", l.sequence_parallel},
                  {"recompute", recompute_name(l.recompute)}};
   nlohmann::json mem = nlohmann::json::object();

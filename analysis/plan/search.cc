@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <queue>
 
 namespace xirang::analysis::plan {
 
@@ -21,33 +22,55 @@ std::vector<PlanLayout> candidates(const Workload& w, const Cluster& c, const Se
   const int n = o.devices, gb = w.cfg.train.global_batch, layers = w.cfg.model.n_layer;
   for (int tp : divisors(std::min(n, c.devices_per_node), c.devices_per_node)) {
     if (n % tp) continue;
-    for (int pp : divisors(n / tp, layers)) {
-      const int dp = n / (tp * pp);
-      if (gb % dp) continue;
-      for (int mb : divisors(gb / dp, o.max_micro_batch))
-        for (int v : divisors(layers / pp, pp > 1 ? o.max_virtual_stages : 1))
-          for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero)
-            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
-              for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                PlanLayout l{dp, tp, pp, v, mb, zero, sp == 1, rc};
-                if (layout_problem(w, l, c).empty()) out.push_back(l);
-              }
-    }
+    for (int pp : divisors(n / tp, layers))
+      for (int cp : divisors(n / (tp * pp), o.max_context_parallel)) {
+        const int dp = n / (tp * pp * cp);
+        if (gb % dp) continue;
+        // cp's own rules (2 cp chunks per sequence, rows over tp) are layout_problem's, from the config's validation.
+        for (int mb : divisors(gb / dp, o.max_micro_batch))
+          for (int v : divisors(layers / pp, pp > 1 ? o.max_virtual_stages : 1))
+            for (int zero = 0; zero <= (dp * cp > 1 ? 1 : 0); ++zero)
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
+                for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                  PlanLayout l{dp, tp, pp, v, mb, zero, sp == 1, rc, cp};
+                  if (layout_problem(w, l, c).empty()) out.push_back(l);
+                }
+      }
   }
   return out;
 }
 
 }  // namespace
 
+// The ranking is that of predicting every candidate and checking memory from
+// the fastest down, without simulating most of them: candidates go in order
+// of a lower bound on their step (step_lower_bound: all but the simulated
+// pipeline terms), and a predicted layout is taken once no candidate left
+// can be faster (its step below the next bound). Ties keep enumeration order.
 SearchResult search(const Workload& w, const Cluster& c, const SearchOptions& o) {
   SearchResult r;
-  std::vector<Prediction> all;
-  for (const PlanLayout& l : candidates(w, c, o)) all.push_back(predict_time(w, l, c, o.features));
+  const std::vector<PlanLayout> all = candidates(w, c, o);
   r.candidates = int(all.size());
-  std::stable_sort(all.begin(), all.end(),
-                   [](const Prediction& a, const Prediction& b) { return a.tokens_per_s > b.tokens_per_s; });
-  for (Prediction& p : all) {
-    if (int(r.ranked.size()) >= o.top) break;
+  std::vector<std::pair<double, size_t>> bounds;  // (bound on the step, enumeration index)
+  for (size_t i = 0; i < all.size(); ++i)
+    bounds.push_back({o.prune ? step_lower_bound(w, all[i], c, o.features) : 0.0, i});
+  std::sort(bounds.begin(), bounds.end());
+  // Predicted, not yet taken: the fastest (then the first enumerated) on top.
+  auto slower = [](const std::pair<Prediction, size_t>& a, const std::pair<Prediction, size_t>& b) {
+    return a.first.time.step_s != b.first.time.step_s ? a.first.time.step_s > b.first.time.step_s : a.second > b.second;
+  };
+  std::priority_queue<std::pair<Prediction, size_t>, std::vector<std::pair<Prediction, size_t>>, decltype(slower)> ready(slower);
+  size_t next = 0;
+  while (int(r.ranked.size()) < o.top) {
+    const bool more = next < bounds.size();
+    if (more && (ready.empty() || ready.top().first.time.step_s >= bounds[next].first)) {
+      const size_t i = bounds[next++].second;
+      ready.push({predict_time(w, all[i], c, o.features), i});
+      continue;
+    }
+    if (ready.empty()) break;
+    Prediction p = ready.top().first;
+    ready.pop();
     add_memory(w, c, p);
     if (p.fits) r.ranked.push_back(p);
     else ++r.rejected_memory;
@@ -61,6 +84,7 @@ std::string compare(const Prediction& a, const Prediction& b) {
       {"compute", (x.forward_s + x.backward_s) - (y.forward_s + y.backward_s)},
       {"recomputation", x.recompute_s - y.recompute_s},
       {"tp comm", x.tp_comm_s - y.tp_comm_s},
+      {"cp comm", x.cp_comm_s - y.cp_comm_s},
       {"pipeline bubble", x.pp_bubble_s - y.pp_bubble_s},
       {"pp transfers", x.pp_comm_exposed_s - y.pp_comm_exposed_s},
       {"exposed dp comm", x.dp_comm_exposed_s - y.dp_comm_exposed_s},

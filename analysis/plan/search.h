@@ -1,6 +1,6 @@
 // analysis/plan/search.h: every layout of N devices, ranked.
 //
-// Enumerates tp (dividing a node), pp, dp = N / (tp pp), virtual stages,
+// Enumerates tp (dividing a node), pp, cp, dp = N / (tp pp cp), virtual stages,
 // micro batch, ZeRO, sequence parallelism and recomputation; drops what the
 // model or the batch cannot hold (layout_problem); predicts the time of
 // every candidate, then checks memory from the fastest down until `top`
@@ -22,6 +22,11 @@ struct SearchOptions {
   Features features;
   int max_micro_batch = 16;
   int max_virtual_stages = 8;
+  // Context parallelism pays off for long sequences; past 16 ranks per
+  // sequence (Llama 3's largest) the candidates only slow the search down.
+  int max_context_parallel = 16;
+  // false: simulate every candidate (the ranking pruning must reproduce; tests compare the two).
+  bool prune = true;
 };
 
 struct SearchResult {

@@ -33,16 +33,44 @@ SimResult simulate_cached(ScheduleKind k, int p, int m, int v, const SimCosts& c
   return cache.emplace(key.str(), r).first->second;
 }
 
-// Pipeline part of the step: compute, exposed tp, bubble, transfers.
-void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f, StepTime& t,
-                    std::vector<StageCost>& stages) {
+// The busiest pipeline stage's compute and collectives over the step's
+// microbatches (no simulation); `stages` gets every rank's per-microbatch costs.
+void stage_terms(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f, StepTime& t,
+                 std::vector<StageCost>& stages) {
+  const int m = w.cfg.train.global_batch / (l.micro_batch * l.dp);
+  int busiest = 0;
+  for (int r = 0; r < l.pp; ++r) {
+    stages.push_back(stage_cost(w, l, c, f, r));
+    if (stages[size_t(r)].fwd_total() + stages[size_t(r)].bwd_total() >
+        stages[size_t(busiest)].fwd_total() + stages[size_t(busiest)].bwd_total())
+      busiest = r;
+  }
+  const StageCost& s = stages[size_t(busiest)];
+  t.forward_s = m * s.fwd.compute;
+  t.backward_s = m * s.bwd.compute;
+  t.recompute_s = m * s.rc.compute;
+  t.first_stage_compute_s = m * (stages.front().fwd.compute + stages.front().bwd.compute + stages.front().rc.compute);
+  t.tp_comm_s = m * (s.fwd.tp_comm + s.bwd.tp_comm + s.rc.tp_comm);
+  t.cp_comm_s = m * (s.fwd.cp_comm + s.bwd.cp_comm + s.rc.cp_comm);
+  if (l.cp > 1) {
+    const Link& link = cp_link(c, l);
+    const int gathers = 2 + (l.recompute != Recompute::None);
+    t.notes.push_back({"cp comm", format("%.4g MB of keys and values per layer and microbatch over %d ranks (%s): "
+                                         "%d all-gathers %.4g ms each, 1 reduce-scatter %.4g ms",
+                                         cp_kv_bytes(w, l) / 1e6, l.cp, &link == &c.intra_node ? "intra-node" : "inter-node",
+                                         gathers, cp_gather_s(w, l, c) * 1e3, cp_reduce_scatter_s(w, l, c) * 1e3)});
+  }
+}
+
+// The pipeline's bubble and exposed transfers: the simulator over the stages' costs.
+void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, StepTime& t,
+                    const std::vector<StageCost>& stages) {
   const int p = l.pp, m = w.cfg.train.global_batch / (l.micro_batch * l.dp);
   SimCosts costs;
   int busiest = 0;
   for (int r = 0; r < p; ++r) {
-    stages.push_back(stage_cost(w, l, c, f, r));
-    costs.forward_per_rank.push_back(stages.back().fwd_total());
-    costs.backward_per_rank.push_back(stages.back().bwd_total());
+    costs.forward_per_rank.push_back(stages[size_t(r)].fwd_total());
+    costs.backward_per_rank.push_back(stages[size_t(r)].bwd_total());
     if (stages[size_t(r)].fwd_total() + stages[size_t(r)].bwd_total() >
         stages[size_t(busiest)].fwd_total() + stages[size_t(busiest)].bwd_total())
       busiest = r;
@@ -56,19 +84,13 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
   // in the input part: the share of a whole stage's backward is a little less.)
   const double matrix = w.layer_flops_per_token / 3 - w.attention_flops_per_token;
   costs.weight_share = matrix / (2 * w.layer_flops_per_token / 3);
-  const double n = double(l.micro_batch) * w.cfg.seq_len();
+  const double n = rank_tokens(w, l);
   const double msg = n * w.cfg.model.d_model * (w.cfg.precision.dtype == Precision::FP32 ? 4 : 2) /
                      (l.sequence_parallel ? l.tp : 1);
   costs.transfer = 0;
   const SimResult free = simulate_cached(kind, p, m, l.virtual_stages, costs);
   costs.transfer = p > 1 ? send_s(msg, link_between_stages(c, l)) : 0;
   const SimResult real = p > 1 ? simulate_cached(kind, p, m, l.virtual_stages, costs) : free;
-  const StageCost& s = stages[size_t(busiest)];
-  t.forward_s = m * s.fwd.compute;
-  t.backward_s = m * s.bwd.compute;
-  t.recompute_s = m * s.rc.compute;
-  t.first_stage_compute_s = m * (stages.front().fwd.compute + stages.front().bwd.compute + stages.front().rc.compute);
-  t.tp_comm_s = m * (s.fwd.tp_comm + s.bwd.tp_comm + s.rc.tp_comm);
   const double busy = *std::max_element(free.busy.begin(), free.busy.end());
   t.pp_bubble_s = free.makespan - busy;
   t.pp_comm_exposed_s = real.makespan - free.makespan;
@@ -81,32 +103,36 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, co
 }
 
 // The data-parallel reduction after (and during) the last backward, and ZeRO's parameter gather.
+// Parameters are replicated over cp as over dp: the group is the dp x cp
+// ranks of one tp and pp rank (tp apart: cp is next to tp in the rank order).
 void dp_terms(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f,
               const std::vector<StageCost>& stages, StepTime& t) {
-  if (l.dp == 1) return;
+  const int g = l.dp * l.cp;
+  if (g == 1) return;
   const bool wide = w.cfg.precision.dtype == Precision::FP32;
   const double gbytes = 4, pbytes = wide ? 4 : 2;
   const double local = local_params(w, l);
-  const Link& link = link_for(c, l.tp, l.dp);
-  const double grads = l.zero ? reduce_scatter_s(local * gbytes, l.dp, link) : all_reduce_s(local * gbytes, l.dp, link);
-  const double gather = l.zero ? all_gather_s(local * pbytes, l.dp, link) : 0;
+  const Link& link = link_for(c, l.tp, g);
+  const double grads = l.zero ? reduce_scatter_s(local * gbytes, g, link) : all_reduce_s(local * gbytes, g, link);
+  const double gather = l.zero ? all_gather_s(local * pbytes, g, link) : 0;
   const double bucket_bytes = std::min(local * gbytes, w.cfg.parallel.bucket_mb * 1024 * 1024);
-  const double bucket = l.zero ? reduce_scatter_s(bucket_bytes, l.dp, link) : all_reduce_s(bucket_bytes, l.dp, link);
+  const double bucket = l.zero ? reduce_scatter_s(bucket_bytes, g, link) : all_reduce_s(bucket_bytes, g, link);
   // Buckets start during the last microbatch's backward on the first stage (the last work of the step).
   const double window = w.cfg.parallel.overlap_grad_reduce ? stages.front().bwd_total() : 0;
   const double grads_exposed = window > 0 ? std::max(std::min(bucket, grads), grads - window) : grads;
   const double gather_exposed = f.param_gather_overlap ? std::max(0.0, gather - stages.front().fwd_total()) : gather;
   // The reduction cannot finish before the slowest rank's last gradients.
-  const double skew = c.rank_skew * (t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s);
+  const double skew = c.rank_skew * (t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s + t.cp_comm_s);
   t.dp_comm_s = grads + gather;
   t.dp_comm_exposed_s = grads_exposed + gather_exposed + skew;
-  t.notes.push_back({"dp comm", format("%.4g M params x 4 B over %d ranks: %.4g ms", local / 1e6, l.dp, (grads + gather) * 1e3)});
+  t.notes.push_back({"dp comm", format("%.4g M params x 4 B over %d ranks%s: %.4g ms", local / 1e6, g,
+                                       l.cp > 1 ? " (dp x cp)" : "", (grads + gather) * 1e3)});
 }
 
 // AdamW: memory-bound over this rank's (shard of the) parameters, plus the gradient norm and zeroing.
 void optimizer_term(const Workload& w, const PlanLayout& l, const Cluster& c, StepTime& t) {
   const bool wide = w.cfg.precision.dtype == Precision::FP32;
-  const double local = local_params(w, l), updated = local / (l.zero ? l.dp : 1);
+  const double local = local_params(w, l), updated = local / (l.zero ? l.dp * l.cp : 1);  // ZeRO shards over dp x cp
   // grad read; m, v read+write; param (and fp32 master under 16-bit) read+write.
   const double per_elem = wide ? 4 + 16 + 8 : 4 + 16 + 8 + 4;
   t.optimizer_s = c.memory_seconds(updated * per_elem + local * 8) +
@@ -122,10 +148,11 @@ Prediction predict_time(const Workload& w, const PlanLayout& l, const Cluster& c
   if (!p.problem.empty()) return p;
   StepTime& t = p.time;
   std::vector<StageCost> stages;
-  pipeline_terms(w, l, c, f, t, stages);
+  stage_terms(w, l, c, f, t, stages);
+  pipeline_terms(w, l, c, t, stages);
   dp_terms(w, l, c, f, stages, t);
   optimizer_term(w, l, c, t);
-  t.step_s = t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s + t.pp_bubble_s + t.pp_comm_exposed_s +
+  t.step_s = t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s + t.cp_comm_s + t.pp_bubble_s + t.pp_comm_exposed_s +
              t.dp_comm_exposed_s + t.optimizer_s + t.data_wait_s;
   const double tokens = double(w.cfg.train.global_batch) * w.cfg.seq_len();
   const double L = w.cfg.model.n_layer;
@@ -142,6 +169,16 @@ Prediction predict_time(const Workload& w, const PlanLayout& l, const Cluster& c
   return p;
 }
 
+double step_lower_bound(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f) {
+  StepTime t;
+  std::vector<StageCost> stages;
+  stage_terms(w, l, c, f, t, stages);
+  dp_terms(w, l, c, f, stages, t);
+  optimizer_term(w, l, c, t);
+  return t.forward_s + t.backward_s + t.recompute_s + t.tp_comm_s + t.cp_comm_s + t.dp_comm_exposed_s + t.optimizer_s +
+         t.data_wait_s;
+}
+
 void add_memory(const Workload& w, const Cluster& c, Prediction& p) {
   if (!p.problem.empty()) return;
   const PlanLayout& l = p.layout;
@@ -151,7 +188,7 @@ void add_memory(const Workload& w, const Cluster& c, Prediction& p) {
   // layout_config sets train.recompute: the activations are the trainer's own accounting for that mode.
   MemoryPlan plan;
   for (const auto& item : trainer.items()) plan.add(item.category, item.bytes, item.detail);
-  const int groups = (l.dp > 1) + (l.tp > 1) + (l.pp > 1);
+  const int groups = (l.dp * l.cp > 1) + (l.cp > 1) + (l.tp > 1) + (l.pp > 1);
   if (groups > 0 && c.comm_buffer_mb > 0)
     plan.add("communication buffers", size_t(groups * c.comm_buffer_mb * 1e6), "per group with more than one rank");
   p.memory = plan;

@@ -95,6 +95,7 @@ RankTrace read_rank_file(const std::string& path, Trace& shape) {
   r.path = path;
   r.rank = int(number_field(od, "rank", path));
   r.dp = int(number_field(od, "dp", path));
+  r.cp = od.contains("cp") ? int(number_field(od, "cp", path)) : 0;
   r.tp = int(number_field(od, "tp", path));
   r.pp = int(number_field(od, "pp", path));
   r.clock_sync_us = number_field(od, "clock_sync_us", path);
@@ -203,6 +204,7 @@ Trace load_merged_trace(const std::string& path) {
     rt.path = path;
     rt.rank = int(number_field(r, "rank", path));
     rt.dp = int(number_field(r, "dp", path));
+    rt.cp = r.contains("cp") ? int(number_field(r, "cp", path)) : 0;
     rt.tp = int(number_field(r, "tp", path));
     rt.pp = int(number_field(r, "pp", path));
     rt.events = json::array();
@@ -235,6 +237,7 @@ nlohmann::ordered_json merge_traces(const Trace& t) {
   for (const RankTrace& r : t.ranks) {
     ranks.push_back({{"rank", r.rank},
                      {"dp", r.dp},
+                     {"cp", r.cp},
                      {"tp", r.tp},
                      {"pp", r.pp},
                      {"clock_offset_us", std::round(clock_offset_us(t, r.rank) * 1e3) / 1e3}});

@@ -24,6 +24,7 @@ namespace xirang::analysis::report {
 struct RankTrace {
   std::string path;  // the file it came from
   int rank = 0, dp = 0, tp = 0, pp = 0;
+  int cp = 0;                // its place in the cp group (files written before cp have none: 0)
   double clock_sync_us = 0;  // the rank's clock at the window's barrier (0 in a merged trace)
   nlohmann::json events;     // its traceEvents, as read
 };
@@ -59,6 +60,7 @@ void write_json_atomic(const std::string& path, const nlohmann::ordered_json& j)
 // (the step's own bookkeeping, the loss all-reduce).
 struct RankUtilisation {
   int rank = 0, dp = 0, tp = 0, pp = 0;
+  int cp = 0;  // the rank's place in its cp group (0 in traces written before cp, or at cp = 1)
   int steps = 0;
   double step_ms = 0;                  // mean traced step
   std::array<double, kParts> ms{};     // per step, mean
@@ -70,6 +72,11 @@ struct Utilisation {
   std::vector<RankUtilisation> ranks;
 };
 Utilisation utilisation(const Trace& t);
+// How the utilisation table and plot name ranks: "rank (dp,tp,pp)" and
+// "3 (1,0,1)", with cp after dp ("rank (dp,cp,tp,pp)") when some rank's cp is not 0.
+bool has_cp(const Utilisation& u);
+std::string rank_axis(bool with_cp);
+std::string rank_label(const RankUtilisation& r, bool with_cp);
 // The part a compute-track span's self time counts as ("forward" -> Compute).
 Part span_part(const std::string& name);
 

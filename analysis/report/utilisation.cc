@@ -63,7 +63,7 @@ std::pair<int, double> attribute(const std::vector<Interval>& spans, std::array<
 
 RankUtilisation rank_utilisation(const RankTrace& r) {
   RankUtilisation u;
-  u.rank = r.rank, u.dp = r.dp, u.tp = r.tp, u.pp = r.pp;
+  u.rank = r.rank, u.dp = r.dp, u.cp = r.cp, u.tp = r.tp, u.pp = r.pp;
   std::array<double, kParts> us{};
   const auto [steps, total_us] = attribute(main_spans(r), us);
   u.steps = steps;
@@ -114,14 +114,26 @@ std::string find_run_trace(const Run& run, const std::string& given) {
   return {};
 }
 
+bool has_cp(const Utilisation& u) {
+  return std::any_of(u.ranks.begin(), u.ranks.end(), [](const RankUtilisation& r) { return r.cp > 0; });
+}
+
+std::string rank_axis(bool with_cp) { return with_cp ? "rank (dp,cp,tp,pp)" : "rank (dp,tp,pp)"; }
+
+std::string rank_label(const RankUtilisation& r, bool with_cp) {
+  return with_cp ? str_cat(r.rank, " (", r.dp, ',', r.cp, ',', r.tp, ',', r.pp, ')')
+                 : str_cat(r.rank, " (", r.dp, ',', r.tp, ',', r.pp, ')');
+}
+
 PlotResult plot_utilisation(const Utilisation& u, const std::string& dir) {
+  const bool with_cp = has_cp(u);
   auto make = [&](const std::string& tmp) {
     std::ofstream d(tmp + "/utilisation.dat");
     d << "rank";
     for (int p = 0; p < kParts; ++p) d << ' ' << part_key(Part(p));
     d << '\n';
     for (const RankUtilisation& r : u.ranks) {
-      d << '"' << r.rank << " (" << r.dp << ',' << r.tp << ',' << r.pp << ")\"";
+      d << '"' << rank_label(r, with_cp) << '"';
       for (double s : r.share) d << ' ' << 100 * s;
       d << '\n';
     }
@@ -131,7 +143,7 @@ PlotResult plot_utilisation(const Utilisation& u, const std::string& dir) {
       << "colors = '#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #edc948 #b07aa1 #ff9da7 #9c755f #bab0ac'\n"
       << "set output " << gnuplot_quote(dir + "/utilisation.png") << "\n"
       << "set title 'Traced steps " << u.first_step << "-" << u.last_step << ": share of step time per rank'\n"
-      << "set xlabel 'rank (dp,tp,pp)'\nset ylabel '% of step time'\nset yrange [0:100]\n"
+      << "set xlabel '" << rank_axis(with_cp) << "'\nset ylabel '% of step time'\nset yrange [0:100]\n"
       << "set key outside right\nset style data histograms\nset style histogram rowstacked\n"
       << "set style fill solid 0.85 border -1\nset boxwidth 0.8\nset xtics rotate by -30\n"
       << "plot for [i=2:" << kParts + 1 << "] " << gnuplot_quote(tmp + "/utilisation.dat")

@@ -246,5 +246,9 @@ std::vector<NamedKey> named_keys();
 // column, runtime/config/field_check.h) in schema order, then the rules
 // between keys. Throws ErrorKind::Config naming key, value, rule.
 void validate(Config& c, int world_size);
+// "" or the rule that cutting sequences over parallel.cp and token rows over
+// parallel.tp (sequence parallelism) breaks, as validate() reports it; the
+// planner (analysis/plan) asks the same question of every layout it ranks.
+std::string sharding_problem(const Config& c);
 
 }  // namespace xirang

@@ -101,23 +101,6 @@ void check_pipeline(const Validator& v, const Config& c) {
                                    " x parallel.dp ", p.dp, ") = ", m)));
 }
 
-// Context parallelism cuts each sequence into 2 x cp chunks (kernels/context_split.h);
-// sequence parallelism splits a microbatch's token rows (a cp rank's) over tp.
-void check_sharding(const Validator& v, const Config& c) {
-  const ParallelConfig& p = c.parallel;
-  if (p.cp > 1 && c.seq_len() % (2 * p.cp) != 0)
-    v.fail_rule(str_cat(c.train.seq_len > 0 ? "train.seq_len=" : "model.seq_len=", c.seq_len(),
-                        " is not divisible by 2 x parallel.cp (", p.cp, ") = ", 2 * p.cp,
-                        ": context parallelism cuts each sequence into 2 x cp equal chunks"));
-  if (p.sequence_parallel) {
-    const int64_t local = c.seq_len() / p.cp, rows = int64_t{c.train.micro_batch} * local;
-    if (rows % p.tp != 0)
-      v.fail_rule(str_cat("parallel.sequence_parallel splits the ", rows, " token rows of a microbatch (train.micro_batch ",
-                          c.train.micro_batch, " x seq_len ", c.seq_len(), p.cp > 1 ? str_cat(" / parallel.cp ", p.cp) : "",
-                          ") over parallel.tp=", p.tp, ", which does not divide them"));
-  }
-}
-
 void check_bounds(const Validator& v, const Config& c) {
   if (c.data.prefetch_max < c.data.prefetch_min)
     v.fail_rule(str_cat("data.prefetch_max=", c.data.prefetch_max, " is below data.prefetch_min=", c.data.prefetch_min));
@@ -150,6 +133,24 @@ void check_datasets(const Validator& v, const Config& c) {
 
 }  // namespace
 
+// Context parallelism cuts each sequence into 2 x cp chunks (kernels/context_split.h);
+// sequence parallelism splits a microbatch's token rows (a cp rank's) over tp.
+std::string sharding_problem(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  if (p.cp > 1 && c.seq_len() % (2 * p.cp) != 0)
+    return str_cat(c.train.seq_len > 0 ? "train.seq_len=" : "model.seq_len=", c.seq_len(),
+                   " is not divisible by 2 x parallel.cp (", p.cp, ") = ", 2 * p.cp,
+                   ": context parallelism cuts each sequence into 2 x cp equal chunks");
+  if (p.sequence_parallel) {
+    const int64_t local = c.seq_len() / p.cp, rows = int64_t{c.train.micro_batch} * local;
+    if (rows % p.tp != 0)
+      return str_cat("parallel.sequence_parallel splits the ", rows, " token rows of a microbatch (train.micro_batch ",
+                     c.train.micro_batch, " x seq_len ", c.seq_len(), p.cp > 1 ? str_cat(" / parallel.cp ", p.cp) : "",
+                     ") over parallel.tp=", p.tp, ", which does not divide them");
+  }
+  return "";
+}
+
 void validate(Config& c, int world_size) {
   const Validator v(c);
   if (world_size < 1) v.fail_rule(str_cat("world size ", world_size, " must be >= 1"));
@@ -158,7 +159,7 @@ void validate(Config& c, int world_size) {
   check_batch(v, c.train, c.model);
   check_world(v, c.parallel, world_size);
   check_pipeline(v, c);
-  check_sharding(v, c);
+  v.check(sharding_problem(c));
   check_bounds(v, c);
   check_faults(v, c.faults, world_size);
   check_datasets(v, c);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "analysis/report/report.h"
+#include "analysis/report/trace.h"
 #include "analysis/sweep/sweep.h"
 #include "runtime/observe/step_fields.h"
 
@@ -57,6 +58,22 @@ TEST(SweepReader, TheBreakdownIsEveryTimeButTheStep) {
   for (const std::string& k : sweep::breakdown_keys()) got += k + " ";
   EXPECT_EQ(got, expected);
   EXPECT_EQ(got.find("step_ms "), std::string::npos);
+}
+
+// The utilisation table names ranks by (dp,tp,pp), and by (dp,cp,tp,pp) once a rank has a cp place.
+TEST(ReportUtilisation, RankLabelsNameCpOnlyWhereItIsUsed) {
+  using namespace report;
+  Utilisation u;
+  u.ranks.resize(2);
+  u.ranks[1].rank = 1, u.ranks[1].dp = 0, u.ranks[1].tp = 1, u.ranks[1].pp = 0;
+  EXPECT_FALSE(has_cp(u));
+  EXPECT_EQ(rank_axis(false), "rank (dp,tp,pp)");
+  EXPECT_EQ(rank_label(u.ranks[1], has_cp(u)), "1 (0,1,0)");
+  u.ranks[1].rank = 3, u.ranks[1].cp = 1;
+  EXPECT_TRUE(has_cp(u));
+  EXPECT_EQ(rank_axis(true), "rank (dp,cp,tp,pp)");
+  EXPECT_EQ(rank_label(u.ranks[1], true), "3 (0,1,1,0)");
+  EXPECT_EQ(rank_label(u.ranks[0], true), "0 (0,0,0,0)");
 }
 
 }  // namespace

@@ -58,9 +58,28 @@ case $case in
   unknown_layout_key) expect_error 2 "usage error: --layout: unknown key 'tensor'" -- plan "$cfg" --cluster "$a100" --layout tensor=2 ;;
   unknown_model_key)
     expect_error 1 "config error: .*model.flavour" -- plan "$cfg" --cluster "$a100" --gpus 8 --set model.flavour=1 ;;
-  cp_not_modelled)
-    expect_error 1 "config error: xirang plan does not model context parallelism yet: parallel.cp=2" -- \
-      plan "$cfg" --cluster "$a100" --gpus 8 --set parallel.cp=2 ;;
+  config_cp)
+    # The config's parallel.cp is planned: its --layout keeps it, the table and JSON show it.
+    "$xirang" plan "$cfg" --cluster "$a100" --set parallel.cp=2 --layout dp=2,tp=2 --explain >out.txt 2>err.txt ||
+      die "plan at parallel.cp=2 failed: $(cat err.txt)"
+    grep -q "^layout dp=2,cp=2,tp=2," out.txt || die "no cp=2 in the layout: $(cat out.txt)"
+    grep -qE "^ +cp_comm +[0-9.e-]+ s" out.txt || die "no cp_comm term: $(cat out.txt)"
+    grep -q "cp comm: .* over 2 ranks (intra-node)" out.txt || die "no cp comm note: $(cat out.txt)"
+    "$xirang" plan "$cfg" --cluster "$a100" --layout dp=2,cp=4 --json >out.json 2>err.txt || die "$(cat err.txt)"
+    python3 - out.json <<'PY' || die "bad JSON: $(head -c 400 out.json)"
+import json, sys
+l = json.load(open(sys.argv[1]))["layouts"][0]
+assert l["layout"]["cp"] == 4 and l["layout"]["dp"] == 2, l["layout"]
+assert l["breakdown_s"]["cp_comm_s"] > 0, l["breakdown_s"]
+assert abs(sum(l["breakdown_s"].values()) - l["step_s"]) < 1e-9 * l["step_s"]
+PY
+    echo "ok [$case]" ;;
+  bad_cp)
+    expect_error 1 "config error: --layout cp=3: model.seq_len=64 is not divisible by 2 x parallel.cp \(3\) = 6: context parallelism cuts each sequence into 2 x cp equal chunks" -- \
+      plan "$cfg" --cluster "$a100" --layout cp=3 ;;
+  cp_gpus_mismatch)
+    expect_error 1 "config error: --layout dp=2,cp=2,tp=2,.* uses 8 devices, not --gpus 4" -- \
+      plan "$cfg" --cluster "$a100" --gpus 4 --layout dp=2,cp=2,tp=2 ;;
   gpus_mismatch)
     expect_error 1 "config error: .*uses 4 devices, not --gpus 8" -- plan "$cfg" --cluster "$a100" --gpus 8 --layout dp=2,tp=2 ;;
   json_output)
@@ -91,6 +110,7 @@ PY
     grep -qE "activations per microbatch: none [0-9.]+ [KMG]?i?B, selective .*, full .* \(train.recompute=full\)" train.txt ||
       die "no per-mode activation line: $(cat train.txt)" ;;
   memory_pp2_selective) memory_matches 2 dp=1,pp=2 --set parallel.pp=2 --set train.recompute=selective ;;
+  memory_cp2) memory_matches 2 dp=1,cp=2 --set parallel.cp=2 ;;
   calibrate)
     "$xirang" plan --calibrate "$src/tests/assets/sweeps/this_machine.jsonl" --cluster "$here" -o fitted.yaml \
       >out.txt 2>err.txt || die "calibrate failed: $(cat err.txt)"
