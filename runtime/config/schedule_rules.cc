@@ -13,8 +13,9 @@ std::string schedule_problem(ScheduleKind kind, int pp, int virtual_stages, int 
   if (interleaved && virtual_stages < 2)
     return str_cat("parallel.schedule=interleaved needs parallel.virtual_stages >= 2 (got ", virtual_stages, ")");
   // One stage runs B and W back to back: the split only costs its extra passes.
-  if (kind == ScheduleKind::ZeroBubbleH1 && pp < 2)
-    return "parallel.schedule=zb_h1 needs parallel.pp >= 2 (one stage has no bubble for the split backward to fill)";
+  if ((kind == ScheduleKind::ZeroBubbleH1 || kind == ScheduleKind::ZeroBubbleH2) && pp < 2)
+    return str_cat("parallel.schedule=", config_name(kind),
+                   " needs parallel.pp >= 2 (one stage has no bubble for the split backward to fill)");
   // Groups of pp microbatches go through each chunk in turn.
   if (interleaved && pp > 0 && microbatches % pp != 0)
     return str_cat("parallel.schedule=interleaved needs the microbatches per step (",

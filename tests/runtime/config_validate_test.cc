@@ -339,7 +339,7 @@ TEST_F(ConfigValidate, ReportsFieldRulesInSchemaOrderThenRulesBetweenFields) {
 // over kinds and layouts, validate refuses exactly where it does, in its words.
 TEST_F(ConfigValidate, ScheduleRulesAreTheScheduleProblems) {
   int refused = 0;
-  for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb_h1"})
+  for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2"})
     for (int pp : {1, 2, 4})
       for (int v : {1, 2})
         for (int gb : {4, 6, 8}) {
