@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "runtime/config/schedule_rules.h"
+#include "runtime/step/schedule_zbv.h"
 
 namespace xirang {
 
@@ -38,8 +39,12 @@ struct Compute {
 };
 
 // The compute order of one rank; communication is derived from it.
-std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, int v) {
+std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, int v, const PassTimes& times) {
   std::vector<Compute> out;
+  if (kind == ScheduleKind::ZeroBubbleV) {
+    for (const PipeInstr& in : zbv_compute_order(p, rank, m, times)) out.push_back({in.op, in.microbatch, in.chunk});
+    return out;
+  }
   if (kind == ScheduleKind::GPipe) {
     for (int i = 0; i < m; ++i) out.push_back({PipeOp::Forward, i, 0});
     for (int i = 0; i < m; ++i) out.push_back({PipeOp::Backward, i, 0});
@@ -109,14 +114,22 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, in
 
 }  // namespace
 
+int schedule_model_chunk(ScheduleKind kind, int p, int rank, int chunk) {
+  return kind == ScheduleKind::ZeroBubbleV ? zbv_model_chunk(p, rank, chunk) : model_chunk(p, rank, chunk);
+}
+
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v) {
+  return make_schedule(kind, p, rank, m, v, PassTimes{});
+}
+
+std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v, const PassTimes& times) {
   if (p < 1 || rank < 0 || rank >= p || m < 1 || v < 1)
     fail(ErrorKind::Config, "pipeline schedule: p=", p, ", rank=", rank, ", m=", m, ", v=", v, " are out of range");
   if (const std::string problem = schedule_problem(kind, p, v, m); !problem.empty()) fail(ErrorKind::Config, problem);
   const int last = p * v - 1;
   std::vector<PipeInstr> list;
-  for (const Compute& c : compute_order(kind, p, rank, m, v)) {
-    const int g = model_chunk(p, rank, c.chunk);
+  for (const Compute& c : compute_order(kind, p, rank, m, v, times)) {
+    const int g = schedule_model_chunk(kind, p, rank, c.chunk);
     if (c.op == PipeOp::Forward) {
       if (g > 0) list.push_back({PipeOp::RecvActivation, c.microbatch, c.chunk});
       list.push_back({PipeOp::Forward, c.microbatch, c.chunk});
@@ -202,8 +215,12 @@ namespace {
 // message that arrives `transfer` later, a receive blocks until it has.
 class Simulation {
  public:
-  Simulation(ScheduleKind kind, int p, int m, int v, const SimCosts& costs) : p_(p), m_(m), v_(v), costs_(costs) {
-    for (int rank = 0; rank < p; ++rank) lists_.push_back(make_schedule(kind, p, rank, m, v));
+  Simulation(ScheduleKind kind, int p, int m, int v, const SimCosts& costs)
+      : kind_(kind), p_(p), m_(m), v_(v), costs_(costs) {
+    // zb_v's list is found at the costs it runs at (its scalar ones: per-rank costs do not move it).
+    const PassTimes times{costs.forward / v, costs.backward * (1 - costs.weight_share) / v,
+                          costs.backward * costs.weight_share / v};
+    for (int rank = 0; rank < p; ++rank) lists_.push_back(make_schedule(kind, p, rank, m, v, times));
     pc_.assign(size_t(p), 0);
     clock_.assign(size_t(p), 0);
     live_.assign(size_t(p), 0);
@@ -253,7 +270,7 @@ class Simulation {
   }
 
   Exec execute(int rank, const PipeInstr& in) {
-    const int g = in.chunk >= 0 ? model_chunk(p_, rank, in.chunk) : -1;
+    const int g = in.chunk >= 0 ? schedule_model_chunk(kind_, p_, rank, in.chunk) : -1;
     double& t = clock_[size_t(rank)];
     if (in.op == PipeOp::RecvActivation || in.op == PipeOp::RecvGradient) {
       auto it = mail_.find(MailKey{in.op == PipeOp::RecvActivation ? 0 : 1, in.microbatch, g});
@@ -345,6 +362,7 @@ class Simulation {
     return r_;
   }
 
+  const ScheduleKind kind_;
   const int p_, m_, v_;
   const SimCosts& costs_;
   std::vector<std::vector<PipeInstr>> lists_;  // (p): each rank's list

@@ -16,6 +16,8 @@
 //   SimResult r = simulate(ScheduleKind::OneFOneB, 4, 8, 1, costs);
 //   // r.bubble_fraction == 3.0 / 11
 //
+// zb_v places its two chunks per rank in a V instead (schedule_model_chunk).
+//
 // A zero-bubble schedule (zb_h1; Qi et al., "Zero Bubble Pipeline
 // Parallelism", 2024) splits each backward into BackwardInput (B: the
 // gradient the previous stage waits for) and BackwardWeight (W: the
@@ -64,10 +66,25 @@ struct PipeInstr {
   int chunk = -1;  // local chunk (virtual stage) index on this rank
 };
 
+// The model chunk that local chunk `chunk` of `rank` holds under `kind`:
+// model_chunk() (chunk * p + rank) except under zb_v, whose V puts rank r's
+// chunks at r and 2p - 1 - r (runtime/step/schedule_zbv.h).
+int schedule_model_chunk(ScheduleKind kind, int p, int rank, int chunk);
+
+// One chunk's pass times: F, B (a split backward's input part) and W.
+struct PassTimes {
+  double forward = 1, input = 1, weight = 1;
+};
+
 // One rank's instruction list for one step. Throws a Config error when the
 // combination is not supported (runtime/config/schedule_rules.h: interleaved
-// needs v > 1 and m % p == 0, the others v == 1; zb_h1 and zb_h2 need p > 1).
+// needs v > 1 and m % p == 0, zb_v v == 2, the others v == 1; the zero-bubble
+// kinds need p > 1).
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v);
+// The same, with zb_v's list found for `times` (schedule_zbv.h: it is list
+// scheduling over the passes' times, as in Qi et al.'s implementation; the
+// plain form uses equal times). The other kinds ignore `times`.
+std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v, const PassTimes& times);
 
 // Most microbatches a local chunk holds at once under this list, from each
 // forward to its whole backward or its weight part.
@@ -112,7 +129,8 @@ struct SimResult {
 };
 
 // Runs all p ranks' lists together: sends take no rank time and arrive
-// `transfer` later; a receive blocks until its message has arrived.
+// `transfer` later; a receive blocks until its message has arrived. zb_v's
+// lists are made for the scalar costs (make_schedule with PassTimes).
 SimResult simulate(ScheduleKind kind, int p, int m, int v, const SimCosts& costs);
 // The bubble fraction the analysis predicts with transfer = 0:
 // (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1)

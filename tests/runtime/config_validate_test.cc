@@ -155,6 +155,8 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"parallel.schedule=zb_h1"}, 1, {"parallel.schedule=zb_h1 needs parallel.pp >= 2"}},
       {{"parallel.schedule=zb_h1", "parallel.pp=2", "parallel.virtual_stages=2"}, 2,
        {"parallel.virtual_stages=2 needs parallel.schedule=interleaved (got zb_h1)"}},
+      {{"parallel.schedule=zb_v", "parallel.pp=2", "parallel.virtual_stages=2"}, 2,
+       {"parallel.schedule=zb_v is simulated only: the executor places local chunk c of pipeline rank r"}},
       {{"parallel.tp=0"}, 1, {"parallel.tp=0 must be >= 1"}},
       {{"parallel.pp=0"}, 1, {"parallel.pp=0 must be >= 1"}},
       {{"parallel.dp=-1"}, 1, {"parallel.dp=-1 must be >= 0"}},

@@ -122,8 +122,8 @@ TEST(ZeroBubbleH2, ListsAreWellFormed) {
             backward_seen = true;
             EXPECT_EQ(st++, 1);
             EXPECT_EQ(in.microbatch, next_input++);
-            if (rank < p - 1) EXPECT_EQ(list[i - 1].op, PipeOp::RecvGradient);
-            if (rank > 0) EXPECT_EQ(list[i + 1].op, PipeOp::SendGradient);
+            EXPECT_EQ(list[i - 1].op == PipeOp::RecvGradient, rank < p - 1);
+            EXPECT_EQ(list[i + 1].op == PipeOp::SendGradient, rank > 0);
           }
           if (in.op == PipeOp::BackwardWeight) {
             EXPECT_EQ(st++, 2);
