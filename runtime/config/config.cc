@@ -346,6 +346,7 @@ std::string emit_yaml(const Config& config) {
 }
 
 
-bool splits_backward(ScheduleKind k) { return k == ScheduleKind::ZeroBubbleH1; }
+bool splits_backward(ScheduleKind k) { return k == ScheduleKind::ZeroBubbleH1 || k == ScheduleKind::ZeroBubbleH2 || k == ScheduleKind::ZeroBubbleV;
+}
 
 }  // namespace xirang

@@ -28,8 +28,11 @@ namespace xirang {
 
 // parallel.schedule.
 // zb_h1: 1F1B with each backward split into its input- and weight-gradient
-// parts, the weight parts deferred into the cool-down (runtime/step/schedule.h).
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
+// parts, the weight parts deferred into the cool-down (runtime/step/schedule.h);
+// zb_h2: the same parts with 2p - 1 microbatches in flight, the extra
+// warm-up forwards filling the bubble before the first backward; zb_v:
+// two chunks per rank in a V (simulated only: the executor refuses it).
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleH2, ZeroBubbleV };
 enum class Precision { FP32, BF16, FP16 };  // precision.dtype
 enum class Backend { CPU, CUDA };           // device.backend
 // parallel.cp_split: how a cp group cuts each sequence (kernels/context_split.h):
@@ -50,7 +53,7 @@ struct ConfigNames;
 
 template <>
 struct ConfigNames<ScheduleKind> {
-  static constexpr const char* names[] = {"gpipe", "1f1b", "interleaved", "zb_h1"};
+  static constexpr const char* names[] = {"gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v"};
 };
 template <>
 struct ConfigNames<Precision> {

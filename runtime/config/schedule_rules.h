@@ -20,10 +20,16 @@ namespace xirang {
 // "" when `kind` can run `microbatches` per step over `pp` ranks with
 // `virtual_stages` chunks each, else the rule it breaks, in config keys:
 // only interleaved has virtual stages (two or more), and its microbatches
-// are a multiple of pp; zb_h1 needs two stages or more. `microbatches_from`,
+// are a multiple of pp; zb_h1, zb_h2 and zb_v need two stages or more, zb_v
+// two virtual stages. `microbatches_from`,
 // when given, says where the count came from in the message
 // ("train.global_batch 8 / (train.micro_batch 1 x parallel.dp 1) = 8").
 std::string schedule_problem(ScheduleKind kind, int pp, int virtual_stages, int microbatches,
                              std::string_view microbatches_from = "");
+
+// "" when the pipeline executor (runtime/step/pipeline.h) can run `kind`,
+// else why not: zb_v's lists and simulation exist, its chunk placement does
+// not (config validation asks; make_schedule and simulate do not).
+std::string executor_problem(ScheduleKind kind);
 
 }  // namespace xirang

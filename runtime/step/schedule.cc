@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "runtime/config/schedule_rules.h"
+#include "runtime/step/schedule_zbv.h"
 
 namespace xirang {
 
@@ -38,8 +39,12 @@ struct Compute {
 };
 
 // The compute order of one rank; communication is derived from it.
-std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, int v) {
+std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, int v, const PassTimes& times) {
   std::vector<Compute> out;
+  if (kind == ScheduleKind::ZeroBubbleV) {
+    for (const PipeInstr& in : zbv_compute_order(p, rank, m, times)) out.push_back({in.op, in.microbatch, in.chunk});
+    return out;
+  }
   if (kind == ScheduleKind::GPipe) {
     for (int i = 0; i < m; ++i) out.push_back({PipeOp::Forward, i, 0});
     for (int i = 0; i < m; ++i) out.push_back({PipeOp::Backward, i, 0});
@@ -58,16 +63,24 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, in
     while (b < m) out.push_back({PipeOp::Backward, b++, 0});
     return out;
   }
-  if (kind == ScheduleKind::ZeroBubbleH1) {
-    // 1F1B's forwards and input-gradient parts; stage `rank` runs each W
-    // `rank` microbatches after its B, so that it holds p microbatches'
-    // activations at most (1F1B's peak, stage 0's), and the last `rank` Ws
-    // fill the cool-down where 1F1B waits for gradients.
-    const int warmup = std::min(p - rank - 1, m);
+  if (kind == ScheduleKind::ZeroBubbleH1 || kind == ScheduleKind::ZeroBubbleH2) {
+    // 1F1B's order of forwards and input-gradient parts after `warmup`
+    // forwards; stage `rank` runs each W `lag` microbatches after its B,
+    // and the last `lag` Ws fill the cool-down where 1F1B waits for
+    // gradients. zb_h1 keeps 1F1B's warm-up and lags W by `rank`: every
+    // stage holds p microbatches from forward to W (1F1B's peak, stage
+    // 0's). zb_h2 warms up with 2 (p - rank - 1) forwards, as many as fit
+    // before the first gradient comes back when F = B, and lags W by
+    // 2 rank: every stage holds 2p - 1, and the idle before the first B
+    // and after the last is filled with forwards and Ws (Qi et al.'s
+    // parallelogram, schedule.h).
+    const bool h2 = kind == ScheduleKind::ZeroBubbleH2;
+    const int warmup = std::min(h2 ? 2 * (p - rank - 1) : p - rank - 1, m);
+    const int lag = h2 ? 2 * rank : rank;
     int f = 0, b = 0, w = 0;
     auto input_part = [&] {
       out.push_back({PipeOp::BackwardInput, b++, 0});
-      if (b - w > rank) out.push_back({PipeOp::BackwardWeight, w++, 0});
+      if (b - w > lag) out.push_back({PipeOp::BackwardWeight, w++, 0});
     };
     for (; f < warmup; ++f) out.push_back({PipeOp::Forward, f, 0});
     while (f < m) {
@@ -101,14 +114,22 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, in
 
 }  // namespace
 
+int schedule_model_chunk(ScheduleKind kind, int p, int rank, int chunk) {
+  return kind == ScheduleKind::ZeroBubbleV ? zbv_model_chunk(p, rank, chunk) : model_chunk(p, rank, chunk);
+}
+
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v) {
+  return make_schedule(kind, p, rank, m, v, PassTimes{});
+}
+
+std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v, const PassTimes& times) {
   if (p < 1 || rank < 0 || rank >= p || m < 1 || v < 1)
     fail(ErrorKind::Config, "pipeline schedule: p=", p, ", rank=", rank, ", m=", m, ", v=", v, " are out of range");
   if (const std::string problem = schedule_problem(kind, p, v, m); !problem.empty()) fail(ErrorKind::Config, problem);
   const int last = p * v - 1;
   std::vector<PipeInstr> list;
-  for (const Compute& c : compute_order(kind, p, rank, m, v)) {
-    const int g = model_chunk(p, rank, c.chunk);
+  for (const Compute& c : compute_order(kind, p, rank, m, v, times)) {
+    const int g = schedule_model_chunk(kind, p, rank, c.chunk);
     if (c.op == PipeOp::Forward) {
       if (g > 0) list.push_back({PipeOp::RecvActivation, c.microbatch, c.chunk});
       list.push_back({PipeOp::Forward, c.microbatch, c.chunk});
@@ -171,12 +192,18 @@ SlotCounts slot_counts(const std::vector<PipeInstr>& list, int v, int receives_a
 
 double analytic_bubble(ScheduleKind kind, int p, int m, int v) {
   if (kind == ScheduleKind::Interleaved) return double(p - 1) / (double(v) * m + p - 1);
-  if (kind == ScheduleKind::ZeroBubbleH1) return double(p - 1) / (3.0 * m + p - 1);
+  // zb_h2 with the step's flush idles (p - 1) F as zb_h1 does at F = B = W (bubble_time).
+  if (kind == ScheduleKind::ZeroBubbleH1 || kind == ScheduleKind::ZeroBubbleH2) return double(p - 1) / (3.0 * m + p - 1);
   return double(p - 1) / double(m + p - 1);
 }
 
 double bubble_time(ScheduleKind kind, int p, double f, double b, double w) {
   if (kind == ScheduleKind::ZeroBubbleH1) return (p - 1) * (f + b - std::min(w, f));
+  if (kind == ScheduleKind::ZeroBubbleH2) {
+    XR_CHECK(w <= f && 2 * w <= f + b, "bubble_time: zb_h2's closed form needs W <= F and 2W <= F + B (got F=", f,
+             ", B=", b, ", W=", w, ")");
+    return (p - 1) * (f + b - 2 * w);
+  }
   XR_CHECK(kind == ScheduleKind::OneFOneB || kind == ScheduleKind::GPipe, "bubble_time: ", schedule_name(kind),
            " has no closed form here");
   return (p - 1) * (f + b + w);
@@ -188,11 +215,16 @@ namespace {
 // message that arrives `transfer` later, a receive blocks until it has.
 class Simulation {
  public:
-  Simulation(ScheduleKind kind, int p, int m, int v, const SimCosts& costs) : p_(p), m_(m), v_(v), costs_(costs) {
-    for (int rank = 0; rank < p; ++rank) lists_.push_back(make_schedule(kind, p, rank, m, v));
+  Simulation(ScheduleKind kind, int p, int m, int v, const SimCosts& costs)
+      : kind_(kind), p_(p), m_(m), v_(v), costs_(costs) {
+    // zb_v's list is found at the costs it runs at (its scalar ones: per-rank costs do not move it).
+    const PassTimes times{costs.forward / v, costs.backward * (1 - costs.weight_share) / v,
+                          costs.backward * costs.weight_share / v};
+    for (int rank = 0; rank < p; ++rank) lists_.push_back(make_schedule(kind, p, rank, m, v, times));
     pc_.assign(size_t(p), 0);
     clock_.assign(size_t(p), 0);
     live_.assign(size_t(p), 0);
+    first_start_.assign(size_t(p), -1);
     r_.busy.assign(size_t(p), 0);
     r_.peak_in_flight.assign(size_t(p), 0);
     XR_CHECK(costs.forward_per_rank.empty() || int(costs.forward_per_rank.size()) == p, "forward_per_rank needs ",
@@ -238,7 +270,7 @@ class Simulation {
   }
 
   Exec execute(int rank, const PipeInstr& in) {
-    const int g = in.chunk >= 0 ? model_chunk(p_, rank, in.chunk) : -1;
+    const int g = in.chunk >= 0 ? schedule_model_chunk(kind_, p_, rank, in.chunk) : -1;
     double& t = clock_[size_t(rank)];
     if (in.op == PipeOp::RecvActivation || in.op == PipeOp::RecvGradient) {
       auto it = mail_.find(MailKey{in.op == PipeOp::RecvActivation ? 0 : 1, in.microbatch, g});
@@ -284,6 +316,7 @@ class Simulation {
     return (costs_.backward_per_rank.empty() ? costs_.backward : costs_.backward_per_rank[size_t(rank)]) / v_;
   }
   void compute(int rank, double cost) {
+    if (first_start_[size_t(rank)] < 0) first_start_[size_t(rank)] = clock_[size_t(rank)];
     clock_[size_t(rank)] += cost;
     r_.busy[size_t(rank)] += cost;
   }
@@ -312,6 +345,9 @@ class Simulation {
     double idle = 0;
     for (int rank = 0; rank < p_; ++rank) idle += (r_.makespan - r_.busy[size_t(rank)]) / r_.makespan;
     r_.bubble_fraction = idle / p_;
+    r_.span.assign(size_t(p_), 0);
+    for (int rank = 0; rank < p_; ++rank)
+      r_.span[size_t(rank)] = first_start_[size_t(rank)] < 0 ? 0 : clock_[size_t(rank)] - first_start_[size_t(rank)];
     r_.ok = true;
     return r_;
   }
@@ -326,11 +362,13 @@ class Simulation {
     return r_;
   }
 
+  const ScheduleKind kind_;
   const int p_, m_, v_;
   const SimCosts& costs_;
   std::vector<std::vector<PipeInstr>> lists_;  // (p): each rank's list
   std::vector<size_t> pc_;                     // (p): each rank's next instruction
   std::vector<double> clock_;                  // (p): each rank's time
+  std::vector<double> first_start_;            // (p): when each rank's first compute began (-1: none yet)
   std::vector<int> live_;                      // (p): microbatch-chunks with live activations
   std::map<MailKey, double> mail_;             // message -> arrival time
   std::set<std::pair<int, int>> forwarded_;    // (model chunk, microbatch) whose forward ran

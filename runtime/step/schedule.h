@@ -16,6 +16,8 @@
 //   SimResult r = simulate(ScheduleKind::OneFOneB, 4, 8, 1, costs);
 //   // r.bubble_fraction == 3.0 / 11
 //
+// zb_v places its two chunks per rank in a V instead (schedule_model_chunk).
+//
 // A zero-bubble schedule (zb_h1; Qi et al., "Zero Bubble Pipeline
 // Parallelism", 2024) splits each backward into BackwardInput (B: the
 // gradient the previous stage waits for) and BackwardWeight (W: the
@@ -24,6 +26,13 @@
 // activations live from its forward to its B; what its W needs, the
 // layer inputs of the weight products and their output gradients, until
 // its W (slot_counts).
+//
+// zb_h2 (the paper's ZB-H2) runs the same parts with more warm-up forwards
+// and a longer W lag: 2p - 1 microbatches in flight on every stage. Its
+// stages form a parallelogram, stage r busy from r F to r F + m (F + B +
+// W) when F = B = W: the bubble is gone only when steps follow each other
+// without the optimizer's flush (the paper's post-validation, its Section
+// 4); SimResult::span measures that, bubble_fraction the flushed step.
 #pragma once
 
 #include <string>
@@ -57,10 +66,25 @@ struct PipeInstr {
   int chunk = -1;  // local chunk (virtual stage) index on this rank
 };
 
+// The model chunk that local chunk `chunk` of `rank` holds under `kind`:
+// model_chunk() (chunk * p + rank) except under zb_v, whose V puts rank r's
+// chunks at r and 2p - 1 - r (runtime/step/schedule_zbv.h).
+int schedule_model_chunk(ScheduleKind kind, int p, int rank, int chunk);
+
+// One chunk's pass times: F, B (a split backward's input part) and W.
+struct PassTimes {
+  double forward = 1, input = 1, weight = 1;
+};
+
 // One rank's instruction list for one step. Throws a Config error when the
 // combination is not supported (runtime/config/schedule_rules.h: interleaved
-// needs v > 1 and m % p == 0, the others v == 1; zb_h1 needs p > 1).
+// needs v > 1 and m % p == 0, zb_v v == 2, the others v == 1; the zero-bubble
+// kinds need p > 1).
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v);
+// The same, with zb_v's list found for `times` (schedule_zbv.h: it is list
+// scheduling over the passes' times, as in Qi et al.'s implementation; the
+// plain form uses equal times). The other kinds ignore `times`.
+std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v, const PassTimes& times);
 
 // Most microbatches a local chunk holds at once under this list, from each
 // forward to its whole backward or its weight part.
@@ -97,19 +121,29 @@ struct SimResult {
   std::vector<double> busy;           // compute time per rank
   double bubble_fraction = 0;         // mean over ranks of idle / makespan
   std::vector<int> peak_in_flight;    // per rank: most microbatch-chunks with live activations
+  // Per rank: from its first compute's start to its last's end. When steps
+  // overlap without a flush (each rank's optimizer step waits only for its
+  // own work), the step repeats every max(span) and rank r idles
+  // max(span) - busy[r] per step.
+  std::vector<double> span;
 };
 
 // Runs all p ranks' lists together: sends take no rank time and arrive
-// `transfer` later; a receive blocks until its message has arrived.
+// `transfer` later; a receive blocks until its message has arrived. zb_v's
+// lists are made for the scalar costs (make_schedule with PassTimes).
 SimResult simulate(ScheduleKind kind, int p, int m, int v, const SimCosts& costs);
 // The bubble fraction the analysis predicts with transfer = 0:
 // (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1)
-// interleaved; zb_h1 at forward = B = W: (p - 1) / (3 m + p - 1).
+// interleaved; zb_h1 and (flushed) zb_h2 at forward = B = W: (p - 1) / (3 m + p - 1).
 double analytic_bubble(ScheduleKind kind, int p, int m, int v);
 // Each stage's idle time per step with transfer = 0, m >= p microbatches
 // and stage times F, B, W (the paper's Table 2): (p - 1)(F + B + W) for
 // 1F1B and GPipe, (p - 1)(F + B - W) for zb_h1 when W <= F (a longer W
-// cannot hide more than a forward's gap: (p - 1) B).
+// cannot hide more than a forward's gap: (p - 1) B). zb_h2 (m >= 2p - 1,
+// W <= F and 2W <= F + B, else a failed check): (p - 1)(F + B - 2W) per step
+// without the flush (max(span) - busy); the flushed step idles
+// (p - 1) max(F, F + B - 2W), the last stage's first forward waiting
+// (p - 1) F at least.
 double bubble_time(ScheduleKind kind, int p, double f, double b, double w);
 
 }  // namespace xirang

@@ -49,7 +49,7 @@ void expect_round_trip(const std::vector<std::string>& expected) {
 }
 
 TEST(ConfigNames, EveryNamedValueRoundTripsWithItsSpellings) {
-  expect_round_trip<ScheduleKind>({"gpipe", "1f1b", "interleaved", "zb_h1"});
+  expect_round_trip<ScheduleKind>({"gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v"});
   expect_round_trip<Precision>({"fp32", "bf16", "fp16"});
   expect_round_trip<Backend>({"cpu", "cuda"});
   expect_round_trip<FaultKind>(
@@ -61,6 +61,8 @@ TEST(ConfigNames, EveryNamedValueRoundTripsWithItsSpellings) {
   expect_round_trip<CpSplit>({"head_tail", "contiguous"});
   // The enums' meanings, not only their positions.
   EXPECT_EQ(config_name(ScheduleKind::ZeroBubbleH1), std::string("zb_h1"));
+  EXPECT_EQ(config_name(ScheduleKind::ZeroBubbleH2), std::string("zb_h2"));
+  EXPECT_EQ(config_name(ScheduleKind::ZeroBubbleV), std::string("zb_v"));
   EXPECT_EQ(config_name(FaultKind::KillInSave), std::string("kill_in_save"));
   EXPECT_EQ(config_name(SaveErrorPolicy::Continue), std::string("continue"));
   // models/ spells recomputation for its own messages: the same words.
@@ -125,7 +127,7 @@ TEST(ConfigNames, EveryNamedKeyReadsAndWritesEachSpelling) {
   // The schema's spellings are the tables' own.
   for (const NamedKey& k : keys) {
     if (k.key == "parallel.schedule") {
-      EXPECT_EQ(k.spellings, (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb_h1"}));
+      EXPECT_EQ(k.spellings, (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v"}));
     }
   }
 }

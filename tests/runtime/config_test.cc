@@ -236,11 +236,12 @@ TEST(ConfigParse, NamedValues) {
                      {"faults.kind=explode", "faults.step=1"});
   expect_parse_error("", {"precision.dtype='fp8'", "fp32, bf16, fp16"}, {"precision.dtype=fp8"});
   expect_parse_error("", {"device.backend='tpu'", "cpu, cuda"}, {"device.backend=tpu"});
-  expect_parse_error("", {"parallel.schedule='zigzag' is not one of gpipe, 1f1b, interleaved, zb_h1"},
+  expect_parse_error("", {"parallel.schedule='zigzag' is not one of gpipe, 1f1b, interleaved, zb_h1, zb_h2, zb_v"},
                      {"parallel.schedule=zigzag"});
   expect_parse_error("", {"comm.busy_poll='always' is not one of auto, on, off"}, {"comm.busy_poll=always"});
   expect_parse_error("checkpoint:\n  on_error: retry\n", {"test.yaml:2", "checkpoint.on_error='retry' is not one of stop, continue"});
   EXPECT_EQ(parse_config("parallel:\n  schedule: zb_h1\n").parallel.schedule, ScheduleKind::ZeroBubbleH1);
+  EXPECT_EQ(parse_config("parallel:\n  schedule: zb_h2\n").parallel.schedule, ScheduleKind::ZeroBubbleH2);
   expect_parse_error("device:\n  backend: tpu\n", {"test.yaml:2", "device.backend='tpu'", "cpu, cuda"});
   expect_parse_error("precision:\n  dtype:\n", {"precision.dtype=''", "fp32, bf16, fp16"});
 

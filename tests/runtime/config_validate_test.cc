@@ -155,6 +155,8 @@ TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
       {{"parallel.schedule=zb_h1"}, 1, {"parallel.schedule=zb_h1 needs parallel.pp >= 2"}},
       {{"parallel.schedule=zb_h1", "parallel.pp=2", "parallel.virtual_stages=2"}, 2,
        {"parallel.virtual_stages=2 needs parallel.schedule=interleaved (got zb_h1)"}},
+      {{"parallel.schedule=zb_v", "parallel.pp=2", "parallel.virtual_stages=2"}, 2,
+       {"parallel.schedule=zb_v is simulated only: the executor places local chunk c of pipeline rank r"}},
       {{"parallel.tp=0"}, 1, {"parallel.tp=0 must be >= 1"}},
       {{"parallel.pp=0"}, 1, {"parallel.pp=0 must be >= 1"}},
       {{"parallel.dp=-1"}, 1, {"parallel.dp=-1 must be >= 0"}},
@@ -339,7 +341,7 @@ TEST_F(ConfigValidate, ReportsFieldRulesInSchemaOrderThenRulesBetweenFields) {
 // over kinds and layouts, validate refuses exactly where it does, in its words.
 TEST_F(ConfigValidate, ScheduleRulesAreTheScheduleProblems) {
   int refused = 0;
-  for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb_h1"})
+  for (const char* kind : {"gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2"})
     for (int pp : {1, 2, 4})
       for (int v : {1, 2})
         for (int gb : {4, 6, 8}) {

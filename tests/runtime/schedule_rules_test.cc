@@ -14,7 +14,7 @@ namespace xirang {
 namespace {
 
 constexpr ScheduleKind kKinds[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved,
-                                   ScheduleKind::ZeroBubbleH1};
+                                   ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleH2, ScheduleKind::ZeroBubbleV};
 
 // The Config error fn throws, or "" when it throws none.
 template <class Fn>
@@ -32,6 +32,19 @@ TEST(ScheduleRules, EachRuleNamesItsKeys) {
   EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleH1, 1, 1, 8),
             "parallel.schedule=zb_h1 needs parallel.pp >= 2 (one stage has no bubble for the split backward to fill)");
   EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleH1, 2, 1, 1), "");  // fewer microbatches than stages
+  EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleH2, 1, 1, 8),
+            "parallel.schedule=zb_h2 needs parallel.pp >= 2 (one stage has no bubble for the split backward to fill)");
+  EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleH2, 4, 1, 2), "");  // fewer than 2p - 1: a shorter warm-up
+  EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleV, 4, 1, 8),
+            "parallel.schedule=zb_v needs parallel.virtual_stages=2 (its two chunks per rank make the V; got 1)");
+  EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleV, 1, 2, 8),
+            "parallel.schedule=zb_v needs parallel.pp >= 2 (one stage has no bubble for the split backward to fill)");
+  EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleV, 4, 2, 3), "");  // any m
+  EXPECT_EQ(executor_problem(ScheduleKind::ZeroBubbleV).find("parallel.schedule=zb_v is simulated only"), 0u);
+  for (ScheduleKind kind : kKinds)
+    if (kind != ScheduleKind::ZeroBubbleV) {
+      EXPECT_EQ(executor_problem(kind), "") << schedule_name(kind);
+    }
   EXPECT_EQ(schedule_problem(ScheduleKind::OneFOneB, 4, 2, 8),
             "parallel.virtual_stages=2 needs parallel.schedule=interleaved (got 1f1b)");
   EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleH1, 1, 2, 8),

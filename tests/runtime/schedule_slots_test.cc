@@ -3,7 +3,7 @@
 // a microbatch's activation slot at its input part (1F1B's activation
 // slots), keeps the weight part's layer inputs in an input slot from the
 // forward to the weight part and its copied operands in a weight slot from
-// the input part to the weight part (rank r of p: r + 1); a replay of every
+// the input part to the weight part (rank r of p: r + 1; 2r + 1 under ZB-H2); a replay of every
 // list with pools of those sizes never runs out and never hands a
 // microbatch's input or weight slot to another before its weight part.
 #include <gtest/gtest.h>
@@ -75,11 +75,12 @@ TEST(SlotCounts, ReplayOfEveryZeroBubbleListFitsAndKeepsTheWeightPartsSlots) {
       return int(it - owner.begin());
     }
   };
+  for (ScheduleKind kind : {ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleH2})
   for (int p : {2, 3, 4, 8})
     for (int m = 1; m <= 4 * p; ++m)
       for (int rank = 0; rank < p; ++rank) {
-        SCOPED_TRACE(label(ScheduleKind::ZeroBubbleH1, p, rank, m));
-        const auto list = make_schedule(ScheduleKind::ZeroBubbleH1, p, rank, m, 1);
+        SCOPED_TRACE(label(kind, p, rank, m));
+        const auto list = make_schedule(kind, p, rank, m, 1);
         const SlotCounts s = slot_counts(list, 1, 0);
         Pool act{std::vector<int>(size_t(s.activation), -1)}, in{std::vector<int>(size_t(s.input), -1)},
             w{std::vector<int>(size_t(s.weight), -1)};

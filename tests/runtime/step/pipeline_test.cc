@@ -415,14 +415,18 @@ INSTANTIATE_TEST_SUITE_P(Step, PipelineSchedules,
                                          PipeCase{ScheduleKind::Interleaved, 2, 4, 2},
                                          PipeCase{ScheduleKind::Interleaved, 3, 6, 2},
                                          PipeCase{ScheduleKind::ZeroBubbleH1, 2, 6, 1},
-                                         PipeCase{ScheduleKind::ZeroBubbleH1, 4, 8, 1}),
+                                         PipeCase{ScheduleKind::ZeroBubbleH1, 4, 8, 1},
+                                         PipeCase{ScheduleKind::ZeroBubbleH2, 2, 6, 1},
+                                         PipeCase{ScheduleKind::ZeroBubbleH2, 4, 8, 1}),
                          case_name);
 
-// zb_h1 splits each backward and defers the weight parts; its losses and
-// gradients are 1F1B's bitwise.
+// zb_h1 and zb_h2 split each backward and defer the weight parts; their
+// losses and gradients are 1F1B's bitwise (m = 2p: zb_h2's whole warm-up).
 TEST(PipelineZeroBubble, EqualsOneFOneB) {
+  for (ScheduleKind kind : {ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleH2})
   for (int p : {2, 3, 4}) {
-    Pipeline zb(ScheduleKind::ZeroBubbleH1, p, 2 * p, 1), ofob(ScheduleKind::OneFOneB, p, 2 * p, 1);
+    SCOPED_TRACE(schedule_name(kind));
+    Pipeline zb(kind, p, 2 * p, 1), ofob(ScheduleKind::OneFOneB, p, 2 * p, 1);
     zb.run();
     ofob.run();
     for (int step = 0; step < kSteps; ++step)
