@@ -64,9 +64,10 @@ void moe_permute_backward(const KernelContext& ctx, Tensor dx, const Tensor& dxp
 
 // y (T, d) = for each token t, sum over j = 0..k-1, in that order, of
 // gates[t, j] * yp row slot_rows[t*k + j], accumulated in the compute type
-// from zero (product rounded, then added: no fused multiply-add) and stored
-// once. That order and form is what a dense per-token loop over a token's
-// choices does, so the two agree bitwise. gates (T, k) are F32 beside F32,
+// from zero as acc = fma(gate, value, acc) and stored once. A dense
+// per-token loop over a token's choices in that order and form agrees with
+// dispatch + combine bit for bit (an explicit fma: no compiler flag can
+// change the rounding). gates (T, k) are F32 beside F32,
 // BF16 and F16 rows and F64 beside F64 (the router's output, never rounded).
 void moe_unpermute_combine(const KernelContext& ctx, Tensor y, const Tensor& yp, const Tensor& gates,
                            const Tensor& slot_rows);
