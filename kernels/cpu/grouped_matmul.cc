@@ -37,6 +37,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const S* A, int64_t
 void grouped_matmul_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const Tensor& w,
                             const Tensor& offsets) {
   OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Matmul);
+  XR_ON_CUDA(ctx, grouped_matmul_forward(ctx, y, x, w, offsets));
   const char* op = "grouped_matmul_forward";
   cpu::require_cpu(ctx, op);
   const moe_checks::GroupedDims d = moe_checks::check_grouped(op, x, w, "y", y, offsets);
@@ -55,6 +56,7 @@ void grouped_matmul_forward(const KernelContext& ctx, Tensor y, const Tensor& x,
 void grouped_matmul_backward(const KernelContext& ctx, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
                              const Tensor& w, const Tensor& offsets, GradMode dx_mode) {
   OpScope timed(ctx.timeline, ctx.cuda_stream, OpKind::Matmul);
+  XR_ON_CUDA(ctx, grouped_matmul_backward(ctx, dx, dw, dy, x, w, offsets, dx_mode));
   const char* op = "grouped_matmul_backward";
   cpu::require_cpu(ctx, op);
   const moe_checks::GroupedDims d = moe_checks::check_grouped(op, x, w, "dy", dy, offsets);

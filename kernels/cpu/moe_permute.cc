@@ -24,6 +24,7 @@ using cpu::store;
 void moe_permutation(const KernelContext& ctx, Tensor sorted_slots, Tensor slot_rows, Tensor offsets, const Tensor& ids,
                      int64_t num_experts) {
   OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, moe_permutation(ctx, sorted_slots, slot_rows, offsets, ids, num_experts));
   const char* op = "moe_permutation";
   cpu::require_cpu(ctx, op);
   check_dtype(op, "ids", ids, DType::I32);
@@ -57,6 +58,7 @@ void moe_permutation(const KernelContext& ctx, Tensor sorted_slots, Tensor slot_
 
 void moe_permute(const KernelContext& ctx, Tensor xp, const Tensor& x, const Tensor& sorted_slots) {
   OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, moe_permute(ctx, xp, x, sorted_slots));
   const char* op = "moe_permute";
   cpu::require_cpu(ctx, op);
   const moe_checks::RowDims d = moe_checks::check_rows(op, x, xp, "sorted_slots", sorted_slots);
@@ -70,6 +72,7 @@ void moe_permute(const KernelContext& ctx, Tensor xp, const Tensor& x, const Ten
 
 void moe_permute_backward(const KernelContext& ctx, Tensor dx, const Tensor& dxp, const Tensor& slot_rows) {
   OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, moe_permute_backward(ctx, dx, dxp, slot_rows));
   const char* op = "moe_permute_backward";
   cpu::require_cpu(ctx, op);
   const moe_checks::RowDims d = moe_checks::check_rows(op, dx, dxp, "slot_rows", slot_rows);
@@ -92,6 +95,7 @@ void moe_permute_backward(const KernelContext& ctx, Tensor dx, const Tensor& dxp
 void moe_unpermute_combine(const KernelContext& ctx, Tensor y, const Tensor& yp, const Tensor& gates,
                            const Tensor& slot_rows) {
   OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, moe_unpermute_combine(ctx, y, yp, gates, slot_rows));
   const char* op = "moe_unpermute_combine";
   cpu::require_cpu(ctx, op);
   const moe_checks::RowDims d = moe_checks::check_rows(op, y, yp, "slot_rows", slot_rows);
@@ -119,6 +123,7 @@ void moe_unpermute_combine(const KernelContext& ctx, Tensor y, const Tensor& yp,
 void moe_unpermute_combine_backward(const KernelContext& ctx, Tensor dyp, Tensor dgates, const Tensor& dy,
                                     const Tensor& yp, const Tensor& gates, const Tensor& slot_rows) {
   OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, moe_unpermute_combine_backward(ctx, dyp, dgates, dy, yp, gates, slot_rows));
   const char* op = "moe_unpermute_combine_backward";
   cpu::require_cpu(ctx, op);
   const moe_checks::RowDims d = moe_checks::check_rows(op, dy, yp, "slot_rows", slot_rows);

@@ -90,6 +90,7 @@ void route_backward_rows(T* dlogits, const T* dgates, const int32_t* ids, const 
 void router_forward(const KernelContext& ctx, Tensor ids, Tensor gates, Tensor scores, Tensor counts,
                     const Tensor& logits, const Tensor& bias, const RouterOptions& opt) {
   OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, router_forward(ctx, ids, gates, scores, counts, logits, bias, opt));
   const char* op = "router_forward";
   cpu::require_cpu(ctx, op);
   const moe_checks::RouterDims d = moe_checks::check_router(op, logits, ids, gates, scores, opt);
@@ -117,6 +118,7 @@ void router_forward(const KernelContext& ctx, Tensor ids, Tensor gates, Tensor s
 void router_backward(const KernelContext& ctx, Tensor dlogits, const Tensor& dgates, const Tensor& ids,
                      const Tensor& scores, const RouterOptions& opt) {
   OpScope scope(ctx.timeline, ctx.cuda_stream, OpKind::Elementwise);
+  XR_ON_CUDA(ctx, router_backward(ctx, dlogits, dgates, ids, scores, opt));
   const char* op = "router_backward";
   cpu::require_cpu(ctx, op);
   const moe_checks::RouterDims d = moe_checks::check_router(op, dlogits, ids, dgates, scores, opt);
