@@ -16,6 +16,7 @@
 #include "kernels/context.h"
 #include "kernels/context_split.h"
 #include "kernels/group_table.h"
+#include "kernels/moe.h"
 #include "kernels/rope.h"
 
 namespace xirang::cuda {
@@ -152,5 +153,24 @@ void swiglu_packed_backward(const KernelContext& ctx, Tensor dgu, const Tensor& 
 // kernels/decode_attention.h (new keys and values appended to the caches, then causal attention over them)
 void decode_attention_forward(const KernelContext& ctx, Tensor out, Tensor k_cache, Tensor v_cache, const Tensor& qkv,
                               int64_t pos, int n_head, int n_kv_head);
+
+// kernels/moe.h (router and permutation: moe.cu; grouped product: a loop of
+// cuBLASLt products, grouped_matmul.cu)
+void router_forward(const KernelContext& ctx, Tensor ids, Tensor gates, Tensor scores, Tensor counts,
+                    const Tensor& logits, const Tensor& bias, const RouterOptions& opt);
+void router_backward(const KernelContext& ctx, Tensor dlogits, const Tensor& dgates, const Tensor& ids,
+                     const Tensor& scores, const RouterOptions& opt);
+void moe_permutation(const KernelContext& ctx, Tensor sorted_slots, Tensor slot_rows, Tensor offsets, const Tensor& ids,
+                     int64_t num_experts);
+void moe_permute(const KernelContext& ctx, Tensor xp, const Tensor& x, const Tensor& sorted_slots);
+void moe_permute_backward(const KernelContext& ctx, Tensor dx, const Tensor& dxp, const Tensor& slot_rows);
+void moe_unpermute_combine(const KernelContext& ctx, Tensor y, const Tensor& yp, const Tensor& gates,
+                           const Tensor& slot_rows);
+void moe_unpermute_combine_backward(const KernelContext& ctx, Tensor dyp, Tensor dgates, const Tensor& dy,
+                                    const Tensor& yp, const Tensor& gates, const Tensor& slot_rows);
+void grouped_matmul_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const Tensor& w,
+                            const Tensor& offsets);
+void grouped_matmul_backward(const KernelContext& ctx, Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                             const Tensor& w, const Tensor& offsets, GradMode dx_mode);
 
 }  // namespace xirang::cuda
