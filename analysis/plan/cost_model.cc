@@ -249,10 +249,12 @@ Workload workload_of(const Config& cfg) {
 namespace {
 
 // The schedule a layout runs: interleaved when v > 1; else the config's
-// gpipe or zb_h1 where pp > 1, 1F1B otherwise (one stage: no pipeline).
+// gpipe, zb_h1 or zb_h2 where pp > 1, 1F1B otherwise (one stage: no
+// pipeline). zb_v is refused by validation (the executor has no V placement).
 ScheduleKind layout_schedule(const Workload& w, const PlanLayout& l) {
   const ScheduleKind own = w.cfg.parallel.schedule;
-  const bool keep = l.pp > 1 && (own == ScheduleKind::GPipe || own == ScheduleKind::ZeroBubbleH1);
+  const bool keep = l.pp > 1 && (own == ScheduleKind::GPipe || own == ScheduleKind::ZeroBubbleH1 ||
+                                 own == ScheduleKind::ZeroBubbleH2);
   return l.virtual_stages > 1 ? ScheduleKind::Interleaved : keep ? own : ScheduleKind::OneFOneB;
 }
 

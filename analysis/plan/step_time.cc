@@ -97,8 +97,8 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, St
   t.notes.push_back({"pipeline", str_cat(schedule_name(kind), ", ", m, " microbatches, v=", l.virtual_stages,
                                          ": simulated makespan ", format("%.4g s", real.makespan), ", busiest stage ",
                                          busiest, " busy ", format("%.4g s", busy))});
-  if (kind == ScheduleKind::ZeroBubbleH1)
-    t.notes.push_back({"zb_h1", format("weight part W = %.4f of a backward", costs.weight_share)});
+  if (kind == ScheduleKind::ZeroBubbleH1 || kind == ScheduleKind::ZeroBubbleH2)
+    t.notes.push_back({schedule_name(kind), format("weight part W = %.4f of a backward", costs.weight_share)});
   t.notes.push_back({"pp transfer", format("%.4g MB per message, %.4g ms each", msg / 1e6, costs.transfer * 1e3)});
 }
 
