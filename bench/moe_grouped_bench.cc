@@ -113,6 +113,10 @@ void run(int64_t E, int64_t k, int reps) {
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 5;
+  if (reps < 1 || argc > 2) {
+    std::fprintf(stderr, "usage: moe_grouped_bench [REPS >= 1]\n");
+    return 2;
+  }
   std::printf("moe_grouped_bench: f32, forward + dX + dW, CPU GEMM path %s, %d reps (median)\n",
               xirang::cpu_gemm_path().c_str(), reps);
   xirang::run(8, 2, reps);

@@ -56,7 +56,22 @@ inline RowDims check_rows(const char* op, const Tensor& x, const Tensor& xp, con
     fail(ErrorKind::Shape, op, ": ", index_name, " has ", n, " slots for ", T, " tokens (expected tokens * top_k)");
   check_shape(op, "expert rows", xp, {n, d});
   check_dtype(op, "expert rows", xp, x.dtype());
+  if (index.device() == Device::CPU) {  // rows are read by these values (a device index comes from moe_permutation)
+    const int32_t* v = index.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i)
+      if (v[i] < 0 || v[i] >= n)
+        fail(ErrorKind::Shape, op, ": ", index_name, "[", i, "] is ", v[i], ", expected 0 <= value < ", n);
+  }
   return {T, T == 0 ? 0 : n / T, d};
+}
+
+// The experts' weight gradient: the rows' dtype, or F32 beside 16-bit rows
+// (kernels/cpu/common.h's rule for every parameter gradient).
+inline void check_weight_grad(const char* op, const Tensor& dw, DType rows) {
+  const bool sixteen = rows == DType::BF16 || rows == DType::F16;
+  if (dw.dtype() == rows || (dw.dtype() == DType::F32 && sixteen)) return;
+  fail(ErrorKind::Shape, op, ": dw has dtype ", dtype_name(dw.dtype()), " for ", dtype_name(rows),
+       " rows (expected ", dtype_name(rows), sixteen ? " or f32)" : ")");
 }
 
 struct GroupedDims {

@@ -66,7 +66,7 @@ void grouped_matmul_backward(const KernelContext& ctx, Tensor dx, Tensor dw, con
   }
   if (dw.defined()) {
     check_same_shape(op, dw, w);
-    cpu::check_grad_dtype(op, "dw", dw, x.dtype());
+    moe_checks::check_weight_grad(op, dw, x.dtype());
   }
   const int32_t* off = offsets.data<int32_t>();
   const float dx_beta = dx_mode == GradMode::Accumulate ? 1.0f : 0.0f;

@@ -52,7 +52,10 @@ void grouped_matmul_backward(const KernelContext& ctx, Tensor dx, Tensor dw, con
     check_same_shape(op, dx, x);
     check_dtype(op, "dx", dx, x.dtype());
   }
-  if (dw.defined()) check_same_shape(op, dw, w);  // its dtype: linear_backward checks it
+  if (dw.defined()) {  // checked here too: with every expert empty, linear_backward never sees it
+    check_same_shape(op, dw, w);
+    moe_checks::check_weight_grad(op, dw, x.dtype());
+  }
   check_on_device(op, {{"dx", &dx}, {"dw", &dw}, {"dy", &dy}, {"x", &x}, {"w", &w}});
   const int32_t* off = offsets.data<int32_t>();
   const double beta = dx_mode == GradMode::Accumulate ? 1.0 : 0.0;

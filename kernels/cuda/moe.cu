@@ -6,8 +6,10 @@
 // The permutation here is the simple correct form: one thread per expert
 // scans every slot in ascending order (stable by construction, E x T*k
 // reads). A block-wide radix sort is the faster form once measured on a GPU.
-// Expert ids are not range-checked on the device: they come from
-// router_forward, which only writes ids in [0, E).
+// An expert id outside [0, E) is counted by no expert: the permutation
+// checks that the counts add up to every slot (one 4-byte read back, which
+// the caller's grouped product needs on the host anyway) and refuses the
+// ids otherwise, before anything reads rows by them.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -218,6 +220,11 @@ void moe_permutation(const KernelContext& ctx, Tensor sorted_slots, Tensor slot_
   place_kernel<<<grid_for(E), kThreads, 0, stream(ctx)>>>(ptr<int32_t>(ids), ptr<int32_t>(offsets),
                                                           ptr<int32_t>(sorted_slots), ptr<int32_t>(slot_rows), n, E);
   XR_CUDA_LAUNCH_CHECK();
+  int32_t placed = 0;
+  XR_CUDA_CHECK(cudaMemcpyAsync(&placed, ptr<int32_t>(offsets) + E, sizeof placed, cudaMemcpyDeviceToHost, stream(ctx)));
+  XR_CUDA_CHECK(cudaStreamSynchronize(stream(ctx)));
+  if (placed != n)
+    fail(ErrorKind::Shape, op, ": ", n - placed, " of ", n, " slots have an expert outside 0 <= expert < ", E);
 }
 
 void moe_permute(const KernelContext& ctx, Tensor xp, const Tensor& x, const Tensor& sorted_slots) {

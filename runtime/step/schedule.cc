@@ -194,6 +194,8 @@ double analytic_bubble(ScheduleKind kind, int p, int m, int v) {
   if (kind == ScheduleKind::Interleaved) return double(p - 1) / (double(v) * m + p - 1);
   // zb_h2 with the step's flush idles (p - 1) F as zb_h1 does at F = B = W (bubble_time).
   if (kind == ScheduleKind::ZeroBubbleH1 || kind == ScheduleKind::ZeroBubbleH2) return double(p - 1) / (3.0 * m + p - 1);
+  // zb_v at F = B = W, m >= 2p: (p - 1) F / 2 idle beside 3 m F busy (schedule_zbv.h).
+  if (kind == ScheduleKind::ZeroBubbleV) return double(p - 1) / (6.0 * m + p - 1);
   return double(p - 1) / double(m + p - 1);
 }
 

@@ -1,4 +1,4 @@
-// Context parallelism in the performance model (issue 30): what a cp rank
+// Context parallelism in the performance model: what a cp rank
 // communicates (models/layers/cp_comm.h: keys and values all-gathered in
 // forward, again in backward, their gradients reduce-scattered, once more
 // under recomputation), worked out here by hand; its compute per rank; the

@@ -17,7 +17,7 @@ namespace {
 
 constexpr int64_t E = 7, IN = 24, OUT = 40;
 
-// Ragged counts in [0, 9) with experts 0, 3 and 6 empty.
+// Ragged counts in [1, 9), then experts 0, 3 and 6 made empty.
 std::vector<int32_t> ragged_offsets(uint64_t seed) {
   std::vector<int32_t> counts = rand_int(E, seed, 1, 9);
   counts[0] = counts[3] = counts[6] = 0;

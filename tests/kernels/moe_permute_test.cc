@@ -59,6 +59,21 @@ TEST(MoePermutation, RejectsExpertOutOfRange) {
   expect_error([&] { run_permutation(ids); }, ErrorKind::Shape, {"moe_permutation", "slot 5"});
 }
 
+// Rows are read by the index's values: one outside [0, T k) is refused before any read.
+TEST(MoePermutation, RejectsIndexOutOfRange) {
+  std::vector<int32_t> ids = random_ids(6103);
+  const Perm p = run_permutation(ids);
+  std::vector<float> x = cast_vec<float>(randn(T * D, 6104)), xp(size_t(T * k * D));
+  KernelContext ctx;
+  std::vector<int32_t> bad = p.sorted;
+  bad[7] = int32_t(T * k);
+  expect_error([&] { moe_permute(ctx, view(xp, {T * k, D}), view(x, {T, D}), view(bad, {T * k})); },
+               ErrorKind::Shape, {"moe_permute", "sorted_slots[7]"});
+  bad[7] = -1;
+  expect_error([&] { moe_permute_backward(ctx, view(x, {T, D}), view(xp, {T * k, D}), view(bad, {T * k})); },
+               ErrorKind::Shape, {"moe_permute_backward", "slot_rows[7] is -1"});
+}
+
 template <class S>
 class MoePermuteTest : public ::testing::Test {};
 using AllStorage = ::testing::Types<double, float, bf16, f16>;

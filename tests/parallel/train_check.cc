@@ -179,7 +179,11 @@ int plan_matches_estimate(const Config& c, const Trainer& tr, const ProcessGrid&
       ok = 0;
     }
   for (const auto& item : want.items())
-    if (got.bytes_of(item.category) != item.bytes) ok = 0;
+    if (got.bytes_of(item.category) != item.bytes) {
+      std::fprintf(stderr, "rank %d: %s: estimate %zu bytes, arenas %zu\n", g.world_rank(), item.category.c_str(),
+                   item.bytes, got.bytes_of(item.category));
+      ok = 0;
+    }
   return ok;
 }
 

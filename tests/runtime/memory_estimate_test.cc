@@ -252,7 +252,7 @@ TEST(MemoryEstimate, HugeModelIsFastAndAllocatesNothing) {
   EXPECT_LT(params, 1.0e12 / 512 * 1.3);
 }
 
-// The measure: m = 3p microbatches, every pipeline rank's
+// At m = 3p microbatches, every pipeline rank's
 // activations under both schedules, gpt2_debug and llama_debug at pp 2 and
 // 4 in fp32 and bf16, no recomputation. Rank r of p holds 1F1B's p - r
 // (+2 posted ahead) activation slots, p input slots and r + 1 weight

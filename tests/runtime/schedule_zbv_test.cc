@@ -117,6 +117,7 @@ TEST(ZeroBubbleV, EqualTimesIdleOnlyWhileTheVFills) {
         EXPECT_NEAR(r.makespan - r.busy[size_t(rank)], (p - 1) * f / 2, 1e-9) << "rank " << rank;
         EXPECT_EQ(r.peak_in_flight[size_t(rank)], 2 * p) << "rank " << rank;
       }
+      EXPECT_NEAR(r.bubble_fraction, analytic_bubble(kV, p, m, 2), 1e-12);
       const SimResult h1 = simulate(ScheduleKind::ZeroBubbleH1, p, m, 1, fbw(f, f, f));
       ASSERT_TRUE(h1.ok) << h1.error;
       EXPECT_NEAR(h1.makespan - r.makespan, (p - 1) * f / 2, 1e-9);
