@@ -3,6 +3,7 @@
 // the bubble the analysis predicts, 1F1B bounds activations in flight, and
 // unsupported combinations are Config errors that name the key.
 #include "runtime/step/schedule.h"
+#include "tests/runtime/schedule_costs.h"
 
 #include <gtest/gtest.h>
 
@@ -489,13 +490,6 @@ TEST(ScheduleErrors, ParseRejectsUnknownNamesAndRoundTrips) {
 
 // ---------------------------------------------------------------- zero bubble
 
-// Stage times F, B, W per microbatch: the split backward's W is its weight share.
-SimCosts fbw(double f, double b, double w) {
-  SimCosts c = equal_costs(f, b + w);
-  c.weight_share = w / (b + w);
-  return c;
-}
-
 // Qi et al. 2024, Table 2, with m >= p: each stage idles (p - 1)(F + B + W)
 // under 1F1B and (p - 1)(F + B - W) under ZB-H1 (W <= F; a longer W fills
 // no more than the forward's gap), both at 1F1B's peak of p microbatches
@@ -555,8 +549,12 @@ TEST(ZeroBubbleH1, ListsAreWellFormed) {
           if (in.op == PipeOp::Forward) EXPECT_EQ(st++, 0);
           if (in.op == PipeOp::BackwardInput) {
             EXPECT_EQ(st++, 1);
-            if (rank < p - 1) EXPECT_EQ(list[i - 1].op, PipeOp::RecvGradient);
-            if (rank > 0) EXPECT_EQ(list[i + 1].op, PipeOp::SendGradient);
+            if (rank < p - 1) {
+              EXPECT_EQ(list[i - 1].op, PipeOp::RecvGradient);
+            }
+            if (rank > 0) {
+              EXPECT_EQ(list[i + 1].op, PipeOp::SendGradient);
+            }
           }
           if (in.op == PipeOp::BackwardWeight) {
             EXPECT_EQ(st++, 2);

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "runtime/step/schedule.h"
+#include "tests/runtime/schedule_costs.h"
 
 namespace xirang {
 namespace {
@@ -20,15 +21,6 @@ namespace {
 constexpr ScheduleKind kH2 = ScheduleKind::ZeroBubbleH2;
 
 std::string label(int p, int m) { return "zb_h2 p=" + std::to_string(p) + " m=" + std::to_string(m); }
-
-// Stage times F, B, W per microbatch: the split backward's W is its weight share.
-SimCosts fbw(double f, double b, double w) {
-  SimCosts c;
-  c.forward = f;
-  c.backward = b + w;
-  c.weight_share = w / (b + w);
-  return c;
-}
 
 // Rank r's idle per step when steps overlap without a flush: the longest
 // rank's span sets the period (schedule.h, SimResult::span).

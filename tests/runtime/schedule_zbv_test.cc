@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "runtime/step/schedule.h"
+#include "tests/runtime/schedule_costs.h"
 
 namespace xirang {
 namespace {
@@ -22,15 +23,6 @@ namespace {
 constexpr ScheduleKind kV = ScheduleKind::ZeroBubbleV;
 
 std::string label(int p, int m) { return "zb_v p=" + std::to_string(p) + " m=" + std::to_string(m); }
-
-// Stage times F, B, W per microbatch (a chunk costs half).
-SimCosts fbw(double f, double b, double w) {
-  SimCosts c;
-  c.forward = f;
-  c.backward = b + w;
-  c.weight_share = w / (b + w);
-  return c;
-}
 
 TEST(ZeroBubbleV, PlacementIsAV) {
   for (int p : {2, 3, 4, 8}) {
