@@ -546,7 +546,9 @@ TEST(ZeroBubbleH1, ListsAreWellFormed) {
           if (in.microbatch < 0) continue;
           ++count[{in.op, in.microbatch}];
           int& st = stage[size_t(in.microbatch)];
-          if (in.op == PipeOp::Forward) EXPECT_EQ(st++, 0);
+          if (in.op == PipeOp::Forward) {
+            EXPECT_EQ(st++, 0);
+          }
           if (in.op == PipeOp::BackwardInput) {
             EXPECT_EQ(st++, 1);
             if (rank < p - 1) {
