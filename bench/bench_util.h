@@ -2,6 +2,7 @@
 //
 //   write_random_tokens(dir + "/train", "bytes", 256, 1 << 18, seed);
 //   double ms = median(step_times);
+//   double ns = ns_per_call(1000000, [&](long i) { site(i); });
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/rng.h"
 #include "runtime/data/dataset.h"
 
@@ -29,6 +31,19 @@ inline void write_random_tokens(const std::string& split_dir, const std::string&
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Nanoseconds per call of body(i), the best of five loops of n calls (the
+// fastest loop is the one least disturbed by the rest of the machine).
+template <class F>
+double ns_per_call(long n, F&& body) {
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = now_seconds();
+    for (long i = 0; i < n; ++i) body(i);
+    best = std::min(best, (now_seconds() - t0) * 1e9 / double(n));
+  }
+  return best;
 }
 
 }  // namespace xirang::bench

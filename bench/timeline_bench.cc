@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "bench/bench_util.h"
 #include "core/clock.h"
 #include "core/timeline.h"
 
@@ -19,18 +20,6 @@ using namespace xirang;
 namespace {
 
 volatile int sink = 0;
-
-// Nanoseconds per iteration of `body`, best of five runs of n calls.
-template <class F>
-double ns_per_call(long n, F&& body) {
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    const double t0 = now_seconds();
-    for (long i = 0; i < n; ++i) body(i);
-    best = std::min(best, (now_seconds() - t0) * 1e9 / double(n));
-  }
-  return best;
-}
 
 }  // namespace
 
@@ -48,16 +37,16 @@ int main(int argc, char** argv) {
   tracing.set_tracing(true);
   profiling.set_profiling(true);
   Timeline* none = nullptr;
-  const double empty = ns_per_call(calls, [](long i) { sink = int(i); });
+  const double empty = bench::ns_per_call(calls, [](long i) { sink = int(i); });
   const auto span = [&](Timeline* tl) {
-    return ns_per_call(calls, [&](long i) {
+    return bench::ns_per_call(calls, [&](long i) {
       SpanScope s(tl, "forward", Track::Main, int(i & 7), 0);
       sink = int(i);
       if ((i & 0xffff) == 0 && tl) tl->take_spans();  // bounded memory
     });
   };
   const auto op = [&](Timeline* tl) {
-    return ns_per_call(calls, [&](long i) {
+    return bench::ns_per_call(calls, [&](long i) {
       OpScope s(tl, nullptr, OpKind::Matmul);
       sink = int(i);
     });

@@ -24,7 +24,6 @@
 
 #include "bench/bench_util.h"
 #include "core/error.h"
-#include "core/clock.h"
 #include "core/omp_wait.h"
 #include "core/timeline.h"
 #include "kernels/cpu/gemm.h"
@@ -95,13 +94,19 @@ double sgemm_peak(std::string* which) {
   return best;
 }
 
-RunTime time_run(const std::vector<std::string>& overrides, double peak) {
+// A one-rank trainer of the bench's config with `overrides`, quiet, its MFU against `peak`.
+std::unique_ptr<Trainer> bench_trainer(const std::vector<std::string>& overrides, double peak) {
   Config c = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/" + config_file, overrides);
   validate(c, 1);
   TrainerOptions opts;
   opts.print = false;
   opts.peak = PeakFlops{peak, "measured sgemm"};
-  Trainer t(c, opts);
+  return std::make_unique<Trainer>(c, opts);
+}
+
+RunTime time_run(const std::vector<std::string>& overrides, double peak) {
+  const std::unique_ptr<Trainer> trainer = bench_trainer(overrides, peak);
+  Trainer& t = *trainer;
   const double cpu0 = process_cpu_seconds();
   TrainResult r = t.run();
   const double cpu_ms = (process_cpu_seconds() - cpu0) * 1e3 / double(r.steps.size());
@@ -203,30 +208,21 @@ struct PairRatios {
 volatile int site_sink = 0;
 
 // Nanoseconds one recording site costs (a span kept, or an op timed and
-// summed), best of five loops, an empty loop's time subtracted: the
-// direct cost of the instrumentation, which load on the machine can only
-// inflate (bench/timeline_bench.cc tabulates every case).
+// summed), an empty loop's time subtracted: the direct cost of the
+// instrumentation, which load on the machine can only inflate
+// (bench/timeline_bench.cc tabulates every case).
 double recording_site_ns(bool trace) {
   Timeline tl;
   if (trace) tl.set_tracing(true);
   else tl.set_profiling(true);
   const long n = 200000;
-  const auto best = [&](auto&& body) {
-    double b = 1e30;
-    for (int rep = 0; rep < 5; ++rep) {
-      const double t0 = now_seconds();
-      for (long i = 0; i < n; ++i) body(i);
-      b = std::min(b, (now_seconds() - t0) * 1e9 / double(n));
-    }
-    return b;
-  };
-  const double empty = best([](long i) { site_sink = int(i); });
-  const double site = trace ? best([&](long i) {
+  const double empty = bench::ns_per_call(n, [](long i) { site_sink = int(i); });
+  const double site = trace ? bench::ns_per_call(n, [&](long i) {
     SpanScope sp(&tl, "forward", Track::Main, int(i & 7), 0);
     site_sink = int(i);
     if ((i & 0xffff) == 0) tl.take_spans();
   })
-                            : best([&](long i) {
+                            : bench::ns_per_call(n, [&](long i) {
                                 OpScope op(&tl, nullptr, OpKind::Matmul);
                                 site_sink = int(i);
                               });
@@ -239,12 +235,8 @@ PairRatios interleaved_run(const std::vector<std::string>& base, bool trace, boo
   // Attaches the trainer's timeline (with neither feature on, the step's
   // sites see none); StepToggle decides at every step what it records.
   o.push_back("metrics.op_profile=true");
-  Config c = load_config(std::string(XIRANG_BENCH_CONFIG_DIR) + "/" + config_file, o);
-  validate(c, 1);
-  TrainerOptions opts;
-  opts.print = false;
-  opts.peak = PeakFlops{peak, "measured sgemm"};
-  Trainer t(c, opts);
+  const std::unique_ptr<Trainer> trainer = bench_trainer(o, peak);
+  Trainer& t = *trainer;
   auto toggle = std::make_unique<StepToggle>(t.timeline(), trace, control);
   const StepToggle& seen = *toggle;
   t.add_observer(std::move(toggle));

@@ -65,6 +65,21 @@ inline RowDims check_rows(const char* op, const Tensor& x, const Tensor& xp, con
   return {T, T == 0 ? 0 : n / T, d};
 }
 
+// moe_permutation's tensors: ids (any shape, I32: n slots), sorted_slots
+// and slot_rows (n) I32, offsets (E + 1) I32. Returns n.
+inline int64_t check_permutation(const char* op, const Tensor& sorted_slots, const Tensor& slot_rows,
+                                 const Tensor& offsets, const Tensor& ids, int64_t num_experts) {
+  check_dtype(op, "ids", ids, DType::I32);
+  const int64_t n = ids.numel();
+  check_shape(op, "sorted_slots", sorted_slots, {n});
+  check_dtype(op, "sorted_slots", sorted_slots, DType::I32);
+  check_shape(op, "slot_rows", slot_rows, {n});
+  check_dtype(op, "slot_rows", slot_rows, DType::I32);
+  check_shape(op, "offsets", offsets, {num_experts + 1});
+  check_dtype(op, "offsets", offsets, DType::I32);
+  return n;
+}
+
 // The experts' weight gradient: the rows' dtype, or F32 beside 16-bit rows
 // (kernels/cpu/common.h's rule for every parameter gradient).
 inline void check_weight_grad(const char* op, const Tensor& dw, DType rows) {

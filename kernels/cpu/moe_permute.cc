@@ -27,14 +27,8 @@ void moe_permutation(const KernelContext& ctx, Tensor sorted_slots, Tensor slot_
   XR_ON_CUDA(ctx, moe_permutation(ctx, sorted_slots, slot_rows, offsets, ids, num_experts));
   const char* op = "moe_permutation";
   cpu::require_cpu(ctx, op);
-  check_dtype(op, "ids", ids, DType::I32);
-  const int64_t n = ids.numel(), E = num_experts;
-  check_shape(op, "sorted_slots", sorted_slots, {n});
-  check_dtype(op, "sorted_slots", sorted_slots, DType::I32);
-  check_shape(op, "slot_rows", slot_rows, {n});
-  check_dtype(op, "slot_rows", slot_rows, DType::I32);
-  check_shape(op, "offsets", offsets, {E + 1});
-  check_dtype(op, "offsets", offsets, DType::I32);
+  const int64_t n = moe_checks::check_permutation(op, sorted_slots, slot_rows, offsets, ids, num_experts);
+  const int64_t E = num_experts;
   const int32_t* id = ids.data<int32_t>();
   int32_t* off = offsets.data<int32_t>();
   std::memset(off, 0, size_t(E + 1) * sizeof(int32_t));

@@ -204,14 +204,8 @@ void moe_permutation(const KernelContext& ctx, Tensor sorted_slots, Tensor slot_
                      int64_t num_experts) {
   const char* op = "moe_permutation";
   require_cuda(ctx, op);
-  const int64_t n = ids.numel(), E = num_experts;
-  check_dtype(op, "ids", ids, DType::I32);
-  check_shape(op, "sorted_slots", sorted_slots, {n});
-  check_dtype(op, "sorted_slots", sorted_slots, DType::I32);
-  check_shape(op, "slot_rows", slot_rows, {n});
-  check_dtype(op, "slot_rows", slot_rows, DType::I32);
-  check_shape(op, "offsets", offsets, {E + 1});
-  check_dtype(op, "offsets", offsets, DType::I32);
+  const int64_t n = moe_checks::check_permutation(op, sorted_slots, slot_rows, offsets, ids, num_experts);
+  const int64_t E = num_experts;
   check_on_device(op, {{"sorted_slots", &sorted_slots}, {"slot_rows", &slot_rows}, {"offsets", &offsets}, {"ids", &ids}});
   count_kernel<<<grid_for(E), kThreads, 0, stream(ctx)>>>(ptr<int32_t>(ids), ptr<int32_t>(offsets), n, E);
   XR_CUDA_LAUNCH_CHECK();
