@@ -33,19 +33,23 @@ SimResult simulate_cached(ScheduleKind k, int p, int m, int v, const SimCosts& c
   return cache.emplace(key.str(), r).first->second;
 }
 
+// The pipeline rank with the most forward + backward per microbatch (the first of equals).
+int busiest_stage(const std::vector<StageCost>& stages) {
+  int busiest = 0;
+  for (int r = 1; r < int(stages.size()); ++r)
+    if (stages[size_t(r)].fwd_total() + stages[size_t(r)].bwd_total() >
+        stages[size_t(busiest)].fwd_total() + stages[size_t(busiest)].bwd_total())
+      busiest = r;
+  return busiest;
+}
+
 // The busiest pipeline stage's compute and collectives over the step's
 // microbatches (no simulation); `stages` gets every rank's per-microbatch costs.
 void stage_terms(const Workload& w, const PlanLayout& l, const Cluster& c, const Features& f, StepTime& t,
                  std::vector<StageCost>& stages) {
   const int m = w.cfg.train.global_batch / (l.micro_batch * l.dp);
-  int busiest = 0;
-  for (int r = 0; r < l.pp; ++r) {
-    stages.push_back(stage_cost(w, l, c, f, r));
-    if (stages[size_t(r)].fwd_total() + stages[size_t(r)].bwd_total() >
-        stages[size_t(busiest)].fwd_total() + stages[size_t(busiest)].bwd_total())
-      busiest = r;
-  }
-  const StageCost& s = stages[size_t(busiest)];
+  for (int r = 0; r < l.pp; ++r) stages.push_back(stage_cost(w, l, c, f, r));
+  const StageCost& s = stages[size_t(busiest_stage(stages))];
   t.forward_s = m * s.fwd.compute;
   t.backward_s = m * s.bwd.compute;
   t.recompute_s = m * s.rc.compute;
@@ -67,14 +71,11 @@ void pipeline_terms(const Workload& w, const PlanLayout& l, const Cluster& c, St
                     const std::vector<StageCost>& stages) {
   const int p = l.pp, m = w.cfg.train.global_batch / (l.micro_batch * l.dp);
   SimCosts costs;
-  int busiest = 0;
   for (int r = 0; r < p; ++r) {
     costs.forward_per_rank.push_back(stages[size_t(r)].fwd_total());
     costs.backward_per_rank.push_back(stages[size_t(r)].bwd_total());
-    if (stages[size_t(r)].fwd_total() + stages[size_t(r)].bwd_total() >
-        stages[size_t(busiest)].fwd_total() + stages[size_t(busiest)].bwd_total())
-      busiest = r;
   }
+  const int busiest = busiest_stage(stages);
   const ScheduleKind kind = layout_config(w, l).parallel.schedule;
   // A split backward's weight part: the layers' weight-gradient products,
   // as many FLOPs as their forward products (M per token); the backward is

@@ -16,17 +16,8 @@
 namespace xirang::cuda {
 namespace {
 
-Tensor rows_of(const Tensor& t, int64_t r0, int64_t r1) {
-  const int64_t cols = t.size(1);
-  return Tensor(static_cast<char*>(t.raw()) + r0 * cols * int64_t(dtype_size(t.dtype())), {r1 - r0, cols}, t.dtype(),
-                t.device());
-}
-
-Tensor expert_of(const Tensor& w, int64_t e) {
-  const int64_t n = w.size(1) * w.size(2);
-  return Tensor(static_cast<char*>(w.raw()) + e * n * int64_t(dtype_size(w.dtype())), {w.size(1), w.size(2)}, w.dtype(),
-                w.device());
-}
+// Expert e's weights (in, out) of w (experts, in, out).
+Tensor expert_of(const Tensor& w, int64_t e) { return w.slice(e, e + 1).view({w.size(1), w.size(2)}); }
 
 }  // namespace
 
@@ -39,7 +30,7 @@ void grouped_matmul_forward(const KernelContext& ctx, Tensor y, const Tensor& x,
   const int32_t* off = offsets.data<int32_t>();
   for (int64_t e = 0; e < d.E; ++e)
     if (off[e + 1] > off[e])  // y_e (M, out) = x_e (M, in) W_e (in, out)
-      matmul(ctx, rows_of(y, off[e], off[e + 1]), rows_of(x, off[e], off[e + 1]), expert_of(w, e), false, false, 1.0,
+      matmul(ctx, y.slice(off[e], off[e + 1]), x.slice(off[e], off[e + 1]), expert_of(w, e), false, false, 1.0,
              0.0);
 }
 
@@ -61,9 +52,9 @@ void grouped_matmul_backward(const KernelContext& ctx, Tensor dx, Tensor dw, con
   const double beta = dx_mode == GradMode::Accumulate ? 1.0 : 0.0;
   for (int64_t e = 0; e < d.E; ++e) {
     if (off[e + 1] == off[e]) continue;
-    const Tensor xe = rows_of(x, off[e], off[e + 1]), dye = rows_of(dy, off[e], off[e + 1]);
+    const Tensor xe = x.slice(off[e], off[e + 1]), dye = dy.slice(off[e], off[e + 1]);
     if (dx.defined())  // dX_e = dY_e W_e^T
-      matmul(ctx, rows_of(dx, off[e], off[e + 1]), dye, expert_of(w, e), false, true, 1.0, beta);
+      matmul(ctx, dx.slice(off[e], off[e + 1]), dye, expert_of(w, e), false, true, 1.0, beta);
     // dW_e (in, out) += X_e^T dY_e: linear_backward's dw = dy'^T x' with
     // dy' = X_e and x' = dY_e, which also takes an F32 dw beside 16-bit rows.
     if (dw.defined())
