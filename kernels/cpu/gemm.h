@@ -54,6 +54,20 @@ void set_gemm_path(const std::string& setting);
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// F64: OpenBLAS's dgemm (float64 references and gradient checks; no other path).
+void dgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+           const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
+// One name for both, so kernels templated on float or double call one product.
+inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+                 const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  dgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 // The same product on a path named explicitly (benchmarks and tests compare
 // the paths); refuses onednn in a build without it.
 void sgemm_on(GemmPath::Kind path, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,

@@ -4,8 +4,6 @@
 // the 16-bit tiles or oneDNN bf16 for BF16/F16). Each product is already
 // multithreaded by the BLAS, so experts run one after another; the call
 // saves the per-op set-up (checks, dispatch, timeline scope) E times over.
-#include <cblas.h>
-
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_16bit.h"
@@ -25,11 +23,8 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const S* A, int64_t
           O* C, int64_t ldc) {
   if constexpr (is_16bit_v<S>)
     cpu::gemm_16bit_best<S, O>(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, nullptr);
-  else if constexpr (std::is_same_v<S, float>)
-    cpu::sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
   else
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0, A, lda, B,
-                ldb, double(beta), C, ldc);
+    cpu::gemm(ta, tb, M, N, K, S(1), A, lda, B, ldb, S(beta), C, ldc);
 }
 
 }  // namespace

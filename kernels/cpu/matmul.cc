@@ -5,7 +5,6 @@
 // call sgemm and round each result once when storing it.
 #include "kernels/matmul.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 
@@ -21,16 +20,6 @@ using cpu::dispatch_storage;
 using cpu::is_16bit_v;
 
 namespace {
-
-template <class T>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
-          T beta, T* C, int64_t ldc) {
-  if constexpr (std::is_same_v<T, float>)
-    cpu::sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
-                B, ldb, beta, C, ldc);
-}
 
 void check_2d(const char* op, const char* what, const Tensor& t) {
   if (t.rank() != 2) fail(ErrorKind::Shape, op, ": ", what, " must be 2-D, got ", t.shape().str());
@@ -62,7 +51,7 @@ void matmul(const KernelContext& ctx, Tensor out, const Tensor& a, const Tensor&
       cpu::gemm_16bit_best<S, S>(trans_a, trans_b, M, N, K, float(alpha), a.data<S>(), a.size(1), b.data<S>(),
                                  b.size(1), float(beta), out.data<S>(), N, nullptr);
     else
-      gemm<S>(trans_a, trans_b, M, N, K, S(alpha), a.data<S>(), a.size(1), b.data<S>(), b.size(1), S(beta),
+      cpu::gemm(trans_a, trans_b, M, N, K, S(alpha), a.data<S>(), a.size(1), b.data<S>(), b.size(1), S(beta),
               out.data<S>(), N);
   });
 }
@@ -98,7 +87,7 @@ void linear_forward(const KernelContext& ctx, Tensor y, const Tensor& x, const T
           for (int64_t j = 0; j < out; ++j) py[i * out + j] = pb[j];
         beta = 1;
       }
-      gemm<T>(false, true, N, out, in, T(1), x.data<T>(), in, w.data<T>(), in, beta, py, out);
+      cpu::gemm(false, true, N, out, in, T(1), x.data<T>(), in, w.data<T>(), in, beta, py, out);
     }
   });
 }
@@ -160,9 +149,9 @@ void linear_backward(const KernelContext& ctx, Tensor dx, Tensor dw, Tensor dbia
         });
     } else {
       if (dx.defined())
-        gemm<T>(false, false, N, in, out, T(1), pdy, out, w.data<T>(), in, dx_mode == GradMode::Accumulate ? T(1) : T(0),
+        cpu::gemm(false, false, N, in, out, T(1), pdy, out, w.data<T>(), in, dx_mode == GradMode::Accumulate ? T(1) : T(0),
                 dx.data<T>(), in);
-      if (dw.defined()) gemm<T>(true, false, out, in, N, T(1), pdy, out, x.data<T>(), in, T(1), dw.data<T>(), in);
+      if (dw.defined()) cpu::gemm(true, false, out, in, N, T(1), pdy, out, x.data<T>(), in, T(1), dw.data<T>(), in);
     }
     if (dbias.defined())
       cpu::dispatch_grad<T>(dbias.dtype(), [&](auto gtag) {
