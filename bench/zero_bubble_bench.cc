@@ -137,6 +137,29 @@ RunTimes train(const Config& c, int p) {
 
 }  // namespace
 
+// The step's global synchronisation on its critical path. The rank that
+// ends the schedule (stage 0: the last backward, then its W under ZB-H1)
+// finds the other stages already waiting in the drain's barrier, so what
+// the synchronisation adds to the step is the latency of that pp barrier,
+// the gradient norm's pp sum and the guard's world vote (trainer.cc's
+// drain_pipeline and optimizer_step), here back to back on aligned ranks
+// through channels built as training builds them: the median, in µs.
+double sync_latency_us(const Config& cfg, int p, int reps) {
+  auto grid = ProcessGrid::create_mpi(GridShape{1, 1, p}, comm_options(cfg));
+  std::vector<double> us;
+  for (int i = 0; i < reps; ++i) {
+    grid->pp().barrier();
+    const double t0 = now_seconds();
+    grid->pp().barrier();
+    volatile double norm = grid->pp().all_reduce_sum(1.0);
+    (void)norm;
+    double votes[3] = {0, 0, 0};
+    grid->world().all_reduce(Tensor(votes, {3}, DType::F64), ReduceOp::Max);
+    us.push_back((now_seconds() - t0) * 1e6);
+  }
+  return bench::median(us);
+}
+
 int main(int argc, char** argv) {
   xirang::restart_with_passive_omp_wait(argv);
   MpiRuntime mpi(&argc, &argv);
@@ -234,6 +257,17 @@ int main(int argc, char** argv) {
                   "activations %.3fx\n",
                   step[1] / step[0], 100 * measured, 100 * predicted, 100 * measured / predicted,
                   double(acts[1]) / double(acts[0]));
+    }
+    // The synchronisation's cost against the smallest bubble measured
+    // (ms per step): the paper's post-validation removes that cost, and is
+    // worth building only where it is a tenth of the bubble or more.
+    const double sync_us = sync_latency_us(bench_config(dir + "/train", p, m, steps, "1f1b"), p, 200);
+    if (rank == 0) {
+      double least = 1e300;
+      for (size_t k = 0; k < kinds.size(); ++k) least = std::min(least, bubble[k] * step[k]);
+      std::printf("global synchronisation (pp barrier, norm sum, guard vote): %.1f us per step = %.2f%% of the "
+                  "smallest bubble (%.2f ms per step)\n",
+                  sync_us, 100 * sync_us / (1e3 * least), least);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) std::filesystem::remove_all(dir);
