@@ -26,7 +26,7 @@ class CompletingGroup : public Communicator {
   WorkPtr recv_async(Tensor, int, int) override { return completed_work(); }
   void barrier() override {}
 
-  int hook_calls = 0;  // reduce_scatter and all_gather calls that passed the base class's checks
+  int hook_calls = 0;  // reduce_scatter, all_gather and all_to_all_v calls that passed the base class's checks
 
  protected:
   WorkPtr do_reduce_scatter(const Tensor&, Tensor, ReduceOp) override { return hook(); }
