@@ -18,6 +18,7 @@ const char* comm_op_kind_name(CommOpKind k) {
     case CommOpKind::Barrier: return "barrier";
     case CommOpKind::Send: return "send";
     case CommOpKind::Recv: return "recv";
+    case CommOpKind::AllToAllV: return "all_to_all_v";
   }
   return "?";
 }

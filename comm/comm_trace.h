@@ -31,7 +31,8 @@
 
 namespace xirang {
 
-enum class CommOpKind : uint8_t { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, Send, Recv };
+// AllToAllV records the bytes this rank sends (its recv side may differ).
+enum class CommOpKind : uint8_t { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, Send, Recv, AllToAllV };
 enum class CommOpState : uint8_t { Posted, InFlight, Done, Failed };
 
 const char* comm_op_kind_name(CommOpKind k);    // "all_reduce", "send", ...

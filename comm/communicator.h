@@ -18,6 +18,17 @@
 // do_all_gather) runs, so every backend refuses a wrong chunk with the same
 // message.
 //
+// All-to-all with uneven counts (expert parallelism's dispatch and combine):
+// counts are in ROWS of dimension 0 (a token's hidden vector is one row),
+// one count per rank of the group, the displacements their prefix sums. The
+// rows [off_p, off_p + send_counts[p]) of `send` go to rank p; rank p's rows
+// for this rank land at [roff_p, roff_p + recv_counts[p]) of `recv`.
+// recv_counts[p] must equal rank p's send_counts[this rank]; exchange_counts
+// gives them (an all-to-all of one count per peer):
+//
+//   std::vector<int64_t> recv_counts = ep.exchange_counts(send_counts);
+//   ep.all_to_all_v(tokens_by_peer, send_counts, received, recv_counts);  // (sum, d_model) each
+//
 // Implementations: LocalCommunicator (the group of one rank; every
 // collective is the identity), MpiCommunicator (comm/mpi_communicator.h) and
 // SimulatedLink (comm/simulated_link.h), a decorator that adds latency,
@@ -28,6 +39,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -114,6 +126,16 @@ class Communicator {
   virtual WorkPtr send_async(const Tensor& t, int peer, int tag) = 0;
   virtual WorkPtr recv_async(Tensor t, int peer, int tag) = 0;
   virtual void barrier() = 0;
+  // See the file comment. `send` and `recv` have the same dtype and row size
+  // (elements per row of dimension 0; a 1-D tensor's rows are its elements),
+  // send.size(0) = sum(send_counts), recv.size(0) = sum(recv_counts), one
+  // count per rank of the group, none negative; they must not overlap. The
+  // arguments are checked here once, for every backend (one-line Comm error).
+  WorkPtr all_to_all_v_async(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                             const std::vector<int64_t>& recv_counts);
+  // Blocking: returns recv_counts[p] = rank p's send_counts[this rank]
+  // (counts travel as int64, whatever they count). Collective over the group.
+  virtual std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send_counts);
 
   void all_reduce(Tensor t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
   void reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) { reduce_scatter_async(in, out, op)->wait(); }
@@ -121,6 +143,10 @@ class Communicator {
   void broadcast(Tensor t, int root) { broadcast_async(t, root)->wait(); }
   void send(const Tensor& t, int peer, int tag) { send_async(t, peer, tag)->wait(); }
   void recv(Tensor t, int peer, int tag) { recv_async(t, peer, tag)->wait(); }
+  void all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                    const std::vector<int64_t>& recv_counts) {
+    all_to_all_v_async(send, send_counts, recv, recv_counts)->wait();
+  }
   // Sum of a scalar over the group (losses, norms).
   double all_reduce_sum(double x);
 
@@ -132,7 +158,15 @@ class Communicator {
   // (host or device memory, a type it cannot reduce).
   virtual WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) = 0;
   virtual WorkPtr do_all_gather(const Tensor& in, Tensor out) = 0;
+  // The backends' all-to-all-v, after all_to_all_v_async's checks; `row` is
+  // the elements per row (counts times row are element counts).
+  virtual WorkPtr do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                  const std::vector<int64_t>& recv_counts, int64_t row) = 0;
 };
+
+// The element offset of each peer's chunk, prefix sums of counts x row:
+// counts.size() + 1 entries, the last the total.
+std::vector<int64_t> chunk_offsets(const std::vector<int64_t>& counts, int64_t row);
 
 class LocalCommunicator final : public Communicator {
  public:
@@ -149,6 +183,8 @@ class LocalCommunicator final : public Communicator {
  protected:
   WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp) override;
   WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
+  WorkPtr do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                          const std::vector<int64_t>& recv_counts, int64_t row) override;
 
  private:
   std::string name_;

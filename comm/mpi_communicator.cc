@@ -164,6 +164,49 @@ WorkPtr MpiCommunicator::do_all_gather(const Tensor& in, Tensor out) {
   return m.submit(std::move(o));
 }
 
+namespace {
+// The element counts and displacements of one side, as MPI's ints. They fit:
+// check_host refused a tensor of more than INT_MAX elements, and no count or
+// displacement exceeds the tensor's elements.
+void int_counts(const std::vector<int64_t>& counts, int64_t row, std::vector<int>& out_counts,
+                std::vector<int>& out_displs) {
+  const std::vector<int64_t> off = chunk_offsets(counts, row);
+  for (size_t p = 0; p < counts.size(); ++p) {
+    out_counts.push_back(int(counts[p] * row));
+    out_displs.push_back(int(off[p]));
+  }
+}
+}  // namespace
+
+// The arguments were checked by Communicator::all_to_all_v_async. A peer
+// whose counts disagree with ours (rank p's send_counts[me] != our
+// recv_counts[p]) fails with MPI_ERR_TRUNCATE when it sends more; when it
+// sends fewer, MPI reports nothing and the chunk's tail keeps its old values.
+WorkPtr MpiCommunicator::do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                         const std::vector<int64_t>& recv_counts, int64_t row) {
+  Impl& m = *impl_;
+  auto o = std::make_unique<Op>();
+  o->what = str_cat(m.name, " all_to_all_v of ", send.bytes(), " bytes out, ", recv.bytes(), " bytes in");
+  o->kind = CommOpKind::AllToAllV;
+  o->bytes = send.bytes();
+  check_host(o->what, send, "send tensor");
+  check_host(o->what, recv, "recv tensor");
+  // Op keeps one pair of arrays: the send side's, then the receive side's.
+  std::vector<int> rc, rd;
+  int_counts(send_counts, row, o->counts, o->displs);
+  int_counts(recv_counts, row, rc, rd);
+  const size_t p = size_t(m.size);
+  o->counts.insert(o->counts.end(), rc.begin(), rc.end());
+  o->displs.insert(o->displs.end(), rd.begin(), rd.end());
+  MPI_Datatype dt = mpi_type(send.dtype());
+  MPI_Comm c = m.comm;
+  o->start = [send, recv, dt, c, p](Op& self) {
+    return MPI_Ialltoallv(send.raw(), self.counts.data(), self.displs.data(), dt, recv.raw(), self.counts.data() + p,
+                          self.displs.data() + p, dt, c, &self.req);
+  };
+  return m.submit(std::move(o));
+}
+
 WorkPtr MpiCommunicator::broadcast_async(Tensor t, int root) {
   Impl& m = *impl_;
   auto o = std::make_unique<Op>();

@@ -49,6 +49,10 @@ class MpiCommunicator final : public Communicator {
  protected:
   WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) override;
   WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
+  // One MPI_Ialltoallv, counts and displacements in elements of the dtype;
+  // every count and displacement must fit MPI's int (checked).
+  WorkPtr do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                          const std::vector<int64_t>& recv_counts, int64_t row) override;
 
  private:
   std::unique_ptr<Impl> impl_;

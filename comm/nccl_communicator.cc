@@ -112,6 +112,10 @@ NcclCommunicator::NcclCommunicator(Communicator& group, int device, cudaStream_t
   // Allocated before the NCCL communicator exists: cudaMalloc may synchronize
   // the device, which must not happen while NCCL kernels wait for peers.
   XR_CUDA_CHECK(cudaMalloc(&scratch_, 3 * sizeof(float)));  // barrier(); connect_neighbours()
+  if (cudaMalloc(&counts_, 4 * size_t(s.size) * sizeof(uint32_t)) != cudaSuccess) {
+    cudaFree(scratch_);
+    fail(ErrorKind::Comm, what, ": no device memory for the counts buffer of exchange_counts ", s.where());
+  }
   try {
     XR_CUDA_CHECK(cudaMemset(scratch_, 0, 3 * sizeof(float)));  // its values never matter
     // Rank 0 makes the id and sends it with a success flag, so that when it
@@ -154,6 +158,7 @@ NcclCommunicator::NcclCommunicator(Communicator& group, int device, cudaStream_t
     s.settle_locked(rc, what);
   } catch (...) {
     cudaFree(scratch_);
+    cudaFree(counts_);
     throw;
   }
 }
@@ -189,6 +194,7 @@ NcclCommunicator::~NcclCommunicator() {
     }
   }
   cudaFree(scratch_);
+  cudaFree(counts_);
 }
 
 int NcclCommunicator::rank() const { return state_->rank; }
@@ -299,6 +305,79 @@ WorkPtr NcclCommunicator::do_all_gather(const Tensor& in, Tensor out) {
       return ncclSuccess;
     });
   });
+}
+
+// The arguments were checked by Communicator::all_to_all_v_async.
+WorkPtr NcclCommunicator::do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                          const std::vector<int64_t>& recv_counts, int64_t row) {
+  std::string what = str_cat(name(), " all_to_all_v of ", send.bytes(), " bytes out, ", recv.bytes(), " bytes in (",
+                             dtype_name(send.dtype()), ")");
+  check_device(what, send, "send tensor");
+  check_device(what, recv, "recv tensor");
+  const int p = size(), me = rank();
+  const WireType w = wire_type(send.dtype());
+  const std::vector<int64_t> soff = chunk_offsets(send_counts, row), roff = chunk_offsets(recv_counts, row);
+  const size_t own = size_t(send_counts[size_t(me)] * row) * dtype_size(send.dtype());
+  return launch(what, {{CommOpKind::AllToAllV, -1, -1, int64_t(send.bytes())}}, [&](NcclState& s, cudaStream_t st) {
+    if (own > 0)
+      XR_CUDA_CHECK(cudaMemcpyAsync(element(recv, roff[size_t(me)]), element(send, soff[size_t(me)]), own,
+                                    cudaMemcpyDeviceToDevice, st));
+    group_call(s, what, [&] {
+      for (int q = 0; q < p; ++q) {
+        if (q == me) continue;
+        const size_t sq = size_t(q);
+        if (send_counts[sq] > 0) {
+          ncclResult_t rc = ncclSend(element(send, soff[sq]), w.count(send_counts[sq] * row), w.type, q, s.comm, st);
+          if (is_failure(rc)) return rc;
+        }
+        if (recv_counts[sq] > 0) {
+          ncclResult_t rc = ncclRecv(element(recv, roff[sq]), w.count(recv_counts[sq] * row), w.type, q, s.comm, st);
+          if (is_failure(rc)) return rc;
+        }
+      }
+      return ncclSuccess;
+    });
+  });
+}
+
+// Counts as two u32 words each (Communicator::exchange_counts), through the
+// channel's device buffer: out at [0, 2p), in at [2p, 4p).
+std::vector<int64_t> NcclCommunicator::exchange_counts(const std::vector<int64_t>& send_counts) {
+  const int p = size();
+  if (int64_t(send_counts.size()) != p)
+    fail(ErrorKind::Comm, name(), " exchange_counts: ", send_counts.size(), " counts, expected one per rank of the group (",
+         p, ") ", state_->where());
+  std::vector<uint32_t> words(4 * size_t(p));
+  for (int r = 0; r < p; ++r) {
+    if (send_counts[size_t(r)] < 0)
+      fail(ErrorKind::Comm, name(), " exchange_counts: count for rank ", r, " is ", send_counts[size_t(r)],
+           " (negative) ", state_->where());
+    const auto u = uint64_t(send_counts[size_t(r)]);
+    words[2 * size_t(r)] = uint32_t(u);
+    words[2 * size_t(r) + 1] = uint32_t(u >> 32);
+  }
+  uint32_t* dev = static_cast<uint32_t*>(counts_);
+  {
+    CudaDeviceGuard guard(device());
+    // Synchronous on the host: the staging copy is taken before it returns,
+    // and the all-to-all below is ordered after it on the same stream.
+    XR_CUDA_CHECK(cudaMemcpyAsync(dev, words.data(), 2 * size_t(p) * sizeof(uint32_t), cudaMemcpyHostToDevice, stream_));
+  }
+  const std::vector<int64_t> ones(size_t(p), 1);
+  const Tensor out(dev, {int64_t(p), 2}, DType::U32, Device::CUDA), in(dev + 2 * p, {int64_t(p), 2}, DType::U32, Device::CUDA);
+  all_to_all_v_async(out, ones, in, ones)->wait();
+  {
+    CudaDeviceGuard guard(device());
+    XR_CUDA_CHECK(cudaMemcpyAsync(words.data() + 2 * p, in.raw(), 2 * size_t(p) * sizeof(uint32_t),
+                                  cudaMemcpyDeviceToHost, stream_));
+    XR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  std::vector<int64_t> got(static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    const size_t k = 2 * size_t(p + r);
+    got[size_t(r)] = int64_t(uint64_t(words[k]) | uint64_t(words[k + 1]) << 32);
+  }
+  return got;
 }
 
 WorkPtr NcclCommunicator::broadcast_async(Tensor t, int root) {

@@ -58,6 +58,11 @@
 //   within the rounding bound, not bit for bit.
 // - Uneven splits (n not divisible by the group size) are decomposed into
 //   grouped per-chunk operations, see do_reduce_scatter/do_all_gather.
+// - All-to-all-v is one group of ncclSend/ncclRecv pairs (the rows to this
+//   rank itself are a device copy). NCCL cannot see a count that disagrees
+//   with the peer's: it hangs (then times out) or leaves rows stale, so the
+//   recv counts must come from exchange_counts(), which here runs on the
+//   device through a buffer of the channel (one caller at a time).
 // - All NCCL calls of a channel are serialized by a mutex, so several
 //   threads may submit and wait.
 #pragma once
@@ -157,6 +162,9 @@ class NcclCommunicator final : public Communicator {
   // together (one group call), so a ring or pairwise exchange cannot
   // deadlock; either peer may be this rank.
   WorkPtr sendrecv_async(const Tensor& send, int send_peer, Tensor recv, int recv_peer);
+  // The counts go through the channel's device buffer and an all-to-all-v;
+  // the host waits for the result (with the timeout of wait()).
+  std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send_counts) override;
   // A one-element all-reduce waited for on the host: returns once every rank
   // of the group has reached it and this rank's earlier operations are done.
   void barrier() override;
@@ -188,6 +196,11 @@ class NcclCommunicator final : public Communicator {
   // ncclBroadcast per non-empty chunk, rooted at its owner, in one group
   // call. `in` may be this rank's chunk of `out` (in place).
   WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
+  // One NCCL group: a send and a receive per other rank with rows to move
+  // (zero counts are skipped on both sides, as the counts agree), and a
+  // device copy of this rank's own rows, all on the channel's stream.
+  WorkPtr do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                          const std::vector<int64_t>& recv_counts, int64_t row) override;
 
  private:
   // Runs `body` (the operation's NCCL calls on the channel's stream) between
@@ -202,6 +215,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   cudaStream_t input_ready_ = nullptr;
   void* scratch_ = nullptr;  // one float of device memory for barrier()
+  void* counts_ = nullptr;   // exchange_counts(): (2, size, 2) u32, the counts out and in
 };
 
 // The channel of `group` on `device` and `stream`: the runtime's factory,

@@ -20,6 +20,12 @@ NcclGroups::NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams
   dp_grads_->set_input_ready_stream(streams.compute);
   embedding_ = make_nccl_group(grid.embedding(), device, streams.dp, opts);
   embedding_->set_input_ready_stream(streams.compute);
+  if (grid.shape().ep > 1) {
+    // The layer waits for its tokens: on the compute stream, as tp.
+    ep_ = make_nccl_group(grid.ep(), device, streams.compute, opts);
+    expert_dp_ = make_nccl_group(grid.expert_dp(), device, streams.dp, opts);
+    expert_dp_->set_input_ready_stream(streams.compute);
+  }
   for (int i = 0; i < 2 * pp_colors; ++i) pp_streams_.emplace_back(device, StreamPriority::High);
   for (int i = 0; i < 2 * pp_colors; ++i) {
     auto& list = i < pp_colors ? pp_act_ : pp_grads_;
@@ -34,7 +40,8 @@ NcclGroups::NcclGroups(ProcessGrid& grid, int device, const NcclStreams& streams
 }
 
 NcclGroups::~NcclGroups() {
-  std::vector<NcclCommunicator*> all = {tp_.get(), cp_.get(), dp_grads_.get(), embedding_.get()};
+  std::vector<NcclCommunicator*> all = {tp_.get(), cp_.get(), dp_grads_.get(), embedding_.get(), ep_.get(),
+                                       expert_dp_.get()};
   for (auto* list : {&pp_act_, &pp_grads_})
     for (auto& c : *list) all.push_back(c.get());
   bool failed = false;

@@ -11,6 +11,8 @@
 //   cp         compute   compute (itself)      attention's keys and values (gathers)
 //   dp_grads   dp        compute               gradient buckets, ZeRO gathers
 //   embedding  dp        compute               the tied token table's gradient
+//   ep         compute   compute (itself)      MoE tokens out and back (all-to-all-v); ep > 1 only
+//   expert_dp  dp        compute               expert gradient buckets; ep > 1 only
 //   pp_act[c]  own (c)   compute               activations, edge colour c
 //   pp_grads[c] own (c)  compute               input gradients, edge colour c
 //
@@ -60,6 +62,11 @@ class NcclGroups {
   NcclCommunicator& cp() { return *cp_; }
   NcclCommunicator& dp_grads() { return *dp_grads_; }
   NcclCommunicator& embedding() { return *embedding_; }
+  // Expert parallelism's channels, made only when the grid's ep > 1 (with
+  // ep = 1 the grid's ep group is one rank and its expert_dp is dp_grads).
+  bool has_ep() const { return ep_ != nullptr; }
+  NcclCommunicator& ep() { return *ep_; }
+  NcclCommunicator& expert_dp() { return *expert_dp_; }
   // The pipeline channels of each edge colour (`colors` of each, see the constructor).
   std::vector<Communicator*> pp_act() const;
   std::vector<Communicator*> pp_grads() const;
@@ -67,7 +74,7 @@ class NcclGroups {
  private:
   // In creation order, so they are released in reverse.
   std::vector<CudaStream> pp_streams_;  // declared first: released after the channels that use them
-  std::unique_ptr<NcclCommunicator> tp_, cp_, dp_grads_, embedding_;
+  std::unique_ptr<NcclCommunicator> tp_, cp_, dp_grads_, embedding_, ep_, expert_dp_;
   std::vector<std::unique_ptr<NcclCommunicator>> pp_act_, pp_grads_;
 };
 

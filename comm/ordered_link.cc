@@ -456,6 +456,17 @@ WorkPtr OrderedLink::do_all_gather(const Tensor& in, Tensor out) {
   return m.submit_inner(what, [&m, in, out] { return m.inner.all_gather_async(in, out); });
 }
 
+WorkPtr OrderedLink::do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                     const std::vector<int64_t>& recv_counts, int64_t) {
+  Impl& m = *impl_;
+  std::string what = str_cat(name(), " all_to_all_v of ", send.bytes(), " bytes");
+  check_host(what, send, "send tensor");
+  check_host(what, recv, "recv tensor");
+  return m.submit_inner(what, [&m, send, send_counts, recv, recv_counts] {
+    return m.inner.all_to_all_v_async(send, send_counts, recv, recv_counts);
+  });
+}
+
 WorkPtr OrderedLink::broadcast_async(Tensor t, int root) {
   Impl& m = *impl_;
   std::string what = str_cat(name(), " broadcast of ", t.bytes(), " bytes from rank ", root);

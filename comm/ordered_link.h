@@ -60,6 +60,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -97,6 +98,9 @@ class OrderedLink final : public Communicator {
  protected:
   WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) override;
   WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
+  // The inner's all-to-all-v, queued like the other collectives.
+  WorkPtr do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                          const std::vector<int64_t>& recv_counts, int64_t row) override;
 
  private:
   std::unique_ptr<Impl> impl_;

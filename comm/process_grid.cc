@@ -27,7 +27,7 @@ class SingleGrid final : public ProcessGrid {
  public:
   SingleGrid()
       : world_("world"), dp_("dp"), tp_("tp"), pp_("pp"), cp_("cp"), dp_cp_("dp_cp"), dp_grads_("dp_grads"),
-        embedding_("embedding") {}
+        embedding_("embedding"), ep_("ep"), expert_dp_("expert_dp") {}
   Communicator& world() override { return world_; }
   Communicator& dp() override { return dp_; }
   Communicator& tp() override { return tp_; }
@@ -36,9 +36,11 @@ class SingleGrid final : public ProcessGrid {
   Communicator& dp_cp() override { return dp_cp_; }
   Communicator& dp_grads() override { return dp_grads_; }
   Communicator& embedding() override { return embedding_; }
+  Communicator& ep() override { return ep_; }
+  Communicator& expert_dp() override { return expert_dp_; }
 
  private:
-  LocalCommunicator world_, dp_, tp_, pp_, cp_, dp_cp_, dp_grads_, embedding_;
+  LocalCommunicator world_, dp_, tp_, pp_, cp_, dp_cp_, dp_grads_, embedding_, ep_, expert_dp_;
 };
 
 class MpiGrid final : public ProcessGrid {
@@ -53,6 +55,8 @@ class MpiGrid final : public ProcessGrid {
   Communicator& dp_cp() override { return *dp_cp_; }
   Communicator& dp_grads() override { return *dp_grads_; }
   Communicator& embedding() override { return *embedding_; }
+  Communicator& ep() override { return *ep_; }
+  Communicator& expert_dp() override { return expert_dp_ ? *expert_dp_ : *dp_grads_; }
   CommTrace* trace() override { return opts_.trace; }
   BusyPoll busy_poll() const override { return opts_.busy_poll; }
 
@@ -66,7 +70,10 @@ class MpiGrid final : public ProcessGrid {
   // The split groups; each MpiCommunicator works on its own duplicate of one.
   MPI_Comm tp_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL;
   MPI_Comm cp_comm_ = MPI_COMM_NULL, dp_cp_comm_ = MPI_COMM_NULL, emb_comm_ = MPI_COMM_NULL;
+  MPI_Comm ep_comm_ = MPI_COMM_NULL, expert_dp_comm_ = MPI_COMM_NULL;  // ep > 1 only
   std::unique_ptr<Communicator> world_, dp_, tp_, pp_, cp_, dp_cp_, dp_grads_, embedding_;
+  // ep = 1: ep_ is a group of one and expert_dp_ is null (expert_dp() is dp_grads_).
+  std::unique_ptr<Communicator> ep_, expert_dp_;
 };
 
 MPI_Comm split(int color, int key, int expected_rank, const char* group) {
@@ -104,6 +111,13 @@ MpiGrid::MpiGrid(const GridShape& shape, const CommOptions& opts, const LinkMode
     XR_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, end_stage ? (c.dp * cp + c.cp) * tp + c.tp : MPI_UNDEFINED, c.pp,
                                 &emb_comm_));
     if (emb_comm_ != MPI_COMM_NULL) XR_MPI_CHECK(MPI_Comm_set_errhandler(emb_comm_, MPI_ERRORS_RETURN));
+    // ep = 1 makes no extra channel (no thread, no duplicate): runs without
+    // experts keep the channels they had.
+    const int ep = shape.ep, blocks = dp / ep, e = c.dp % ep, block = c.dp / ep;
+    if (ep > 1) {
+      ep_comm_ = split(((c.pp * blocks + block) * cp + c.cp) * tp + c.tp, e, e, "ep");
+      expert_dp_comm_ = split((c.pp * tp + c.tp) * ep + e, block * cp + c.cp, block * cp + c.cp, "expert-dp");
+    }
     // Every rank creates the communicators in the same order: each creation
     // duplicates an MPI communicator, a collective call over its group.
     world_ = make(MPI_COMM_WORLD, "world");
@@ -116,6 +130,12 @@ MpiGrid::MpiGrid(const GridShape& shape, const CommOptions& opts, const LinkMode
     dp_grads_ = make(dp_cp_comm_, "dp");
     if (emb_comm_ != MPI_COMM_NULL) embedding_ = make(emb_comm_, "embedding");
     else embedding_ = std::make_unique<LocalCommunicator>("embedding");
+    if (ep > 1) {
+      ep_ = make(ep_comm_, "ep");
+      expert_dp_ = make(expert_dp_comm_, "expert_dp");
+    } else {
+      ep_ = std::make_unique<LocalCommunicator>("ep");
+    }
   } catch (...) {
     release();
     throw;
@@ -129,6 +149,8 @@ MpiGrid::~MpiGrid() {
 void MpiGrid::release() {
   // The communicators hold duplicates of the split groups and drain their
   // work on destruction, so they go first and the groups after.
+  expert_dp_.reset();
+  ep_.reset();
   embedding_.reset();
   dp_grads_.reset();
   dp_cp_.reset();
@@ -140,7 +162,7 @@ void MpiGrid::release() {
   if (!MpiRuntime::active()) return;
   // Return codes are ignored: a destructor cannot throw, and a failure to
   // free a communicator at shutdown changes nothing for the job.
-  for (MPI_Comm* c : {&tp_comm_, &dp_comm_, &pp_comm_, &cp_comm_, &dp_cp_comm_, &emb_comm_})
+  for (MPI_Comm* c : {&tp_comm_, &dp_comm_, &pp_comm_, &cp_comm_, &dp_cp_comm_, &emb_comm_, &ep_comm_, &expert_dp_comm_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -161,6 +183,9 @@ std::unique_ptr<ProcessGrid> ProcessGrid::create_mpi(const GridShape& shape, con
   if (shape.dp < 1 || shape.cp < 1 || shape.tp < 1 || shape.pp < 1)
     fail(ErrorKind::Config, "parallel.dp x cp x tp x pp = ", shape.dp, " x ", shape.cp, " x ", shape.tp, " x ",
          shape.pp, ": every size must be at least 1");
+  if (shape.ep < 1 || shape.dp % shape.ep != 0)
+    fail(ErrorKind::Config, "parallel.ep = ", shape.ep, " must be at least 1 and divide parallel.dp = ", shape.dp,
+         " (expert parallelism groups ep of the data-parallel ranks)");
   int world = 0;
   XR_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
   if (world != shape.world())

@@ -10,6 +10,16 @@
 // gradients reduce over dp x cp: dp_grads() and dp_cp() span those ranks of
 // one (tp, pp) position; with cp = 1 they are dp's ranks, as before cp.
 //
+// Expert parallelism lives inside dp (the world and the rank order do not
+// change): ep must divide dp; the experts are sharded over ep consecutive dp
+// indices of one (cp, tp, pp) position, the ep group (ep index = dp % ep).
+// The ranks holding the same experts (same ep index) form the expert-dp
+// group: dp / ep of them, times cp as for dp_grads(), over which expert
+// gradients reduce, as dense ones reduce over dp_grads(). With ep = 1 the ep
+// group is each rank alone and expert_dp() is dp_grads() itself.
+//
+//   dp=4 ep=2, tp=cp=pp=1: ep groups {0,1} {2,3}; expert-dp groups {0,2} {1,3}
+//
 //   GridShape shape{.dp = 2, .tp = 2, .pp = 1, .cp = 2};
 //   auto grid = ProcessGrid::create_mpi(shape, CommOptions{.timeout_s = 60}, link);
 //   grid->tp().all_reduce(partial, ReduceOp::Sum);
@@ -23,12 +33,14 @@
 
 namespace xirang {
 
-// cp comes last in both structs so that positional {dp, tp, pp} stays what it was.
+// cp comes last in both structs so that positional {dp, tp, pp} stays what
+// it was; ep after it, since it divides dp and adds no ranks.
 struct GridShape {
   int dp = 1;
   int tp = 1;
   int pp = 1;
   int cp = 1;
+  int ep = 1;  // expert parallelism: divides dp
   int world() const { return dp * cp * tp * pp; }
 };
 
@@ -77,6 +89,15 @@ class ProcessGrid {
   // which hold the two copies of the tied token embedding (rank 0: first
   // stage, rank 1: last). A group of one on middle stages and when pp = 1.
   virtual Communicator& embedding() = 0;
+  // The ep ranks of this rank's (cp, tp, pp) position and dp block
+  // (dp indices [dp - dp % ep, + ep)), ordered by dp index: they share the
+  // experts out and exchange tokens (all-to-all-v). A group of one when ep = 1.
+  virtual Communicator& ep() = 0;
+  // The ranks of this rank's (tp, pp) position and ep index (dp % ep), ordered
+  // by dp / ep then cp index (rank in group = (dp / ep) * cp + cp_index):
+  // every copy of this rank's experts, for their gradient buckets. With
+  // ep = 1 it is dp_grads().
+  virtual Communicator& expert_dp() = 0;
   // The record of this rank's recent operations (comm/comm_trace.h); null for single().
   virtual CommTrace* trace() { return nullptr; }
   // How this rank's MPI channels poll while waited on: CommOptions::busy_poll

@@ -208,6 +208,19 @@ WorkPtr SimulatedLink::do_all_gather(const Tensor& in, Tensor out) {
   return fault == Fault::Fail ? w : wrap(std::move(w), ring_bytes(1, size(), out.bytes()), "all_gather");
 }
 
+WorkPtr SimulatedLink::do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                       const std::vector<int64_t>& recv_counts, int64_t row) {
+  const Fault fault = take_fault(mu_, fail_countdown_, stall_countdown_);
+  WorkPtr w = submit_with_fault(fault, name(), "all_to_all_v", send.bytes(), timeout_s_,
+                                [&] { return inner_->all_to_all_v_async(send, send_counts, recv, recv_counts); });
+  if (fault == Fault::Fail) return w;
+  const auto me = size_t(rank());
+  const double row_bytes = double(row) * double(dtype_size(send.dtype()));
+  const double out = double(send.bytes()) - row_bytes * double(send_counts[me]);
+  const double in = double(recv.bytes()) - row_bytes * double(recv_counts[me]);
+  return wrap(std::move(w), std::max(out, in), "all_to_all_v");
+}
+
 WorkPtr SimulatedLink::broadcast_async(Tensor t, int root) {
   const Fault fault = take_fault(mu_, fail_countdown_, stall_countdown_);
   WorkPtr w = submit_with_fault(fault, name(), "broadcast", t.bytes(), timeout_s_,

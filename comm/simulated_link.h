@@ -11,7 +11,9 @@
 //     latency_us + bytes_on_the_wire / bandwidth
 // where bytes_on_the_wire is what a ring algorithm sends per rank:
 // 2 (n-1)/n x size for all-reduce, (n-1)/n x size for reduce-scatter and
-// all-gather, the size for broadcast, send and recv.
+// all-gather, the size for broadcast, send and recv, and for all-to-all-v
+// the larger of the bytes this rank sends to and receives from other ranks
+// (a full-duplex link; the rows to itself never leave the rank).
 //
 // Faults: fail_next(k) makes the k-th operation from now fail with an
 // ErrorKind::Comm error ("injected transfer failure"); stall_next(k) makes it
@@ -25,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -57,6 +60,8 @@ class SimulatedLink final : public Communicator {
  protected:
   WorkPtr do_reduce_scatter(const Tensor& in, Tensor out, ReduceOp op) override;
   WorkPtr do_all_gather(const Tensor& in, Tensor out) override;
+  WorkPtr do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                          const std::vector<int64_t>& recv_counts, int64_t row) override;
 
  private:
   WorkPtr wrap(WorkPtr inner, double wire_bytes, const char* op);

@@ -84,6 +84,8 @@ CommGroups::CommGroups(const Config& cfg, ProcessGrid& grid, DType model_dtype) 
   cp_ = &grid.cp();
   dp_grads_ = &grid.dp_grads();
   embedding_ = &grid.embedding();
+  ep_ = &grid.ep();
+  expert_dp_ = &grid.expert_dp();
   pipe_ = PipeChannels::shared(grid.pp());
   if (cfg.comm.ordered_p2p && grid.shape().pp > 1) use_ordered_links(cfg, grid);
   dev_ = std::make_unique<DeviceState>();
@@ -134,6 +136,14 @@ void CommGroups::use_nccl(const Config& cfg, ProcessGrid& grid, int device) {
   cp_ = &dev_->nccl->cp();
   dp_grads_ = &dev_->nccl->dp_grads();
   embedding_ = &dev_->nccl->embedding();
+  // ep = 1: the grid's group of one (LocalCommunicator copies device tensors
+  // too) and expert_dp is dp_grads, as on the grid.
+  if (dev_->nccl->has_ep()) {
+    ep_ = &dev_->nccl->ep();
+    expert_dp_ = &dev_->nccl->expert_dp();
+  } else {
+    expert_dp_ = dp_grads_;
+  }
   if (p > 1) pipe_ = colored_pipe_channels(grid.coords().pp, p, dev_->nccl->pp_act(), dev_->nccl->pp_grads());
 #else
   (void)cfg, (void)grid, (void)device;  // check_backend() has refused several ranks without NCCL

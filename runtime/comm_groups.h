@@ -12,6 +12,9 @@
 // parallelism's group (cp: attention's key/value gathers) is the grid's on
 // the CPU and an NCCL group on the compute stream on CUDA, as tp's; the
 // gradient buckets span dp x cp (parameters are replicated over both).
+// Expert parallelism's groups (ep: the MoE all-to-all-v; expert_dp: expert
+// gradient buckets) are the grid's on the CPU and with ep = 1 (a group of
+// one; expert_dp is then dp_grads), NCCL's on CUDA with ep > 1.
 //
 //   CommGroups comm(cfg, grid, model_dtype);   // refuses a backend that cannot run here
 //   TensorParallel tp{&comm.tp(), cfg.parallel.sequence_parallel};
@@ -58,6 +61,9 @@ class CommGroups {
   // Gradient buckets and ZeRO-1's shards: the dp x cp ranks of this (tp, pp) position.
   Communicator& dp_grads() const { return *dp_grads_; }
   Communicator& embedding() const { return *embedding_; }
+  // The ranks sharing the experts out, and the copies of this rank's experts.
+  Communicator& ep() const { return *ep_; }
+  Communicator& expert_dp() const { return *expert_dp_; }
   // The pipeline's transfer queues (runtime/step/pipeline.h).
   const PipeChannels& pipe() const { return pipe_; }
   // This rank's GPU's PCI bus id ("0000:3B:00.0", cudaDeviceGetPCIBusId), by
@@ -76,6 +82,8 @@ class CommGroups {
   Communicator* cp_ = nullptr;
   Communicator* dp_grads_ = nullptr;
   Communicator* embedding_ = nullptr;
+  Communicator* ep_ = nullptr;
+  Communicator* expert_dp_ = nullptr;
   PipeChannels pipe_;
   std::string pci_bus_id_;
   std::vector<std::unique_ptr<Communicator>> ordered_links_;  // comm.ordered_p2p: over the grid's pp group

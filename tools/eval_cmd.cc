@@ -74,7 +74,8 @@ int evaluate(const EvalArgs& args, MpiRuntime* mpi) {
 
   std::unique_ptr<ProcessGrid> grid;
   if (mpi)
-    grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp},
+    grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp,
+                                                  cfg.parallel.ep},
                                    comm_options(cfg), LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
   try {
     TrainerOptions opts;

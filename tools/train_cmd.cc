@@ -177,7 +177,8 @@ int train(const TrainArgs& args, MpiRuntime* mpi, const Launch& launch) {
     LinkModel link{cfg.comm.latency_us, cfg.comm.bandwidth_gbps};
     // A transfer-failure fault is injected by the link decorator, so it must be present.
     if (cfg.faults.kind == FaultKind::FailTransfer && !link.active()) link.latency_us = 1e-3;
-    grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp},
+    grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp,
+                                                  cfg.parallel.ep},
                                    comm_options(cfg, comm_trace_dir(cfg)), link);
     print_placement(launch, *mpi, omp_get_max_threads(), *grid);
   }

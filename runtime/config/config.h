@@ -52,6 +52,9 @@ struct ParallelConfig {
   // cp, their gradients reduced over dp x cp.
   int cp = 1;
   CpSplit cp_split = CpSplit::HeadTail;  // which chunks of a sequence each cp rank holds
+  // Expert parallelism: the experts sharded over ep of the dp ranks (ep
+  // divides dp; the world size does not change). comm/process_grid.h.
+  int ep = 1;
   int zero = 0;                     // 1: ZeRO-1, optimizer state sharded over dp
   double bucket_mb = 25;            // gradient bucket size for the dp reduction
   bool overlap_grad_reduce = true;  // start each bucket's reduction during the backward pass

@@ -83,6 +83,11 @@ void check_world(const Validator& v, ParallelConfig& p, int world_size) {
   if (int64_t{p.dp} * model_ranks != world_size)
     v.fail_rule(str_cat("world size ", world_size, " != parallel.dp (", p.dp, ") x ", cp, "parallel.tp (", p.tp,
                         ") x parallel.pp (", p.pp, ")"));
+  // ep lives inside dp. Whether the model has experts to shard is the
+  // model's rule (its key_rules), once the decoder has an MoE role.
+  if (p.dp % p.ep != 0)
+    v.fail_rule(str_cat("parallel.ep=", p.ep, " does not divide parallel.dp=", p.dp,
+                        ": expert parallelism shards the experts over ep of the data-parallel ranks"));
 }
 
 // The pipeline: what the layout must split evenly, the schedule's needs.

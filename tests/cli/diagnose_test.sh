@@ -11,19 +11,20 @@ mkdir -p "$work"
 cd "$work" || exit 1
 . "$src/tests/cli/lib.sh"
 
-# trace RANK LAST_SEQ LAST_STATE: rank RANK of a dp group of 3 whose last dp collective is all_reduce #LAST_SEQ.
+# trace RANK LAST_SEQ LAST_STATE [KIND [GROUP]]: rank RANK of a GROUP (dp) of 3 whose last
+# collective there is KIND (all_reduce) #LAST_SEQ.
 trace() {
-  local ops='' s
+  local ops='' s kind=${4:-all_reduce} group=${5:-dp}
   for s in $(seq 1 "$2"); do
     local state=done
     [ "$s" = "$2" ] && state=$3
-    ops+="${ops:+,}{\"id\": $s, \"channel\": 1, \"kind\": \"all_reduce\", \"seq\": $s, \"peer\": -1, \"tag\": -1,"
+    ops+="${ops:+,}{\"id\": $s, \"channel\": 1, \"kind\": \"$kind\", \"seq\": $s, \"peer\": -1, \"tag\": -1,"
     ops+=" \"bytes\": 4096, \"state\": \"$state\", \"posted_s\": $s.0, \"started_s\": $s.5, \"completed_s\": 0}"
   done
   cat >"t/comm_trace.rank$1.json" <<EOF
 {"format": "xirang-comm-trace-1", "rank": $1, "world_size": 3, "time_s": 20.0, "reason": "test",
  "channels": [{"group": "world", "instance": 0, "rank": $1, "world_ranks": [0, 1, 2]},
-              {"group": "dp", "instance": 0, "rank": $1, "world_ranks": [0, 1, 2]}],
+              {"group": "$group", "instance": 0, "rank": $1, "world_ranks": [0, 1, 2]}],
  "ops": [$ops]}
 EOF
 }
@@ -37,6 +38,16 @@ case $case in
     grep -q "^dp (world ranks 0 1 2): ranks 0 1 wait in all_reduce #4 (4096 bytes, 15.5 s); rank 2 never posted it; rank 2's last is all_reduce #3 (done)$" out.txt ||
       die "wrong finding: $(cat out.txt)"
     grep -q "^summary: rank 2 is behind: ranks 0 1 wait for it in dp all_reduce #4; its own trace shows where it stopped$" out.txt ||
+      die "wrong summary: $(cat out.txt)"
+    echo "ok [$case]: $(tail -n 1 out.txt)" ;;
+  ep_all_to_all)
+    # Expert parallelism's exchange is a collective of its ep group like any other.
+    rm -rf t && mkdir t
+    trace 0 4 in_flight all_to_all_v ep; trace 1 3 done all_to_all_v ep; trace 2 4 in_flight all_to_all_v ep
+    "$xirang" diagnose t >out.txt 2>err.txt || die "diagnose failed: $(cat err.txt)"
+    grep -q "^ep (world ranks 0 1 2): ranks 0 2 wait in all_to_all_v #4 (4096 bytes, 15.5 s); rank 1 never posted it; rank 1's last is all_to_all_v #3 (done)$" out.txt ||
+      die "wrong finding: $(cat out.txt)"
+    grep -q "^summary: rank 1 is behind: ranks 0 2 wait for it in ep all_to_all_v #4" out.txt ||
       die "wrong summary: $(cat out.txt)"
     echo "ok [$case]: $(tail -n 1 out.txt)" ;;
   all_posted)

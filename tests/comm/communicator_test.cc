@@ -90,5 +90,25 @@ TEST(CommunicatorChecks, SimulatedLinkRefusesBeforeTheWrappedGroup) {
   EXPECT_EQ(rec.hook_calls, 1);
 }
 
+// All-to-all-v's counts are checked in the base class too: one per rank,
+// summing to the rows of each side, this rank's own rows equal on both.
+TEST(CommunicatorChecks, AllToAllVRefusesBadCountsBeforeTheBackend) {
+  auto inner = std::make_unique<RecordingGroup>();
+  RecordingGroup& rec = *inner;
+  SimulatedLink link(std::move(inner), {}, 60);
+  std::vector<float> send(12), recv(8);
+  auto rows = [](std::vector<float>& v) { return Tensor(v.data(), {int64_t(v.size()) / 2, 2}, DType::F32); };
+  expect_error([&] { link.all_to_all_v(rows(send), {1, 2, 3}, rows(recv), {1, 1, 1, 1}); }, ErrorKind::Comm,
+               {"rec4 all_to_all_v (f32): send_counts has 3 entries [1, 2, 3]", "one per rank of the group (4)",
+                "rank 1 of 4 in group rec4"});
+  expect_error([&] { link.all_to_all_v(rows(send), {1, 2, 2, 0}, rows(recv), {1, 2, 1, 0}); }, ErrorKind::Comm,
+               {"send_counts [1, 2, 2, 0] sum to 5 rows but the send tensor f32(6, 2) cpu has 6"});
+  expect_error([&] { link.all_to_all_v(rows(send), {1, 2, 2, 1}, rows(recv), {1, 1, 1, 1}); }, ErrorKind::Comm,
+               {"send_counts[1] = 2 but recv_counts[1] = 1"});
+  EXPECT_EQ(rec.hook_calls, 0);
+  link.all_to_all_v(rows(send), {1, 2, 2, 1}, rows(recv), {1, 2, 1, 0});
+  EXPECT_EQ(rec.hook_calls, 1);
+}
+
 }  // namespace
 }  // namespace xirang

@@ -1,6 +1,6 @@
 // tests/comm/completing_group.h: a communicator for tests that run without
 // MPI. Every operation completes at once without touching data; the
-// reduce_scatter and all_gather hooks (which the base class calls after its
+// reduce_scatter, all_gather and all_to_all_v hooks (which the base class calls after its
 // argument checks) are counted.
 //
 //   CompletingGroup g(/*rank=*/1, /*size=*/4, "rec4");
@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -25,11 +26,15 @@ class CompletingGroup : public Communicator {
   WorkPtr recv_async(Tensor, int, int) override { return completed_work(); }
   void barrier() override {}
 
-  int hook_calls = 0;  // reduce_scatter and all_gather calls that passed the base class's checks
+  int hook_calls = 0;  // reduce_scatter, all_gather and all_to_all_v calls that passed the base class's checks
 
  protected:
   WorkPtr do_reduce_scatter(const Tensor&, Tensor, ReduceOp) override { return hook(); }
   WorkPtr do_all_gather(const Tensor&, Tensor) override { return hook(); }
+  WorkPtr do_all_to_all_v(const Tensor&, const std::vector<int64_t>&, Tensor, const std::vector<int64_t>&,
+                          int64_t) override {
+    return hook();
+  }
 
  private:
   WorkPtr hook() {

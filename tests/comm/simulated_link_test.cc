@@ -175,6 +175,13 @@ TEST(SimulatedLink, WireBytesFollowTheRingFormula) {
   check(link.broadcast_async(view(full), 0), 4.0);
   check(link.send_async(view(full), 1, 0), 4.0);
   check(link.recv_async(view(full), 1, 0), 4.0);
+  // All-to-all-v: the larger of the bytes to and from the other ranks (the
+  // rows to itself stay here). Rows of 1000 floats (4 KB): 900 rows out
+  // against 150 in is 3.6 MB; 0 out against 1500 in is 6 MB.
+  auto rows = [](std::vector<float>& v, int64_t n) { return Tensor(v.data(), {n, 1000}, DType::F32); };
+  std::vector<float> many(1'600'000), few(250'000);
+  check(link.all_to_all_v_async(rows(full, 1000), {100, 200, 300, 400}, rows(few, 250), {100, 50, 50, 50}), 3.6);
+  check(link.all_to_all_v_async(rows(chunk, 100), {100, 0, 0, 0}, rows(many, 1600), {100, 500, 500, 500}), 6.0);
 }
 
 TEST(SimulatedLink, GroupOfOneCollectivesPayOnlyLatency) {

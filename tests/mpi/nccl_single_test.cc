@@ -111,6 +111,37 @@ TEST(NcclGroupOfOne, OperationsAreRecordedInTheCommTrace) {
   }
 }
 
+// A group of one's all-to-all-v is a device copy of its own rows; the
+// counts exchange returns them; both are traced as all_to_all_v.
+TEST(NcclGroupOfOne, AllToAllVCopiesItsOwnRowsAndIsTraced) {
+  int device = 0;
+  std::string skip = single_gpu(&device);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  XR_CUDA_CHECK(cudaSetDevice(device));
+  LocalCommunicator bootstrap("ep");
+  DeviceScope dev(device);
+  CommTrace trace(world_rank(), world_size(), "");
+  CommOptions opts = kOpts;
+  opts.trace = &trace;
+  NcclCommunicator c(bootstrap, device, dev.compute(), opts);
+  EXPECT_EQ(c.exchange_counts({(int64_t{3} << 33) + 5}), std::vector<int64_t>{(int64_t{3} << 33) + 5});
+  Buf in(DType::BF16, 12), poison(DType::BF16, 12);
+  in.fill(5, world_rank());
+  poison.poison();
+  Tensor din = dev.to_device(in), dout = dev.to_device(poison);
+  WorkPtr w = c.all_to_all_v_async(din.view({4, 3}), {4}, dout.view({4, 3}), {4});
+  expect_close(dev.to_host(dout, w.get()), in, exact());
+  expect_error([&] { c.all_to_all_v_async(in.t().view({4, 3}), {4}, dout.view({4, 3}), {4}); }, ErrorKind::Comm,
+               {"ep all_to_all_v", "send tensor", "not in device memory"});
+  const std::vector<CommOpRecord> ops = trace.records();
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_EQ(ops[0].kind, CommOpKind::AllToAllV);
+  EXPECT_EQ(ops[0].bytes, 8);  // one count of 8 bytes
+  EXPECT_EQ(ops[1].kind, CommOpKind::AllToAllV);
+  EXPECT_EQ(ops[1].bytes, 24);
+  EXPECT_EQ(ops[1].seq, 2u);
+}
+
 TEST(NcclGroupOfOne, MissingDeviceIsACommError) {
   int device = 0;
   std::string skip = single_gpu(&device);

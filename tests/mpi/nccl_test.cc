@@ -27,6 +27,7 @@
 #include "core/clock.h"
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
+#include "core/rng.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/mpi/nccl_test_util.h"
 
@@ -138,6 +139,40 @@ TEST_F(NcclCollectives, BroadcastFromEveryRootMatchesMpi) {
         mpi_->broadcast(ref.t(), root);
         expect_close(dev_->to_host(d, w.get()), ref, exact());
       }
+}
+
+// Expert parallelism's exchange: counts through exchange_counts on the
+// device, then rows of uneven, sometimes empty chunks (rank `silent` sends
+// none), equal bit for bit to the MPI backend's (tests/mpi/all_to_all_test.cc
+// checks that one against a gathered reference).
+TEST_F(NcclCollectives, AllToAllVMatchesMpi) {
+  const int p = nccl_->size(), r = nccl_->rank();
+  uint64_t seed = 450;
+  for (DType dt : {DType::F32, DType::BF16, DType::U16})
+    for (int64_t row : {1, 7, 256}) {
+      ++seed;
+      const int silent = int(seed % uint64_t(p));
+      SCOPED_TRACE(str_cat("all_to_all_v ", dtype_name(dt), " row=", row, " silent rank ", silent));
+      auto rows = [&](int src, int dst) {
+        return src == silent ? int64_t{0} : int64_t(rng_below(seed, uint64_t(src), uint64_t(dst), 9));
+      };
+      std::vector<int64_t> sc(static_cast<size_t>(p));
+      int64_t out_rows = 0, in_rows = 0;
+      for (int d = 0; d < p; ++d) out_rows += sc[size_t(d)] = rows(r, d);
+      const std::vector<int64_t> rc = nccl_->exchange_counts(sc);
+      for (int q = 0; q < p; ++q) {
+        EXPECT_EQ(rc[size_t(q)], rows(q, r)) << "count from rank " << q;
+        in_rows += rc[size_t(q)];
+      }
+      Buf send(dt, out_rows * row), ref(dt, in_rows * row), poison(dt, in_rows * row);
+      send.fill(seed, r);
+      poison.poison();
+      ref.poison();
+      Tensor dsend = dev_->to_device(send), drecv = dev_->to_device(poison);
+      WorkPtr w = nccl_->all_to_all_v_async(dsend.view({out_rows, row}), sc, drecv.view({in_rows, row}), rc);
+      mpi_->all_to_all_v(send.t().view({out_rows, row}), sc, ref.t().view({in_rows, row}), rc);
+      expect_close(dev_->to_host(drecv, w.get()), ref, exact());
+    }
 }
 
 // A ring through sendrecv_async (both halves in one group call), then pairs

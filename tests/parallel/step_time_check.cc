@@ -166,7 +166,8 @@ int main(int argc, char** argv) {
     o.insert(o.end(), args.overrides.begin(), args.overrides.end());
     Config cfg = load_config(std::string(XIRANG_SOURCE_DIR) + "/configs/gpt2_debug.yaml", o);
     validate(cfg, world);
-    auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp},
+    auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp,
+                                                  cfg.parallel.ep},
                                         comm_options(cfg),
                                         LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
     TrainerOptions quiet;

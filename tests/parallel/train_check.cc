@@ -233,7 +233,8 @@ int main(int argc, char** argv) {
     MPI_Barrier(MPI_COMM_WORLD);
 
     Config cfg = make_config(args, {}, world);
-    auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp},
+    auto grid = ProcessGrid::create_mpi(GridShape{cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp,
+                                                  cfg.parallel.ep},
                                         comm_options(cfg),
                                         LinkModel{cfg.comm.latency_us, cfg.comm.bandwidth_gbps});
     Trainer t(cfg, quiet, grid.get());

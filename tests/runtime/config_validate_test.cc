@@ -122,6 +122,23 @@ TEST_F(ConfigValidate, ContextParallelRules) {
                  32, {"splits the 24 token rows", "/ parallel.cp 2", "parallel.tp=16"});
 }
 
+// Expert parallelism lives inside dp: it must divide dp (inferred or given)
+// and adds no ranks to the world.
+TEST_F(ConfigValidate, ExpertParallelDividesDp) {
+  Config none = base({});
+  EXPECT_EQ(none.parallel.ep, 1);  // the default: no expert parallelism
+  Config c = base({"parallel.ep=2", "parallel.tp=2"});
+  validate(c, 8);
+  EXPECT_EQ(c.parallel.dp, 4);
+  EXPECT_EQ(c.parallel.ep, 2);
+  Config all = base({"parallel.ep=4"});
+  EXPECT_NO_THROW(validate(all, 4));
+  expect_invalid({"parallel.ep=0"}, 4, {"parallel.ep=0 must be >= 1"});
+  expect_invalid({"parallel.ep=3"}, 4,
+                 {"parallel.ep=3 does not divide parallel.dp=4: expert parallelism shards the experts"});
+  expect_invalid({"parallel.ep=4", "parallel.cp=2"}, 4, {"parallel.ep=4 does not divide parallel.dp=2"});
+}
+
 TEST_F(ConfigValidate, EachRuleNamesKeyValueAndRule) {
   struct Case {
     std::vector<std::string> overrides;

@@ -11,6 +11,8 @@
 // - Collectives match by call order (every rank's k-th collective); the last
 //   rank to arrive computes the result, summing in rank order in the
 //   tensor's dtype (F32 or F64), and completes every rank's operation.
+//   All-to-all-v moves bytes (any dtype) and fails every rank when a
+//   sender's count for a receiver differs from that receiver's count for it.
 // - Every wait fails with a Comm error after timeout_s, so a test whose
 //   ranks wait on each other fails rather than hangs.
 // An observer per rank sees each operation when it is posted and when it is
@@ -51,13 +53,19 @@ namespace xirang {
 
 // One operation as a rank's observer sees it.
 struct CommEvent {
-  enum Kind { Send, Recv, AllReduce, ReduceScatter, AllGather, Broadcast, Barrier };
+  enum Kind { Send, Recv, AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, AllToAllV };
   Kind kind;
   bool wait = false;  // false: posted now; true: its first wait (or join) begins now
   int64_t id = 0;     // the rank's operation number, from 0 (the same in its post and wait events)
   int peer = -1, tag = -1;  // point-to-point
   Tensor tensor;      // the send's or receive's buffer; a collective's input
-  Tensor out;         // a reduce-scatter's or all-gather's output
+  Tensor out;         // a reduce-scatter's, all-gather's or all-to-all-v's output
+};
+
+// An all-to-all-v's counts (rows) and elements per row, as posted by one rank.
+struct AllToAllCounts {
+  std::vector<int64_t> send, recv;
+  int64_t row = 0;
 };
 
 class ThreadWorld {
@@ -102,6 +110,7 @@ class ThreadWorld {
     ReduceOp op = ReduceOp::Sum;
     int root = 0;
     std::vector<Tensor> in, out;
+    std::vector<AllToAllCounts> counts;  // all-to-all-v, per rank
     std::vector<std::shared_ptr<State>> states;
     int arrived = 0;
   };
@@ -109,7 +118,7 @@ class ThreadWorld {
 
   std::shared_ptr<State> post_p2p(bool send, int rank, const Tensor& t, int peer, int tag);
   std::shared_ptr<State> post_collective(int rank, CommEvent::Kind kind, const Tensor& in, const Tensor& out,
-                                         ReduceOp op, int root);
+                                         ReduceOp op, int root, AllToAllCounts counts = {});
   void deliver(P2P& send, P2P& recv);  // mu_ held
   void compute(Coll& c);               // mu_ held
   void wait(const std::shared_ptr<State>& s, const std::string& what);
@@ -185,6 +194,11 @@ class ThreadComm final : public Communicator {
   WorkPtr do_all_gather(const Tensor& in, Tensor out) override {
     return collective(CommEvent::AllGather, in, out, ReduceOp::Sum, 0, "all_gather");
   }
+  WorkPtr do_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor recv,
+                          const std::vector<int64_t>& recv_counts, int64_t row) override {
+    return collective(CommEvent::AllToAllV, send, recv, ReduceOp::Sum, 0, "all_to_all_v",
+                      AllToAllCounts{send_counts, recv_counts, row});
+  }
 
  private:
   WorkPtr p2p(bool send, const Tensor& t, int peer, int tag) {
@@ -197,10 +211,11 @@ class ThreadComm final : public Communicator {
                                         str_cat(name_, " rank ", rank_, send ? " send to " : " recv from ", peer,
                                                 " (tag ", tag, ")"));
   }
-  WorkPtr collective(CommEvent::Kind kind, const Tensor& in, const Tensor& out, ReduceOp op, int root, const char* what) {
+  WorkPtr collective(CommEvent::Kind kind, const Tensor& in, const Tensor& out, ReduceOp op, int root, const char* what,
+                     AllToAllCounts counts = {}) {
     CommEvent e{kind, false, w_.next_id_[size_t(rank_)]++, -1, -1, in, out};
     w_.notify(rank_, e);
-    auto s = w_.post_collective(rank_, kind, in, out, op, root);
+    auto s = w_.post_collective(rank_, kind, in, out, op, root, std::move(counts));
     return std::make_shared<ThreadWork>(w_, rank_, std::move(s), e, str_cat(name_, " rank ", rank_, " ", what));
   }
   ThreadWorld& w_;
@@ -265,7 +280,8 @@ inline void ThreadWorld::deliver(P2P& send, P2P& recv) {
 
 inline std::shared_ptr<ThreadWorld::State> ThreadWorld::post_collective(int rank, CommEvent::Kind kind,
                                                                         const Tensor& in, const Tensor& out,
-                                                                        ReduceOp op, int root) {
+                                                                        ReduceOp op, int root,
+                                                                        AllToAllCounts counts) {
   auto s = std::make_shared<State>();
   s->posted = now_seconds();
   std::lock_guard<std::mutex> lock(mu_);
@@ -276,8 +292,10 @@ inline std::shared_ptr<ThreadWorld::State> ThreadWorld::post_collective(int rank
     c.root = root;
     c.in.resize(size_t(size_));
     c.out.resize(size_t(size_));
+    c.counts.resize(size_t(size_));
     c.states.resize(size_t(size_));
   }
+  c.counts[size_t(rank)] = std::move(counts);
   c.in[size_t(rank)] = in;
   c.out[size_t(rank)] = out;
   c.states[size_t(rank)] = s;
@@ -336,6 +354,31 @@ inline void ThreadWorld::compute(Coll& c) {
   if (c.kind == CommEvent::Barrier) return;
   for (const auto& st : c.states)
     if (!st->error.empty()) return;
+  if (c.kind == CommEvent::AllToAllV) {
+    // Rank r's rows for d start at the prefix sum of r's send counts, and
+    // land at the prefix sum of d's recv counts; both sides must agree.
+    const int n = size_;
+    const size_t esz = dtype_size(c.in[0].dtype());
+    for (int d = 0; d < n; ++d)
+      for (int r = 0; r < n; ++r)
+        if (c.counts[size_t(r)].send[size_t(d)] != c.counts[size_t(d)].recv[size_t(r)]) {
+          for (auto& st : c.states)
+            st->error = str_cat("all_to_all_v: rank ", r, " sends ", c.counts[size_t(r)].send[size_t(d)],
+                                " rows to rank ", d, ", which expects ", c.counts[size_t(d)].recv[size_t(r)]);
+          return;
+        }
+    for (int r = 0; r < n; ++r) {
+      const std::vector<int64_t> soff = chunk_offsets(c.counts[size_t(r)].send, c.counts[size_t(r)].row);
+      for (int d = 0; d < n; ++d) {
+        const std::vector<int64_t> roff = chunk_offsets(c.counts[size_t(d)].recv, c.counts[size_t(d)].row);
+        const size_t bytes = size_t(soff[size_t(d) + 1] - soff[size_t(d)]) * esz;
+        if (bytes == 0) continue;
+        std::memcpy(static_cast<char*>(c.out[size_t(d)].raw()) + size_t(roff[size_t(r)]) * esz,
+                    static_cast<const char*>(c.in[size_t(r)].raw()) + size_t(soff[size_t(d)]) * esz, bytes);
+      }
+    }
+    return;
+  }
   const DType dt = c.in[0].dtype();
   if (dt == DType::F32)
     thread_world_detail::compute<float>(c.kind, c.op, c.root, c.in, c.out);
