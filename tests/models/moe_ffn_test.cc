@@ -6,7 +6,9 @@
 // the raw scores; its update rule; bringing a skewed router to balance).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -311,7 +313,7 @@ TEST(MoeFeedForward, TheBiasBalancesASkewedRouterWithin300Steps) {
   m.num_experts = 8;
   m.top_k = 2;
   m.score = RouterScore::Sigmoid;
-  m.bias_update_rate = 0.01;
+  m.bias_update_rate = 0.004;
   Layer l(m, DType::F32, /*batch=*/8, /*seq=*/64);
   float* w = l.param("layers.0.mlp.gate.weight").value.data<float>();
   for (int64_t c = 0; c < Layer::C; ++c) w[c] = 0;
@@ -322,12 +324,17 @@ TEST(MoeFeedForward, TheBiasBalancesASkewedRouterWithin300Steps) {
   const double first = l.ffn.last_imbalance();
   EXPECT_GT(first, 3.0);
   int reached = -1;
-  for (int step = 1; step <= 300 && reached < 0; ++step) {
+  double worst_late = 0;  // once balanced it stays so: the bias oscillates by gamma around the balance
+  for (int step = 1; step <= 300; ++step) {
     l.loss();
     l.ffn.end_step(l.ctx);
-    if (l.ffn.last_imbalance() <= 1.1) reached = step;
+    if (reached < 0 && l.ffn.last_imbalance() <= 1.1) reached = step;
+    if (step > 200) worst_late = std::max(worst_late, l.ffn.last_imbalance());
   }
+  std::printf("max/mean load <= 1.1 at step %d (from %.3f); worst of steps 201-300 %.3f\n", reached, first,
+              worst_late);
   EXPECT_GT(reached, 0) << "max/mean load " << l.ffn.last_imbalance() << " after 300 steps (from " << first << ")";
+  EXPECT_LE(worst_late, 1.1);
 }
 
 }  // namespace
