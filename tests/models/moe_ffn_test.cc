@@ -246,6 +246,21 @@ TEST(MoeFeedForward, TheBalanceLossIsReportedApartAndMovesTheRouterGradient) {
   EXPECT_EQ(on.ffn.take_aux_loss(), 0.0);
 }
 
+// The balance loss's value by hand: 4 tokens, 2 experts, top-1; the first
+// two tokens choose expert 0, the last two expert 1.
+TEST(MoeFeedForward, TheBalanceLossPerSequenceAndGlobal) {
+  std::vector<double> scores = {0.9, 0.1, 0.8, 0.2, 0.3, 0.7, 0.4, 0.6};
+  std::vector<int32_t> ids = {0, 0, 1, 1};
+  const Tensor s(scores.data(), {4, 2}, DType::F64), id(ids.data(), {4, 1}, DType::I32);
+  for (RouterScore score : {RouterScore::Softmax, RouterScore::Sigmoid}) {  // rows sum to 1: p = s either way
+    const RouterOptions opt{.score = score, .top_k = 1};
+    // Global: f = (1/2, 1/2), P = (0.6, 0.4): alpha E sum f P = alpha.
+    EXPECT_NEAR(router_aux_loss(KernelContext{}, Tensor(), id, s, 1, 0.1, 0.0, opt), 0.1, 1e-15);
+    // Per sequence of 2: f = (1, 0), P = (0.85, 0.15); f = (0, 1), P = (0.35, 0.65): alpha (0.85 + 0.65) E / 2.
+    EXPECT_NEAR(router_aux_loss(KernelContext{}, Tensor(), id, s, 2, 0.1, 0.0, opt), 0.15, 1e-15);
+  }
+}
+
 TEST(MoeFeedForward, ForcedBalanceGivesExactlyEqualLoads) {
   MoeDims m = options(RouterScore::Softmax, MoeAuxLoss::None, 0);
   m.force_balance = true;
