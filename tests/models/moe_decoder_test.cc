@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "kernels/elementwise.h"
 #include "models/layers/moe_ffn.h"
 #include "models/llama/llama.h"
 #include "tests/kernels/gradcheck.h"
@@ -116,6 +117,36 @@ TEST(MoeDecoder, RecomputationGivesBitwiseTheGradientsOfNone) {
   }
   EXPECT_TRUE(grads[0] == grads[1]) << "selective";
   EXPECT_TRUE(grads[0] == grads[2]) << "full";
+}
+
+// With bf16 storage the router widens its input and weight to f32 (its
+// gradient is f32 as every gradient under a 16-bit dtype): the loss and
+// the router's gradient track the f32 model's.
+TEST(MoeDecoder, Bf16StorageRoutesInF32AndTracksF32) {
+  TinyMoe lo(DType::BF16, moe_dims(6, MoeAuxLoss::Global)), hi(DType::F32, moe_dims(6, MoeAuxLoss::Global));
+  for (TinyMoe* m : {&lo, &hi}) {
+    m->model.init_parameters(9);
+    for (Parameter& p : m->model.parameters())  // a router with a say: larger than the 0.02 init
+      if (p.name == "layers.0.mlp.gate.weight") {
+        std::vector<float> v(size_t(p.value.numel()));
+        for (size_t i = 0; i < v.size(); ++i) v[i] = float(0.5 * rng_normal(3, 4, i));
+        cast(KernelContext{}, p.value, Tensor(v.data(), p.value.shape(), DType::F32));
+      }
+    m->zero_grads();
+  }
+  const double l_lo = lo.objective(), l_hi = hi.objective();
+  EXPECT_NEAR(l_lo, l_hi, 2e-2 * l_hi);
+  lo.model.backward(lo.ctx, 0, lo.tok);
+  hi.model.backward(hi.ctx, 0, hi.tok);
+  auto router_grad = [](TinyMoe& m) {
+    for (Parameter& p : m.model.parameters())
+      if (p.name == "layers.0.mlp.gate.weight") {
+        EXPECT_EQ(p.grad.dtype(), DType::F32);
+        return std::vector<double>(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+      }
+    return std::vector<double>{};
+  };
+  EXPECT_LT(test::normwise_error(router_grad(lo), router_grad(hi)), 0.1);
 }
 
 TEST(MoeDecoder, TrainsAFewStepsAndTheBiasMoves) {
