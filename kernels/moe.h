@@ -35,6 +35,9 @@ struct RouterOptions {
   // Gates divided by the sum of the selected scores (DeepSeek-V3 with
   // sigmoid, Qwen3-MoE and Mixtral with softmax); otherwise the raw scores.
   bool normalize = true;
+  // Token t's j-th choice is expert (t k + j) mod E whatever the scores
+  // (the gates still use the raw scores): exactly equal loads, for tests.
+  bool force_balance = false;
 };
 
 // logits (T, E) F32 or F64. bias (E), same dtype, or undefined: added to the
@@ -49,6 +52,20 @@ void router_forward(const KernelContext& ctx, Tensor ids, Tensor gates, Tensor s
 // and the score function; the selection has no gradient.
 void router_backward(const KernelContext& ctx, Tensor dlogits, const Tensor& dgates, const Tensor& ids,
                      const Tensor& scores, const RouterOptions& opt);
+
+// The balance loss of Switch Transformer and DeepSeek-V3 over `groups`
+// equal groups of consecutive token rows (1: the whole batch, "global"; B:
+// each sequence, "sequence-wise"):
+//   loss = coeff * E / G * sum_g sum_e f_ge P_ge,
+//   f_ge = (choices of expert e in group g) / (rows of g * k),
+//   P_ge = mean over the rows of g of p_te, p = the softmax scores, or the
+//          sigmoid scores divided by their sum over the E experts.
+// f counts selections and has no gradient. Returns the loss (host value);
+// with dlogits (T, E) defined, adds dloss_scale * d loss / d logits to it.
+// The dtype of scores and dlogits: F32, or F64 for checks. CPU only so
+// far (a CUDA call fails with a clear error).
+double router_aux_loss(const KernelContext& ctx, Tensor dlogits, const Tensor& ids, const Tensor& scores,
+                       int64_t groups, double coeff, double dloss_scale, const RouterOptions& opt);
 
 // From ids (T, k) with values in [0, E): sorted_slots (T*k) I32, the slot of
 // each expert-ordered row; slot_rows (T*k) I32, its inverse (the row of each

@@ -16,9 +16,32 @@
 #include <optional>
 #include <string>
 
+#include "kernels/moe.h"
 #include "kernels/rope.h"
 
 namespace xirang {
+
+// model.moe.aux_loss: the balance loss added to the training objective
+// (Switch Transformer's, over the whole microbatch; DeepSeek-V3's
+// sequence-wise form, per sequence), or none.
+enum class MoeAuxLoss { None, Sequence, Global };
+
+// model.moe: the mixture-of-experts feed-forward (models/layers/moe_ffn.h)
+// of an architecture that has one; num_experts = 0 keeps the dense one.
+struct MoeDims {
+  int num_experts = 0;    // E; 0: a dense feed-forward
+  int top_k = 2;          // experts per token
+  int expert_hidden = 0;  // F of each expert; 0: the architecture's dense ffn width
+  int shared_hidden = 0;  // width of the shared experts (one GatedMlp, added); 0: none
+  RouterScore score = RouterScore::Softmax;
+  bool normalize = true;  // gates divided by the sum of the selected scores
+  // gamma of the auxiliary-loss-free balancing: the selection bias moves by
+  // it after each optimizer step (DeepSeek-V3 sec 2.1.2: 0.001); 0: off.
+  double bias_update_rate = 0.001;
+  MoeAuxLoss aux_loss = MoeAuxLoss::None;
+  double aux_loss_coeff = 0.0001;  // alpha
+  bool force_balance = false;      // token t -> experts (t k + j) mod E (tests: exactly equal loads)
+};
 
 struct ModelDims {
   std::string arch = "gpt2";
@@ -41,6 +64,7 @@ struct ModelDims {
   // The head shares the token table. Unset (model.tie_embeddings: auto):
   // the architecture's default (GPT-2 always ties; LLaMA unties).
   std::optional<bool> tie_embeddings{};
+  MoeDims moe{};            // the mixture of experts (architectures with one: llama, qwen3)
   int padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_size() const { return head_dim > 0 ? head_dim : d_model / n_head; }

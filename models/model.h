@@ -188,6 +188,13 @@ class ModelChunk {
   virtual double flops_per_token() const = 0;
   // Tensor-parallel communication since the last call (TpCommTime).
   virtual TpCommTime take_tp_comm() = 0;
+  // The auxiliary (balance) losses of a mixture of experts, summed over the
+  // training forwards since the last call like take_loss's mean losses; 0
+  // for a dense model. Reported apart: never part of the language-model loss.
+  virtual double take_aux_loss() { return 0.0; }
+  // After each optimizer step: state that follows the step's statistics
+  // (a mixture of experts' selection bias from its loads). No-op by default.
+  virtual void end_step(const KernelContext& /*ctx*/) {}
 
   // Called during a Final backward each time a layer's parameter gradients
   // are complete (Parameter::layer: n_layer for the final norm, l for block

@@ -251,6 +251,9 @@ void Trainer::inject_nan_grad(int step) {
 void Trainer::update_parameters(double lr, double grad_norm, double scale) {
   opt_->step(ctx_, lr, clip_scale(cfg_.train.grad_clip, grad_norm) / scale);
   sync_->gather_parameters();
+  // State that follows the step (a mixture of experts' selection bias, from
+  // this rank's loads: summing them over dp is expert parallelism's step).
+  for (auto& c : chunks_) c->end_step(ctx_);
 }
 
 // The loss lives on the last stage; the global batch's is the mean over

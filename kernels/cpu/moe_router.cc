@@ -37,6 +37,11 @@ void route_rows(const T* logits, const T* bias, int32_t* ids, T* gates, T* score
     int32_t* id = ids + t * k;
     double sel = 0;
     for (int64_t j = 0; j < k; ++j) {
+      if (opt.force_balance) {  // k <= E: the k choices are distinct
+        id[j] = int32_t((t * k + j) % E);
+        sel += double(s[id[j]]);
+        continue;
+      }
       int64_t best = -1;
       T best_v = 0;
       for (int64_t e = 0; e < E; ++e) {

@@ -33,7 +33,7 @@ unsigned grid_for(int64_t total) {
 
 __global__ void router_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int32_t* ids,
                               float* gates, float* scores, int32_t* counts, int64_t T, int64_t E, int64_t k,
-                              bool softmax, bool normalize) {
+                              bool softmax, bool normalize, bool force_balance) {
   const int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (t >= T) return;
   const float* l = logits + t * E;
@@ -53,13 +53,14 @@ __global__ void router_kernel(const float* __restrict__ logits, const float* __r
   for (int64_t j = 0; j < k; ++j) {  // strict > in ascending order: ties to the lower index
     int64_t best = -1;
     float best_v = 0;
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = 0; e < E && !force_balance; ++e) {
       bool taken = false;
       for (int64_t i = 0; i < j; ++i) taken |= id[i] == e;
       if (taken) continue;
       const float v = bias ? s[e] + bias[e] : s[e];
       if (best < 0 || v > best_v) best = e, best_v = v;
     }
+    if (force_balance) best = (t * k + j) % E;  // k <= E: distinct choices
     id[j] = int32_t(best);
     sel += double(s[best]);
     if (counts) atomicAdd(counts + best, 1);  // integer adds: the order does not matter
@@ -182,7 +183,7 @@ void router_forward(const KernelContext& ctx, Tensor ids, Tensor gates, Tensor s
   router_kernel<<<grid_for(d.T), kThreads, 0, stream(ctx)>>>(
       ptr<float>(logits), bias.defined() ? ptr<float>(bias) : nullptr, ptr<int32_t>(ids), ptr<float>(gates),
       ptr<float>(scores), counts.defined() ? ptr<int32_t>(counts) : nullptr, d.T, d.E, d.k,
-      opt.score == RouterScore::Softmax, opt.normalize);
+      opt.score == RouterScore::Softmax, opt.normalize, opt.force_balance);
   XR_CUDA_LAUNCH_CHECK();
 }
 

@@ -9,6 +9,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/rope.h"
 #include "models/decode.h"
+#include "models/layers/moe_ffn.h"
 
 namespace xirang {
 
@@ -25,7 +26,7 @@ DecoderLayers::DecoderLayers(const DecoderSpec& s, const ModelDims& d, const Chu
     blocks.push_back({Norm(spec.norm, d.norm_eps),
                       CausalSelfAttention(d.n_head, d.kv_heads(), spec.resolved_head_dim(d), tp,
                                           {.bias = spec.bias, .qk_norm = spec.qk_norm, .qk_eps = d.norm_eps}),
-                      Norm(spec.norm, d.norm_eps), make_feed_forward(spec.ffn)});
+                      Norm(spec.norm, d.norm_eps), make_feed_forward(spec.ffn, d.moe)});
   if (at.has_head) {
     final_norm.emplace(spec.norm, d.norm_eps);
     if (!spec.tied) lm_head.emplace(d.vocab_size, d.padded_vocab());
@@ -91,6 +92,9 @@ std::string decoder_layout_problem(const DecoderSpec& spec, const ModelDims& d, 
   if (d.kv_heads() % l.tp != 0)
     return str_cat("model.n_kv_head=", d.kv_heads(), " is not divisible by parallel.tp=", l.tp,
                    " (tensor parallelism splits the key/value heads)");
+  if (spec.ffn == FfnKind::Moe && l.tp > 1)
+    return str_cat("model.moe.num_experts=", d.moe.num_experts, " with parallel.tp=", l.tp,
+                   ": the mixture-of-experts layer runs without tensor parallelism so far (tp=1)");
   if (spec.ffn_hidden % l.tp != 0)
     return str_cat("the MLP width ", spec.ffn_hidden, " (", spec.ffn_keys, ") is not divisible by parallel.tp=", l.tp);
   if (d.padded_vocab() % l.tp != 0)
@@ -98,6 +102,25 @@ std::string decoder_layout_problem(const DecoderSpec& spec, const ModelDims& d, 
                    " rounded up to model.vocab_multiple=", d.vocab_multiple, ") is not divisible by parallel.tp=", l.tp,
                    "; make model.vocab_multiple a multiple of tp");
   return spec.layout_problem ? spec.layout_problem(d, l) : "";
+}
+
+std::vector<KeyRule> moe_key_rules(const DecoderSpec& spec, const ModelDims& d) {
+  const MoeDims& m = d.moe;
+  if (m.num_experts == 0) return {};
+  if (m.num_experts < 0) return {KeyRule::at_least("model.moe.num_experts", m.num_experts, 0, " (0: a dense feed-forward)")};
+  if (spec.ffn != FfnKind::Moe)
+    return {KeyRule::refused("model.moe.num_experts",
+                             str_cat("model.moe.num_experts=", m.num_experts, ": model.arch=", d.arch,
+                                     " has no mixture-of-experts feed-forward (use 0, or arch llama or qwen3)"))};
+  std::vector<KeyRule> r = {KeyRule::at_least("model.moe.top_k", m.top_k, 1)};
+  if (m.top_k > m.num_experts)
+    r.push_back(KeyRule::refused("model.moe.top_k", str_cat("model.moe.top_k=", m.top_k, " exceeds model.moe.num_experts=",
+                                                            m.num_experts, " (each token takes top_k distinct experts)")));
+  r.push_back(KeyRule::at_least("model.moe.expert_hidden", m.expert_hidden, 0, " (0: the dense width, model.ffn_hidden)"));
+  r.push_back(KeyRule::at_least("model.moe.shared_hidden", m.shared_hidden, 0, " (0: no shared experts)"));
+  r.push_back(KeyRule::non_negative("model.moe.bias_update_rate", m.bias_update_rate, " (0 turns the selection bias off)"));
+  r.push_back(KeyRule::non_negative("model.moe.aux_loss_coeff", m.aux_loss_coeff));
+  return r;
 }
 
 ModelArch decoder_arch(std::string name, DecoderSpec (*spec)(const ModelDims&), const ModelFileAdapter* files) {
@@ -115,7 +138,9 @@ ModelArch decoder_arch(std::string name, DecoderSpec (*spec)(const ModelDims&), 
   };
   a.key_rules = [spec](const ModelDims& d) {
     const DecoderSpec s = spec(d);
-    return s.key_rules ? s.key_rules(d) : std::vector<KeyRule>{};
+    std::vector<KeyRule> rules = s.key_rules ? s.key_rules(d) : std::vector<KeyRule>{};
+    for (KeyRule& r : moe_key_rules(s, d)) rules.push_back(std::move(r));
+    return rules;
   };
   a.make_decoder = [spec](ModelChunk& c, Device device, int logits_rows) {
     return make_spec_decoder(spec(c.dims()), c, device, logits_rows);
@@ -138,6 +163,8 @@ DecoderChunk::DecoderChunk(const DecoderSpec& spec, const ModelDims& dims, const
   const std::string problem = decoder_layout_problem(spec, dims, ParallelLayout{1, tp_.size(), 1, 1});
   XR_CHECK(problem.empty(), spec.name, ": ", problem);
   XR_CHECK(batch.seq_len <= dims.max_seq_len, "seq_len ", batch.seq_len, " > max_seq_len ", dims.max_seq_len);
+  XR_CHECK(spec.ffn != FfnKind::Moe || !batch.split_backward, spec.name,
+           ": the mixture-of-experts layer has no split backward yet (a zero-bubble parallel.schedule)");
   ParamList list(tp_.size(), tp_.rank(), dtype_, wide_dtype_);
   layers_.declare(list);
   params_ = list.take();
@@ -174,7 +201,7 @@ void DecoderChunk::layout_slot(Arena& acts, SlotActs& s, Pool pool) {
     if (!s.end || p + t.bytes() > s.end) s.end = p + t.bytes();
   };
   auto alloc = [&](const ActSpec& a) {
-    *a.tensor = acts.alloc(a.shape, a.wide ? wide_dtype_ : dtype_, a.what);
+    *a.tensor = acts.alloc(a.shape, act_dtype(a), a.what);
     note(*a.tensor);
   };
   if (pool == Pool::Activation) {
@@ -230,7 +257,7 @@ void DecoderChunk::layout_activations(Arena& acts) {
   if (batch_.recompute != Recompute::None && !layers_.blocks.empty())
     for (const ActSpec& a : block_activations(0, work_))
       if (!kept(a.keep, batch_.recompute))
-        *a.tensor = acts.alloc(a.shape, a.wide ? wide_dtype_ : dtype_, "recomputed " + a.what);
+        *a.tensor = acts.alloc(a.shape, act_dtype(a), "recomputed " + a.what);
   tp_.layout(acts, C, dtype_);
   if (!layers_.blocks.empty()) cp_.layout(acts, layers_.blocks[0].attn.local_kv_width(), dtype_);
   d_res_ = acts.alloc({R, C}, dtype_, "residual gradient");
@@ -242,6 +269,7 @@ void DecoderChunk::layout_activations(Arena& acts) {
     width = std::max(layers_.blocks[0].ffn->scratch_width(int(P)), y + attn.local_qkv_width());
   }
   d_big_ = acts.alloc({N, width}, dtype_, "backward scratch");
+  for (DecoderLayers::Block& b : layers_.blocks) b.ffn->layout_state(acts, N, cp_.local_seq_len(), dtype_);
   rope_ = RotaryTables{};
   rope_ready_ = false;
   if (layers_.spec.rotary && !layers_.blocks.empty()) {
@@ -347,6 +375,7 @@ void DecoderChunk::forward(const KernelContext& ctx, MicrobatchSlots slot, const
   tp_.begin_pass(ctx);
   cp_.begin_pass(ctx);
   ensure_rope(ctx);
+  for (const DecoderLayers::Block& b : layers_.blocks) b.ffn->begin_forward(dloss);
   SlotActs& s = slots_.at(size_t(slot.activation));
   if (placement_.has_embedding) {
     check_shape((layers_.spec.name + "::forward").c_str(), "tokens", tokens,
@@ -474,13 +503,26 @@ void DecoderChunk::backward(const KernelContext& ctx, MicrobatchSlots slot, cons
   }
 }
 
+double DecoderChunk::take_aux_loss() {
+  double sum = 0;
+  for (DecoderLayers::Block& b : layers_.blocks) sum += b.ffn->take_aux_loss();
+  return sum;
+}
+
+void DecoderChunk::end_step(const KernelContext& ctx) {
+  for (DecoderLayers::Block& b : layers_.blocks) b.ffn->end_step(ctx);
+}
+
 double DecoderChunk::flops_per_token() const {
   const DecoderSpec& spec = layers_.spec;
   const double L = dims_.n_layer, C = dims_.d_model, T = batch_.seq_len;
   const double D = spec.resolved_head_dim(dims_), H = dims_.n_head, KV = dims_.kv_heads(), F = spec.ffn_hidden;
   const double ffn_matrices = spec.ffn == FfnKind::SwiGlu ? 3.0 : 2.0;
   // q and o: C x H D each; k and v: C x KV D each; the feed-forward's C x F matrices.
-  const double per_layer = 2.0 * C * H * D + 2.0 * C * KV * D + ffn_matrices * C * F;
+  double per_layer = 2.0 * C * H * D + 2.0 * C * KV * D + ffn_matrices * C * F;
+  if (spec.ffn == FfnKind::Moe && !layers_.blocks.empty())  // the active experts, shared experts and router
+    per_layer = 2.0 * C * H * D + 2.0 * C * KV * D +
+                static_cast<const MoeFeedForward&>(*layers_.blocks[0].ffn).active_matrix_params();
   const double matrix_params = L * per_layer + double(dims_.padded_vocab()) * C;
   // Attention scores and values: 4 T H D per layer forward over the query heads, whatever KV.
   return 6.0 * matrix_params + 12.0 * L * H * D * T;

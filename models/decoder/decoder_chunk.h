@@ -137,6 +137,9 @@ class DecoderChunk : public ModelChunk {
   // 6 x matrix parameters + 12 L T H head_dim for attention scores and values.
   double flops_per_token() const override;
   TpCommTime take_tp_comm() override { return tp_.take(); }
+  // The MoE layers' balance loss and selection-bias update (models/layers/moe_ffn.h).
+  double take_aux_loss() override;
+  void end_step(const KernelContext& ctx) override;
   int tp_size() const { return tp_.size(); }
   const DecoderLayers& layers() const { return layers_; }
 
@@ -161,6 +164,7 @@ class DecoderChunk : public ModelChunk {
     const void* end = nullptr;
   };
 
+  DType act_dtype(const ActSpec& a) const { return a.dtype ? *a.dtype : a.wide ? wide_dtype_ : dtype_; }
   // Block l's activation list (shapes, and what recomputation keeps) over `a`.
   ActList block_activations(size_t l, BlockActs& a) const;
   // With a split backward, whether entry `e` of block_activations(l, a) is
@@ -227,6 +231,10 @@ class SpecChunk final : public DecoderChunk {
 // blocks on the new rows only, keys and values cached (decoder_decode.cc).
 std::unique_ptr<Decoder> make_spec_decoder(const DecoderSpec& spec, ModelChunk& chunk, Device device,
                                            int logits_rows);
+
+// The model.moe.* rules of any decoder: none for a dense model; a refusal
+// when the spec has no MoE feed-forward; the values' rules otherwise.
+std::vector<KeyRule> moe_key_rules(const DecoderSpec& spec, const ModelDims& dims);
 
 // A registry entry for an architecture that is a decoder spec: make_chunk
 // parameters, layout_problem and make_decoder from spec(dims).

@@ -120,6 +120,8 @@ class SpecDecoder final : public Decoder {
 
 std::unique_ptr<Decoder> make_spec_decoder(const DecoderSpec& spec, ModelChunk& chunk, Device device,
                                            int logits_rows) {
+  if (spec.ffn == FfnKind::Moe)
+    fail(ErrorKind::Usage, spec.name, ": generation with a mixture-of-experts feed-forward is not built yet");
   return std::make_unique<SpecDecoder>(spec, chunk, device, logits_rows);
 }
 

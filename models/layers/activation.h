@@ -16,6 +16,7 @@
 //     if (kept(a.keep, Recompute::Selective)) *a.tensor = arena.alloc(a.shape, a.wide ? wide : dtype, a.what);
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,9 @@ struct ActSpec {
   bool wide;         // statistics (mean, rstd, log-sum-exp): the chunk's grad_dtype()
   std::string what;  // the memory plan's label
   Keep keep;
+  // A dtype of its own (the MoE router's F32 scores, I32 indices), else
+  // the model's or the wide one per `wide`.
+  std::optional<DType> dtype = std::nullopt;
 };
 using ActList = std::vector<ActSpec>;
 

@@ -2,6 +2,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/swiglu.h"
+#include "models/layers/moe_ffn.h"
 
 namespace xirang {
 
@@ -71,7 +72,8 @@ void GatedMlp::backward(const KernelContext& ctx, TpComm& tp, Tensor scratch, co
   gate_up_.backward(ctx, tp.partial(), dgu, x_full, later);
 }
 
-std::unique_ptr<FeedForward> make_feed_forward(FfnKind kind) {
+std::unique_ptr<FeedForward> make_feed_forward(FfnKind kind, const MoeDims& moe) {
+  if (kind == FfnKind::Moe) return std::make_unique<MoeFeedForward>(moe);
   if (kind == FfnKind::SwiGlu) return std::make_unique<GatedMlp>();
   return std::make_unique<Mlp>();
 }

@@ -2,7 +2,8 @@
 // hidden units over the tensor-parallel group: a column-parallel
 // up-projection, an activation, and a row-parallel down-projection into the
 // residual stream. Every variant has the one FeedForward signature, so a
-// block swaps one for another (a mixture of experts would be a third).
+// block swaps one for another; the mixture of experts (moe_ffn.h) is the
+// third, with its own state beside the per-microbatch activations.
 //
 // Mlp (GPT-2): GELU (tanh form) fused into the up-projection's product.
 // GatedMlp (LLaMA's SwiGLU, no biases): one gate/up projection whose weight
@@ -22,17 +23,37 @@
 #include <string>
 #include <vector>
 
+#include "core/arena.h"
+#include "models/dims.h"
 #include "models/layers/activation.h"
 #include "models/layers/linear.h"
 
 namespace xirang {
 
-enum class FfnKind { Gelu, SwiGlu };
+enum class FfnKind { Gelu, SwiGlu, Moe };
+
+// What the mixture of experts (moe_ffn.h) keeps for its backward, for N
+// token rows, k choices each, E experts of hidden width F; routing dtype
+// (rdt): F32, or F64 with an F64 model.
+struct MoeActs {
+  Tensor x32;           // (N, C) F32 the router's input, with 16-bit storage only
+  Tensor scores;        // (N, E) rdt
+  Tensor ids;           // (N, k) I32 the chosen experts
+  Tensor gates;         // (N, k) rdt
+  Tensor sorted_slots;  // (N k) I32 the slot of each expert-ordered row
+  Tensor slot_rows;     // (N k) I32 the expert-ordered row of each slot
+  Tensor offsets;       // (E + 1) I32 expert e owns rows [offsets[e], offsets[e+1])
+  Tensor xp;            // (N k, C) token rows in expert order
+  Tensor gu;            // (N k, 2F) [g | u] of each expert row
+  Tensor h;             // (N k, F) silu(g) * u
+  Tensor yp;            // (N k, C) each expert row's output
+};
 
 // What a feed-forward keeps for its backward.
 struct FfnActs {
-  Tensor pre;   // (N, width) the up-projection's output (GELU: F/P; SwiGLU: [g | u], 2F/P)
+  Tensor pre;   // (N, width) the up-projection's output (GELU: F/P; SwiGLU: [g | u], 2F/P); MoE: the shared experts'
   Tensor post;  // (N, F/P) the activation's output, the down-projection's input
+  MoeActs moe;  // the routed experts' (MoE only)
 };
 
 class FeedForward {
@@ -50,11 +71,23 @@ class FeedForward {
   virtual int matrices() const = 0;
 
   // out (R, C) = skip + reduce(down(act(up(x_full)))); a keeps pre and post.
-  void forward(const KernelContext& ctx, TpComm& tp, Tensor out, FfnActs& a, const Tensor& x_full,
-               const Tensor& skip) const {
+  virtual void forward(const KernelContext& ctx, TpComm& tp, Tensor out, FfnActs& a, const Tensor& x_full,
+                       const Tensor& skip) const {
     forward_hidden(ctx, a, x_full);
     down_.forward(ctx, tp, out, a.post, skip);
   }
+
+  // Layer state and work buffers outside the activation slots, for `rows`
+  // token rows (the MoE router's bias and scratch); none for dense ones.
+  // `sequence_rows`: the rows of one sequence (a sequence-wise balance loss's groups).
+  virtual void layout_state(Arena& /*acts*/, int64_t /*rows*/, int64_t /*sequence_rows*/, DType /*dtype*/) {}
+  // Before a chunk's forward: dloss per token row (0: not training; the
+  // MoE layer then neither counts loads nor adds its balance loss).
+  virtual void begin_forward(double /*dloss*/) {}
+  // The balance loss summed over the training forwards since the last call (0 without one).
+  virtual double take_aux_loss() { return 0.0; }
+  // After the optimizer step: the MoE layer moves its selection bias from the step's loads.
+  virtual void end_step(const KernelContext& /*ctx*/) {}
   // forward's first half, what backward reads (pre, post): full recomputation
   // stops here, without the down projection and its reduction.
   virtual void forward_hidden(const KernelContext& ctx, FfnActs& a, const Tensor& x_full) const = 0;
@@ -113,6 +146,7 @@ class GatedMlp final : public FeedForward {
   ColumnParallelLinear gate_up_;
 };
 
-std::unique_ptr<FeedForward> make_feed_forward(FfnKind kind);
+// `moe` configures FfnKind::Moe (models/layers/moe_ffn.h).
+std::unique_ptr<FeedForward> make_feed_forward(FfnKind kind, const MoeDims& moe = {});
 
 }  // namespace xirang

@@ -61,6 +61,15 @@ DecoderSpec llama_spec(const ModelDims& d) {
   s.weight = s.residual = InitRule::normal(0.02);
   s.ffn_keys = d.ffn_hidden > 0 ? "model.ffn_hidden" : "model.ffn_multiple_of and ffn_dim_multiplier";
   s.key_rules = llama_key_rules;
+  if (d.moe.num_experts > 0) {
+    // model.moe picks the mixture-of-experts feed-forward (Mixtral's shape;
+    // with model.moe.shared_hidden, DeepSeek's shared experts too).
+    s.ffn = FfnKind::Moe;
+    if (d.moe.expert_hidden > 0) s.ffn_hidden = d.moe.expert_hidden;
+    s.names.up = "mlp.experts.gate_up_proj";
+    s.names.down = "mlp.experts.down_proj";
+    if (d.moe.expert_hidden > 0) s.ffn_keys = "model.moe.expert_hidden";
+  }
   return s;
 }
 

@@ -18,6 +18,7 @@ std::string arch_problem(std::string_view key, const std::string& arch) {
 std::vector<Section> schema(Config& c) {
   ModelDims& m = c.model;
   RopeScaling& rs = m.rope.scaling;
+  MoeDims& moe = m.moe;
   ParallelConfig& p = c.parallel;
   TrainConfig& t = c.train;
   DataConfig& d = c.data;
@@ -47,7 +48,18 @@ std::vector<Section> schema(Config& c) {
         {"rope_scaling.high_freq_factor", &rs.high_freq_factor},
         {"rope_scaling.original_max_position_embeddings", &rs.original_max_position_embeddings},
         {"norm_eps", &m.norm_eps},
-        {"tie_embeddings", TieRef(&m.tie_embeddings)}}},
+        {"tie_embeddings", TieRef(&m.tie_embeddings)},
+        // The mixture of experts (models/dims.h MoeDims); the architecture's key rules check the values.
+        {"moe.num_experts", &moe.num_experts},
+        {"moe.top_k", &moe.top_k},
+        {"moe.expert_hidden", &moe.expert_hidden},
+        {"moe.shared_hidden", &moe.shared_hidden},
+        {"moe.score", &moe.score},
+        {"moe.normalize", &moe.normalize},
+        {"moe.bias_update_rate", &moe.bias_update_rate},
+        {"moe.aux_loss", &moe.aux_loss},
+        {"moe.aux_loss_coeff", &moe.aux_loss_coeff},
+        {"moe.force_balance", &moe.force_balance}}},
       {"parallel",
        {{"dp", &p.dp, AtLeast{0, " (0 infers it from the world size)"}},
         {"tp", &p.tp, AtLeast{1}},

@@ -21,7 +21,9 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "kernels/moe.h"
 #include "kernels/rope.h"
+#include "models/dims.h"
 #include "models/layers/activation.h"
 
 namespace xirang {
@@ -46,6 +48,7 @@ enum class BusyPollMode { Auto, On, Off };
 enum class SaveErrorPolicy { Stop, Continue };
 // train.recompute: models/layers/activation.h's Recompute.
 // model.rope_scaling.type: kernels/rope.h's RopeScaling::Type.
+// model.moe.score: kernels/moe.h's RouterScore; model.moe.aux_loss: models/dims.h's MoeAuxLoss.
 
 // The spellings of E, in enum order: E(i) is spelled names[i].
 template <class E>
@@ -87,6 +90,14 @@ struct ConfigNames<Recompute> {
 template <>
 struct ConfigNames<RopeScaling::Type> {
   static constexpr const char* names[] = {"none", "llama3"};
+};
+template <>
+struct ConfigNames<RouterScore> {
+  static constexpr const char* names[] = {"softmax", "sigmoid"};
+};
+template <>
+struct ConfigNames<MoeAuxLoss> {
+  static constexpr const char* names[] = {"none", "seq", "global"};
 };
 
 template <class E>

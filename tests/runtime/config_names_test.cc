@@ -59,6 +59,8 @@ TEST(ConfigNames, EveryNamedValueRoundTripsWithItsSpellings) {
   expect_round_trip<Recompute>({"none", "selective", "full"});
   expect_round_trip<RopeScaling::Type>({"none", "llama3"});
   expect_round_trip<CpSplit>({"head_tail", "contiguous"});
+  expect_round_trip<RouterScore>({"softmax", "sigmoid"});
+  expect_round_trip<MoeAuxLoss>({"none", "seq", "global"});
   // The enums' meanings, not only their positions.
   EXPECT_EQ(config_name(ScheduleKind::ZeroBubbleH1), std::string("zb_h1"));
   EXPECT_EQ(config_name(ScheduleKind::ZeroBubbleH2), std::string("zb_h2"));
@@ -74,6 +76,8 @@ TEST(ConfigNames, EveryNamedValueRoundTripsWithItsSpellings) {
 const std::map<std::string, std::function<int(const Config&)>>& named_fields() {
   static const std::map<std::string, std::function<int(const Config&)>> fields = {
       {"model.rope_scaling.type", [](const Config& c) { return int(c.model.rope.scaling.type); }},
+      {"model.moe.score", [](const Config& c) { return int(c.model.moe.score); }},
+      {"model.moe.aux_loss", [](const Config& c) { return int(c.model.moe.aux_loss); }},
       {"model.tie_embeddings",
        [](const Config& c) { return !c.model.tie_embeddings ? 0 : *c.model.tie_embeddings ? 1 : 2; }},
       {"parallel.schedule", [](const Config& c) { return int(c.parallel.schedule); }},
