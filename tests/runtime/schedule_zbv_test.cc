@@ -39,6 +39,16 @@ TEST(ZeroBubbleV, PlacementIsAV) {
     // Rank i holds chunks i and 2p - 1 - i: the first and the last on rank 0.
     for (int g = 0; g < 2 * p; ++g) EXPECT_EQ(owner[size_t(g)], g < p ? g : 2 * p - 1 - g) << "p=" << p;
     EXPECT_EQ(chunk_map(ScheduleKind::Interleaved, p, 2).model_chunk(1, 1), p + 1);  // the others keep c p + r
+    // rank_of and local_of invert model_chunk, in both orders (the executor finds its neighbours with them).
+    for (ScheduleKind kind : {kV, ScheduleKind::Interleaved}) {
+      const ChunkMap map = chunk_map(kind, p, 2);
+      for (int rank = 0; rank < p; ++rank)
+        for (int chunk : {0, 1}) {
+          const int g = map.model_chunk(rank, chunk);
+          EXPECT_EQ(map.rank_of(g), rank) << schedule_name(kind) << " p=" << p << " g=" << g;
+          EXPECT_EQ(map.local_of(g), chunk) << schedule_name(kind) << " p=" << p << " g=" << g;
+        }
+    }
   }
 }
 
