@@ -10,6 +10,7 @@
 #include "kernels/group_table.h"
 #include "runtime/config/model_layout.h"
 #include "runtime/step/optimizer.h"
+#include "runtime/step/pipeline.h"
 #include "runtime/step/schedule.h"
 
 namespace xirang {
@@ -50,9 +51,9 @@ RankModel build_rank(const Config& cfg, RankCoords at, int slots_override) {
   r.slots = r.pools.activation;
   // Measuring one slot's bytes: every pool of that size.
   if (slots_override > 0) r.slots = slots_override, r.pools = {slots_override, slots_override, slots_override};
+  const ChunkMap map = chunk_map(cfg.parallel);
   for (int c = 0; c < v; ++c) {
-    const int g = model_chunk(p, at.pp_rank, c);
-    r.chunks.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype(cfg),
+    r.chunks.push_back(arch.make_chunk(dims, map.placement(dims.n_layer, at.pp_rank, c), model_dtype(cfg),
                                        chunk_batch(cfg, r.slots, r.pools.input, r.pools.weight),
                                        TensorParallel{nullptr, cfg.parallel.sequence_parallel, tp > 1 ? tp : 0,
                                                       at.tp_rank}));
@@ -65,18 +66,20 @@ int64_t rows_per_sequence(const Config& cfg) {
   return ContextSplit::of(cfg.seq_len(), cfg.parallel.cp).local_rows();
 }
 
-// PipelineExecutor::layout: token and target slots on the first and last
-// model chunk, received and sent gradient buffers between chunks.
+// PipelineExecutor::layout: token and target slots where the executor
+// feeds them (holds_tokens, holds_targets), received and sent gradient
+// buffers between chunks.
 void layout_executor(const RankModel& r, const Config& cfg, int pp_rank, Arena& a) {
-  const int p = cfg.parallel.pp, v = cfg.parallel.virtual_stages;
+  const int v = cfg.parallel.virtual_stages;
+  const ChunkMap map = chunk_map(cfg.parallel);
   const int64_t B = cfg.train.micro_batch, T = rows_per_sequence(cfg);
   for (int c = 0; c < v; ++c) {
     const ModelChunk& m = *r.chunks[size_t(c)];
-    const int g = model_chunk(p, pp_rank, c);
-    const bool first = g == 0, last = g == p * v - 1;
+    const int g = map.model_chunk(pp_rank, c);
+    const bool first = g == 0, last = g == map.chunks() - 1;
     for (int s = 0; s < r.slots; ++s) {
-      if (first) a.alloc({B, T}, DType::I32, "pipeline tokens");
-      if (last) a.alloc({B, T}, DType::I32, "pipeline targets");
+      if (PipelineExecutor::holds_tokens(map, pp_rank, c)) a.alloc({B, T}, DType::I32, "pipeline tokens");
+      if (PipelineExecutor::holds_targets(map, pp_rank, c)) a.alloc({B, T}, DType::I32, "pipeline targets");
     }
     const Shape rows = const_cast<ModelChunk&>(m).input_grad().shape();
     if (!last)

@@ -153,6 +153,12 @@ void Trainer::reduce_tied(Parameter& p) {
   tied_work_.push_back(std::move(w));
 }
 
+void Trainer::sum_tied_locally(Parameter& original, Parameter& copy) {
+  // Inside the first chunk's backward pass (its gradient-ready hook): timed as part of it.
+  add(ctx_, original.grad, original.grad, copy.grad);
+  copy_tensor(copy.grad, original.grad, ctx_.cuda_stream, false);
+}
+
 void Trainer::accumulate_gradients(int step) {
   const int micro = cfg_.microbatches();
   const int B = cfg_.train.micro_batch, T = cfg_.seq_len();
@@ -288,7 +294,8 @@ double Trainer::evaluate() {
   XR_CHECK(val_sampler_, "evaluate() without data.val");
   const int B = cfg_.train.micro_batch;
   const int dp = cfg_.parallel.dp, dp_rank = grid_->coords().dp;
-  const int p = cfg_.parallel.pp, rank = grid_->coords().pp;
+  const int rank = grid_->coords().pp;
+  const ChunkMap map = chunk_map(cfg_.parallel);
   const PipeChannels& pipe = comm_->pipe();
   const int64_t n = std::min<int64_t>(cfg_.train.eval_batches, std::max<int64_t>(1, val_sampler_->samples_per_epoch() / B));
   // This cp rank's rows of each sample (all T when cp = 1); the cp ranks of a dp rank read the same samples.
@@ -305,13 +312,19 @@ double Trainer::evaluate() {
       upload(tokens, host_tokens.data());
       upload(targets, host_targets.data());
     }
-    // Forward only, through the chunks in model order; each stage waits for its input.
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      ModelChunk& g = *chunks_[c];
+    // Forward only, through the chunks in model order; each stage waits for its input
+    // (at the V's turn the previous chunk is this rank's: a copy).
+    for (int c = 0; c < int(chunks_.size()); ++c) {
+      ModelChunk& g = *chunks_[size_t(c)];
+      const int at = map.model_chunk(rank, c);
       // On the activation channel: the order (and, on NCCL, the device tensors) of training's transfers.
-      if (!g.placement().has_embedding) pipe.act_recv->recv(g.stage_input(0), (rank + p - 1) % p, kEvalTag);
+      if (at > 0 && map.rank_of(at - 1) == rank)
+        copy_tensor(g.stage_input(0), chunks_[size_t(map.local_of(at - 1))]->stage_output(0), ctx_.cuda_stream, false);
+      else if (at > 0)
+        pipe.act_recv->recv(g.stage_input(0), map.rank_of(at - 1), kEvalTag);
       g.forward(ctx_, 0, tokens, targets, 0.0);
-      if (!g.placement().has_head) pipe.act_send->send(g.stage_output(0), (rank + 1) % p, kEvalTag);
+      if (at + 1 < map.chunks() && map.rank_of(at + 1) != rank)
+        pipe.act_send->send(g.stage_output(0), map.rank_of(at + 1), kEvalTag);
     }
   }
   for (auto& c : chunks_) {

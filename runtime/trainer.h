@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/process_grid.h"
@@ -162,6 +163,9 @@ class Trainer {
   // Sums a tied parameter's gradient over the chunks that hold it (the
   // pipeline's embedding group: first and last stage).
   void reduce_tied(Parameter& p);
+  // The same for an original whose copy is on this rank: original + copy into both (the order of
+  // the embedding group's two-rank sum, so bitwise the same), once the original's gradient is final.
+  void sum_tied_locally(Parameter& original, Parameter& copy);
   // The step's parts from the clock (on a device, the compute parts from the stream).
   void take_parts(StepMetrics& m) const;
   void print_run() const;
@@ -194,8 +198,11 @@ class Trainer {
   std::vector<PipeInstr> schedule_;
   std::vector<std::unique_ptr<ModelChunk>> chunks_;
   std::vector<Parameter> params_;  // every chunk's parameters (views), in arena order
-  std::vector<Parameter*> tied_;         // parameters another pipeline chunk also holds (originals)
-  std::vector<Parameter*> tied_copies_;  // their copies on this rank (tied_copy)
+  std::vector<Parameter*> tied_;         // parameters another rank's pipeline chunk also holds (originals)
+  std::vector<Parameter*> tied_copies_;  // copies on this rank of another rank's originals (tied_copy)
+  // (original, copy) both on this rank (zb_v's V puts the embedding and the head on rank 0): summed
+  // here, with no transfer (sum_tied_locally).
+  std::vector<std::pair<Parameter*, Parameter*>> local_tied_;
   std::vector<WorkPtr> tied_work_;       // the step's reductions of tied gradients
   // The step's parts (core/step_clock.h); ctx_.clock points here.
   StepClock clock_;

@@ -111,8 +111,8 @@ Trainer::Trainer(const Config& cfg, TrainerOptions opts, ProcessGrid* grid) : cf
   build_chunks();
   std::vector<ModelChunk*> raw;
   for (auto& c : chunks_) raw.push_back(c.get());
-  exec_ = std::make_unique<PipelineExecutor>(raw, comm_->pipe(), cfg_.parallel.pp, grid_->coords().pp,
-                                             cfg_.parallel.virtual_stages, cfg_.microbatches());
+  exec_ = std::make_unique<PipelineExecutor>(raw, comm_->pipe(), chunk_map(cfg_.parallel), grid_->coords().pp,
+                                             cfg_.microbatches());
   build_arenas();
   start_step_ = ckpt_->resume(model_dtype_);
   build_loader();
@@ -160,6 +160,7 @@ void Trainer::build_chunks() {
   const ModelDims& dims = cfg_.model;
   const ModelArch& arch = model_arch(dims.arch);
   const int p = cfg_.parallel.pp, v = cfg_.parallel.virtual_stages, rank = grid_->coords().pp;
+  const ChunkMap map = chunk_map(cfg_.parallel);
   // Slots: the most microbatches the schedule keeps alive per chunk in
   // each pool, plus the receives the executor posts ahead.
   const SlotCounts slots = slot_counts(schedule_, v, p > 1 ? 2 : 0);
@@ -169,8 +170,7 @@ void Trainer::build_chunks() {
   batch.cp.rank = grid_->coords().cp;
   chunks_.clear();
   for (int c = 0; c < v; ++c) {
-    const int g = model_chunk(p, rank, c);
-    chunks_.push_back(arch.make_chunk(dims, ChunkPlacement::of_chunk(dims.n_layer, p * v, g), model_dtype_, batch,
+    chunks_.push_back(arch.make_chunk(dims, map.placement(dims.n_layer, rank, c), model_dtype_, batch,
                                       TensorParallel{&comm_->tp(), cfg_.parallel.sequence_parallel}));
     if (splits_backward(schedule_kind_) && !chunks_.back()->splits_backward())
       fail(ErrorKind::Config, "parallel.schedule=", schedule_name(schedule_kind_),
@@ -214,8 +214,20 @@ void Trainer::collect_parameters() {
     for (auto& prm : c->parameters()) params_.push_back(prm);
   tied_.clear();
   tied_copies_.clear();
+  local_tied_.clear();
   for (auto& c : chunks_)
     for (Parameter* prm : c->tied_parameters()) (prm->tied_copy ? tied_copies_ : tied_).push_back(prm);
+  // An original and its copy on this rank (zb_v): a local sum, kept out of the embedding group's.
+  for (auto o = tied_.begin(); o != tied_.end();) {
+    auto c = std::find_if(tied_copies_.begin(), tied_copies_.end(), [&](Parameter* t) { return t->name == (*o)->name; });
+    if (c == tied_copies_.end()) {
+      ++o;
+      continue;
+    }
+    local_tied_.emplace_back(*o, *c);
+    tied_copies_.erase(c);
+    o = tied_.erase(o);
+  }
 }
 
 // Gradient sync, AdamW over its segments, and the checkpointer of both.
@@ -315,6 +327,10 @@ void Trainer::init_parameters() {
       // A tied original's gradient is final here: add its copies' contributions first.
       for (Parameter* t : tied_)
         if (t->layer == l) reduce_tied(*t);
+      // The copy's gradient is final by now: the head's table gradient is taken in its chunk's
+      // input-gradient pass, which comes before the first chunk's last backward on the V.
+      for (auto& [original, copy] : local_tied_)
+        if (original->layer == l) sum_tied_locally(*original, *copy);
       sync_->layer_done(l);
     });
   }

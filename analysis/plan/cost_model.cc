@@ -248,11 +248,13 @@ Workload workload_of(const Config& cfg) {
 
 namespace {
 
-// The schedule a layout runs: interleaved when v > 1; else the config's
+// The schedule a layout runs: the config's zb_v where it has its two
+// chunks per rank on 2 or more; interleaved when v > 1; else the config's
 // gpipe, zb_h1 or zb_h2 where pp > 1, 1F1B otherwise (one stage: no
-// pipeline). zb_v is refused by validation (the executor has no V placement).
+// pipeline).
 ScheduleKind layout_schedule(const Workload& w, const PlanLayout& l) {
   const ScheduleKind own = w.cfg.parallel.schedule;
+  if (own == ScheduleKind::ZeroBubbleV && l.pp > 1 && l.virtual_stages == 2) return own;
   const bool keep = l.pp > 1 && (own == ScheduleKind::GPipe || own == ScheduleKind::ZeroBubbleH1 ||
                                  own == ScheduleKind::ZeroBubbleH2);
   return l.virtual_stages > 1 ? ScheduleKind::Interleaved : keep ? own : ScheduleKind::OneFOneB;

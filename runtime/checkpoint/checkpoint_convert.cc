@@ -205,7 +205,8 @@ Config checkpoint_config(const CheckpointReader& r) {
 }
 
 std::string layout_str(const CheckpointLayout& l) {
-  return str_cat("dp=", l.dp, ",tp=", l.tp, ",pp=", l.pp, ",zero=", l.zero, ",virtual_stages=", l.virtual_stages);
+  return str_cat("dp=", l.dp, ",tp=", l.tp, ",pp=", l.pp, ",zero=", l.zero, ",virtual_stages=", l.virtual_stages,
+                 l.chunk_order == ChunkOrder::V ? ",chunk_order=v" : "");
 }
 
 }  // namespace
@@ -218,6 +219,8 @@ void check_checkpoint_layout(const ModelDims& dims, const CheckpointLayout& l) {
   if (l.zero != 0 && l.zero != 1) refuse("zero must be 0 or 1");
   const std::string problem = layout_problem(dims, ParallelLayout{l.dp, l.tp, l.pp, l.virtual_stages});
   if (!problem.empty()) refuse(problem);
+  if (l.chunk_order == ChunkOrder::V && (l.virtual_stages != 2 || l.pp < 2))
+    refuse("a V places 2 chunks on each of 2 or more pipeline ranks");
 }
 
 std::vector<Parameter> rank_parameters(const ModelDims& dims, const CheckpointLayout& layout, int rank) {
@@ -225,10 +228,10 @@ std::vector<Parameter> rank_parameters(const ModelDims& dims, const CheckpointLa
   XR_CHECK(0 <= rank && rank < layout.world_size(), "rank ", rank, " of ", layout.world_size());
   const GridCoords at = grid_coords(GridShape{layout.dp, layout.tp, layout.pp}, rank);
   const ModelArch& arch = model_arch(dims.arch);
-  const int chunks = layout.pp * layout.virtual_stages;
+  const ChunkMap map{layout.pp, layout.virtual_stages, layout.chunk_order};
   std::vector<Parameter> out;
   for (int c = 0; c < layout.virtual_stages; ++c) {
-    const ChunkPlacement place = ChunkPlacement::of_chunk(dims.n_layer, chunks, model_chunk(layout.pp, at.pp, c));
+    const ChunkPlacement place = map.placement(dims.n_layer, at.pp, c);
     for (Parameter& p : arch.parameters(dims, place, layout.tp, at.tp)) out.push_back(std::move(p));
   }
   return out;

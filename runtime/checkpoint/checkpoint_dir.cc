@@ -115,7 +115,8 @@ std::string meta_json_text(const CheckpointMeta& meta) {
                  {"pp", meta.layout.pp},
                  {"zero", meta.layout.zero},
                  {"virtual_stages", meta.layout.virtual_stages},
-                 {"sequence_parallel", meta.layout.sequence_parallel}};
+                 {"sequence_parallel", meta.layout.sequence_parallel},
+                 {"chunk_order", meta.layout.chunk_order == ChunkOrder::V ? "v" : "round_robin"}};
   j["world_size"] = meta.layout.world_size();
   j["rank_files"] = meta.rank_files;
   j["config"] = meta.config_yaml;
@@ -230,6 +231,13 @@ CheckpointMeta read_checkpoint_meta(const std::string& step_dir) {
     m.layout.zero = int(meta_integer(l, "zero", 0, 1));
     m.layout.virtual_stages = int(meta_integer(l, "virtual_stages", 1, kMaxRanks));
     m.layout.sequence_parallel = l.at("sequence_parallel").get<bool>();
+    // Absent before zb_v ran in the executor: round-robin.
+    if (l.contains("chunk_order")) {
+      const std::string order = l.at("chunk_order").get<std::string>();
+      if (order != "v" && order != "round_robin")
+        fail(ErrorKind::Checkpoint, "layout chunk_order '", order, "' is not one of round_robin, v");
+      m.layout.chunk_order = order == "v" ? ChunkOrder::V : ChunkOrder::RoundRobin;
+    }
     m.config_yaml = j.at("config").get<std::string>();
     m.rank_files = j.at("rank_files").get<std::vector<std::string>>();
     if (int64_t(m.rank_files.size()) != m.layout.world_size())

@@ -42,6 +42,7 @@
 
 #include "core/tensor.h"
 #include "models/parameter.h"  // ShardSpec
+#include "models/placement.h"  // ChunkOrder
 
 namespace xirang {
 
@@ -104,6 +105,7 @@ struct CheckpointLayout {
   int zero = 0;            // ZeRO stage of the optimizer state
   int virtual_stages = 1;  // model chunks per pipeline rank
   bool sequence_parallel = false;
+  ChunkOrder chunk_order = ChunkOrder::RoundRobin;  // V under zb_v: which rank file holds which layers
   int world_size() const { return dp * tp * pp; }
 };
 

@@ -7,6 +7,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "runtime/checkpoint/checkpoint_io.h"
+#include "runtime/config/model_layout.h"
 #include "runtime/resilience/guards.h"
 
 namespace xirang {
@@ -180,7 +181,8 @@ void Checkpointer::commit() {
       // (pp * dp * cp + d * cp + c) * tp + t, and ZeRO-1 shards over the same
       // dp x cp ranks), so it records dp * cp and any layout reads it back.
       meta.layout = CheckpointLayout{cfg_.parallel.dp * cfg_.parallel.cp, cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.zero,
-                                     cfg_.parallel.virtual_stages, cfg_.parallel.sequence_parallel};
+                                     cfg_.parallel.virtual_stages, cfg_.parallel.sequence_parallel,
+                                     chunk_map(cfg_.parallel).order};
       meta.config_yaml = cfg_.yaml;
       CheckpointDir(cfg_.checkpoint.dir).commit(meta, cfg_.checkpoint.keep);
     } catch (const std::exception& e) {

@@ -59,7 +59,7 @@ struct ParallelConfig {
   double bucket_mb = 25;            // gradient bucket size for the dp reduction
   bool overlap_grad_reduce = true;  // start each bucket's reduction during the backward pass
   bool sequence_parallel = false;   // split LayerNorm regions along the tokens over tp
-  ScheduleKind schedule = ScheduleKind::OneFOneB;  // pipeline schedule: gpipe, 1f1b, interleaved, zb_h1, zb_h2 (zb_v: simulated only)
+  ScheduleKind schedule = ScheduleKind::OneFOneB;  // pipeline schedule: gpipe, 1f1b, interleaved, zb_h1, zb_h2, zb_v
   int virtual_stages = 1;           // model chunks per pipeline rank (interleaved: >= 2)
 };
 

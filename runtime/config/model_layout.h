@@ -11,6 +11,7 @@
 
 #include "models/model.h"
 #include "runtime/config/config.h"
+#include "runtime/config/schedule_rules.h"
 
 namespace xirang {
 
@@ -30,6 +31,9 @@ inline ChunkBatch chunk_batch(const Config& c, int slots, int input_slots = 0, i
                     .weight_slots = weight_slots,
                     .cp = ContextParallel{.size = c.parallel.cp, .head_tail = c.parallel.cp_split == CpSplit::HeadTail}};
 }
+
+// Where the config's schedule places the model chunks (runtime/config/schedule_rules.h).
+inline ChunkMap chunk_map(const ParallelConfig& p) { return chunk_map(p.schedule, p.pp, p.virtual_stages); }
 
 inline ParallelLayout parallel_layout(const ParallelConfig& p) {
   return ParallelLayout{p.dp, p.tp, p.pp, p.virtual_stages};

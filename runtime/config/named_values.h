@@ -33,7 +33,7 @@ namespace xirang {
 // parts, the weight parts deferred into the cool-down (runtime/step/schedule.h);
 // zb_h2: the same parts with 2p - 1 microbatches in flight, the extra
 // warm-up forwards filling the bubble before the first backward; zb_v:
-// two chunks per rank in a V (simulated only: the executor refuses it).
+// two chunks per rank in a V (ChunkOrder::V; CPU over tagged MPI only, runtime/config/schedule_rules.h).
 enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleH2, ZeroBubbleV };
 enum class Precision { FP32, BF16, FP16 };  // precision.dtype
 enum class Backend { CPU, CUDA };           // device.backend

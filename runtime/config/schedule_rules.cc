@@ -29,10 +29,16 @@ std::string schedule_problem(ScheduleKind kind, int pp, int virtual_stages, int 
   return "";
 }
 
-std::string executor_problem(ScheduleKind kind) {
-  if (kind == ScheduleKind::ZeroBubbleV)
-    return "parallel.schedule=zb_v is simulated only: the executor places local chunk c of pipeline rank r at model "
-           "chunk c x parallel.pp + r, not in a V (runtime/step/schedule.h)";
+std::string executor_problem(ScheduleKind kind, bool ordered_p2p, Backend backend, int cp) {
+  if (kind != ScheduleKind::ZeroBubbleV) return "";
+  if (ordered_p2p)
+    return "parallel.schedule=zb_v needs comm.ordered_p2p=false (its V sends activations both ways between "
+           "neighbours; the order-matched queues are paired for one direction)";
+  if (backend == Backend::CUDA)
+    return "parallel.schedule=zb_v runs on device.backend=cpu only (NCCL pairs transfers by order, and the V's "
+           "two-way activations have not been paired on a device)";
+  if (cp > 1)
+    return str_cat("parallel.schedule=zb_v with parallel.cp=", cp, " is untested: use parallel.cp=1");
   return "";
 }
 

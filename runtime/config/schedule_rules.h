@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "models/placement.h"
 #include "runtime/config/named_values.h"
 
 namespace xirang {
@@ -27,9 +28,19 @@ namespace xirang {
 std::string schedule_problem(ScheduleKind kind, int pp, int virtual_stages, int microbatches,
                              std::string_view microbatches_from = "");
 
-// "" when the pipeline executor (runtime/step/pipeline.h) can run `kind`,
-// else why not: zb_v's lists and simulation exist, its chunk placement does
-// not (config validation asks; make_schedule and simulate do not).
-std::string executor_problem(ScheduleKind kind);
+// "" when the pipeline executor (runtime/step/pipeline.h) can run `kind`
+// over this transport, else why not: zb_v's V sends activations both ways
+// between neighbours, which order-matched queues (comm.ordered_p2p, and
+// NCCL on device.backend=cuda) cannot pair without a proof of their order
+// (the tagged MPI channels pair any order), and zb_v with context
+// parallelism has not run. Config validation asks; make_schedule and
+// simulate do not.
+std::string executor_problem(ScheduleKind kind, bool ordered_p2p, Backend backend, int cp);
+
+// Where `kind` places the pp x virtual_stages model chunks: in a V under
+// zb_v, round-robin otherwise (models/placement.h).
+inline ChunkMap chunk_map(ScheduleKind kind, int pp, int virtual_stages) {
+  return ChunkMap{pp, virtual_stages, kind == ScheduleKind::ZeroBubbleV ? ChunkOrder::V : ChunkOrder::RoundRobin};
+}
 
 }  // namespace xirang

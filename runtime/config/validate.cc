@@ -101,7 +101,7 @@ void check_pipeline(const Validator& v, const Config& c) {
     v.fail_rule(str_cat("train.global_batch=", t.global_batch, " is not divisible by train.micro_batch (",
                         t.micro_batch, ") x parallel.dp (", p.dp, ")"));
   const int m = static_cast<int>(t.global_batch / per_micro);
-  v.check(executor_problem(p.schedule));
+  v.check(executor_problem(p.schedule, c.comm.ordered_p2p, c.device.backend, p.cp));
   v.check(schedule_problem(p.schedule, p.pp, p.virtual_stages, m,
                            str_cat("train.global_batch ", t.global_batch, " / (train.micro_batch ", t.micro_batch,
                                    " x parallel.dp ", p.dp, ") = ", m)));

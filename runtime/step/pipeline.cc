@@ -79,17 +79,35 @@ PipeChannels colored_pipe_channels(int rank, int p, const std::vector<Communicat
   return {act[size_t(out)], act[size_t(in)], grad[size_t(in)], grad[size_t(out)]};
 }
 
-PipelineExecutor::PipelineExecutor(std::vector<ModelChunk*> chunks, const PipeChannels& channels, int p, int rank, int v,
-                                   int m)
-    : ch_(channels), p_(p), rank_(rank), v_(v), m_(m) {
+bool PipelineExecutor::holds_tokens(const ChunkMap& map, int rank, int c) { return map.model_chunk(rank, c) == 0; }
+
+bool PipelineExecutor::holds_targets(const ChunkMap& map, int rank, int c) {
+  const int g = map.model_chunk(rank, c), last = map.chunks() - 1;
+  if (g == 0) return map.rank_of(last) == rank;  // one chunk holding both, or the V's rank 0
+  return g == last && map.rank_of(0) != rank;
+}
+
+PipelineExecutor::PipelineExecutor(std::vector<ModelChunk*> chunks, const PipeChannels& channels, const ChunkMap& map,
+                                   int rank, int m)
+    : ch_(channels), map_(map), p_(map.p), rank_(rank), v_(map.v), m_(m) {
   XR_CHECK(ch_.act_send && ch_.act_recv && ch_.grad_send && ch_.grad_recv, "pipeline: a channel is missing");
-  XR_CHECK(int(chunks.size()) == v, "executor needs ", v, " chunks, got ", chunks.size());
-  for (int c = 0; c < v; ++c) {
+  XR_CHECK(int(chunks.size()) == v_, "executor needs ", v_, " chunks, got ", chunks.size());
+  for (int c = 0; c < v_; ++c) {
     Chunk ch;
     ch.model = chunks[size_t(c)];
-    ch.g = model_chunk(p, rank, c);
+    ch.g = map.model_chunk(rank, c);
     ch.first = ch.g == 0;
-    ch.last = ch.g == p * v - 1;
+    ch.last = ch.g == map.chunks() - 1;
+    if (!ch.first) {
+      ch.prev_rank = map.rank_of(ch.g - 1);
+      if (ch.prev_rank == rank) ch.prev_local = map.local_of(ch.g - 1);
+    }
+    if (!ch.last) {
+      ch.next_rank = map.rank_of(ch.g + 1);
+      if (ch.next_rank == rank) ch.next_local = map.local_of(ch.g + 1);
+    }
+    ch.own_tokens = holds_tokens(map, rank, c);
+    ch.own_targets = holds_targets(map, rank, c);
     XR_CHECK(ch.model->placement().has_embedding == ch.first && ch.model->placement().has_head == ch.last,
              "chunk ", c, " of rank ", rank, " does not match its place in the pipeline");
     chunks_.push_back(std::move(ch));
@@ -107,8 +125,8 @@ void PipelineExecutor::layout(Arena& a) {
     c.targets.clear();
     c.free_slots.clear();
     for (int s = 0; s < slots; ++s) {
-      if (c.first) c.tokens.push_back(a.alloc({B_, T_}, DType::I32, "pipeline tokens"));
-      if (c.last) c.targets.push_back(a.alloc({B_, T_}, DType::I32, "pipeline targets"));
+      if (c.own_tokens) c.tokens.push_back(a.alloc({B_, T_}, DType::I32, "pipeline tokens"));
+      if (c.own_targets) c.targets.push_back(a.alloc({B_, T_}, DType::I32, "pipeline targets"));
       c.free_slots.push_back(slots - 1 - s);  // pop_back hands out slot 0 first
     }
     c.slot_send.assign(size_t(slots), nullptr);
@@ -177,24 +195,27 @@ void PipelineExecutor::post_receives(const std::vector<PipeInstr>& list, size_t 
   for (const auto& [key, w] : posted_) (void)key, ++ahead;
   while (post_cursor_ < list.size() && ahead < kLookahead) {
     const PipeInstr& in = list[post_cursor_];
-    if (in.op == PipeOp::RecvActivation) {
+    // A hand-off between this rank's chunks (the V's turn) is no transfer: receive() copies it.
+    const bool local = in.chunk >= 0 && (in.op == PipeOp::RecvActivation ? chunks_[size_t(in.chunk)].prev_local >= 0
+                                                                          : chunks_[size_t(in.chunk)].next_local >= 0);
+    if (!local && in.op == PipeOp::RecvActivation) {
       Chunk& c = chunks_[size_t(in.chunk)];
       if (c.free_slots.empty()) return;  // posted once a backward frees a slot
       const int s = take_slot(c);
       c.slot_of[in.microbatch] = s;
       const double t0 = now_seconds();
-      WorkPtr w = ch_.act_recv->recv_async(c.model->stage_input(s), (rank_ + p_ - 1) % p_, tag(0, in.microbatch, c.g));
+      WorkPtr w = ch_.act_recv->recv_async(c.model->stage_input(s), c.prev_rank, tag(0, in.microbatch, c.g));
       note_transfer(w, "recv_activation", Track::PipeRecv, OpKind::PpRecv, in.microbatch, c.g, c.model->stage_input(s), t0);
       posted_[{0, in.microbatch, in.chunk}] = std::move(w);
       ++ahead;
-    } else if (in.op == PipeOp::RecvGradient) {
+    } else if (!local && in.op == PipeOp::RecvGradient) {
       Chunk& c = chunks_[size_t(in.chunk)];
       if (c.free_grad.empty()) return;
       const int b = c.free_grad.back();
       c.free_grad.pop_back();
       c.grad_of[in.microbatch] = b;
       const double t0 = now_seconds();
-      WorkPtr w = ch_.grad_recv->recv_async(c.grad_bufs[size_t(b)], (rank_ + 1) % p_, tag(1, in.microbatch, c.g));
+      WorkPtr w = ch_.grad_recv->recv_async(c.grad_bufs[size_t(b)], c.next_rank, tag(1, in.microbatch, c.g));
       note_transfer(w, "recv_gradient", Track::PipeRecv, OpKind::PpRecv, in.microbatch, c.g, c.grad_bufs[size_t(b)], t0);
       posted_[{1, in.microbatch, in.chunk}] = std::move(w);
       ++ahead;
@@ -262,6 +283,20 @@ void PipelineExecutor::record_transfers() {
 
 void PipelineExecutor::receive(const std::vector<PipeInstr>& list, size_t i) {
   const PipeInstr& in = list[i];
+  Chunk& c = chunks_[size_t(in.chunk)];
+  if (in.op == PipeOp::RecvActivation && c.prev_local >= 0) {
+    // The previous chunk's output stays in its slot until its backward, after this chunk's.
+    Chunk& from = chunks_[size_t(c.prev_local)];
+    const int s = take_slot(c);
+    c.slot_of[in.microbatch] = s;
+    copy_tensor(c.model->stage_input(s), from.model->stage_output(from.slot_of.at(in.microbatch)), stream_, false);
+    return;
+  }
+  if (in.op == PipeOp::RecvGradient && c.next_local >= 0) {  // copied by the next chunk's send_gradient
+    XR_CHECK(c.grad_of.count(in.microbatch), "pipeline: the gradient of microbatch ", in.microbatch,
+             " was not handed from model chunk ", c.g + 1, " to ", c.g, " before its receive");
+    return;
+  }
   // Normally posted ahead; a receive is posted here at the latest.
   if (!posted_.count({in.op == PipeOp::RecvActivation ? 0 : 1, in.microbatch, in.chunk})) {
     post_cursor_ = i;
@@ -283,12 +318,17 @@ void PipelineExecutor::timed_pass(Chunk& c, ComputeSpans::Kind kind, const char*
 void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const Feed& feed, double dloss) {
   if (c.first) c.slot_of[mb] = take_slot(c);
   const int s = c.slot_of.at(mb);
-  Tensor tokens = c.first ? c.tokens[size_t(s)] : Tensor();
-  Tensor targets = c.last ? c.targets[size_t(s)] : Tensor();
-  if (c.first || c.last) {
+  Tensor tokens = c.own_tokens ? c.tokens[size_t(s)] : Tensor();
+  if (c.own_tokens || c.own_targets) {
     // The feed fills the slot wherever it lives (a device slot through the loader's staging upload).
     StepClock::Scope part(clock_, StepPart::DataWait, {tl_, "data_wait", Track::Main, mb, c.g});
-    feed(mb, tokens, targets);
+    feed(mb, tokens, c.own_targets ? c.targets[size_t(s)] : Tensor());
+  }
+  Tensor targets;  // the head's: in its own slot, or where the first chunk's forward put them (holds_targets)
+  if (c.last && c.own_targets) targets = c.targets[size_t(s)];
+  if (c.last && !c.own_targets) {
+    const Chunk& f = chunks_[size_t(map_.local_of(0))];
+    targets = f.targets[size_t(f.slot_of.at(mb))];
   }
   // A split backward's layer inputs stay in an input slot of their own until W.
   const MicrobatchSlots at = c.split ? MicrobatchSlots(s, input_slot(c, mb, true), 0) : MicrobatchSlots(s);
@@ -296,9 +336,10 @@ void PipelineExecutor::forward(const KernelContext& ctx, Chunk& c, int mb, const
 }
 
 void PipelineExecutor::send_activation(Chunk& c, int mb) {
+  if (c.next_local >= 0) return;  // the next chunk copies it from the slot (receive)
   const int s = c.slot_of.at(mb);
   const double t0 = now_seconds();
-  c.slot_send[size_t(s)] = ch_.act_send->send_async(c.model->stage_output(s), (rank_ + 1) % p_, tag(0, mb, c.g + 1));
+  c.slot_send[size_t(s)] = ch_.act_send->send_async(c.model->stage_output(s), c.next_rank, tag(0, mb, c.g + 1));
   note_transfer(c.slot_send[size_t(s)], "send_activation", Track::PipeSend, OpKind::PpSend, mb, c.g,
                 c.model->stage_output(s), t0);
 }
@@ -345,13 +386,23 @@ void PipelineExecutor::backward(const KernelContext& ctx, Chunk& c, int mb, Back
 }
 
 void PipelineExecutor::send_gradient(const KernelContext& ctx, Chunk& c, int mb) {
+  if (c.prev_local >= 0) {
+    // The V's turn: into one of the previous chunk's received-gradient buffers, held until its backward.
+    Chunk& to = chunks_[size_t(c.prev_local)];
+    XR_CHECK(!to.free_grad.empty(), "pipeline: no free gradient buffer on model chunk ", to.g, " for microbatch ", mb);
+    const int b = to.free_grad.back();
+    to.free_grad.pop_back();
+    to.grad_of[mb] = b;
+    copy_tensor(to.grad_bufs[size_t(b)], c.model->input_grad(), ctx.cuda_stream, false);
+    return;
+  }
   const size_t b = size_t(c.next_send);
   c.next_send = (c.next_send + 1) % int(c.send_bufs.size());
   if (c.send_work[b]) join_send(c.send_work[b], c.g);
   // Copied on the compute stream; the send's input-ready wait orders it after the copy.
   copy_tensor(c.send_bufs[b], c.model->input_grad(), ctx.cuda_stream, false);
   const double t0 = now_seconds();
-  c.send_work[b] = ch_.grad_send->send_async(c.send_bufs[b], (rank_ + p_ - 1) % p_, tag(1, mb, c.g - 1));
+  c.send_work[b] = ch_.grad_send->send_async(c.send_bufs[b], c.prev_rank, tag(1, mb, c.g - 1));
   note_transfer(c.send_work[b], "send_gradient", Track::PipeSend, OpKind::PpSend, mb, c.g, c.send_bufs[b], t0);
 }
 

@@ -2,7 +2,12 @@
 //
 // The executor owns this rank's model chunks (one ModelChunk per virtual stage)
 // and two pipeline channels: activations travel forward on one, input
-// gradients backward on the other. Receives are posted ahead of the
+// gradients backward on the other. The chunk map (models/placement.h) says
+// which rank holds each neighbouring model chunk: round-robin, the
+// neighbours are rank r-1 and r+1; in zb_v's V the second chunk's are
+// reversed (r+1 before, r-1 after) and the turn of the V (model chunks p-1
+// and p on rank p-1) is a local hand-off: the activation and the gradient
+// are copied between the two chunks, no transfer. Receives are posted ahead of the
 // instruction that needs them (activations straight into the activation
 // slot the forward will use), sends never block compute (an activation is
 // sent from its slot, which stays untouched until that microbatch's
@@ -31,7 +36,7 @@
 // (pipe_edge_color). The layout-equivalence tests run every schedule over
 // OrderedLink to show that this never deadlocks.
 //
-//   PipelineExecutor exec(chunks, PipeChannels::shared(grid.pp()), p, rank, v, m);  // MPI: tags keep them apart
+//   PipelineExecutor exec(chunks, PipeChannels::shared(grid.pp()), chunk_map(kind, p, v), rank, m);  // MPI: tags
 //   exec.layout(arena);                         // measuring, then real
 //   exec.run(ctx, list, feed, dloss);             // host time: ctx.clock's parts
 //   exec.take_device_times(device);               // on a device, after the step's host wait
@@ -51,7 +56,8 @@
 namespace xirang {
 
 // One pipeline rank's transfer queues (they may all be one communicator
-// that matches by tag, as MPI does).
+// that matches by tag, as MPI does; zb_v needs that: its second chunk
+// sends activations to r-1 and gradients to r+1 on the same queues).
 struct PipeChannels {
   Communicator* act_send = nullptr;   // activations to rank r+1
   Communicator* act_recv = nullptr;   // activations from rank r-1
@@ -123,8 +129,15 @@ class PipelineExecutor {
   // (PrefetchLoader::next with tensors): the executor only schedules.
   using Feed = std::function<void(int mb, const Tensor& tokens, const Tensor& targets)>;
 
-  // `chunks[c]` is local chunk c (model chunk c * p + rank); m microbatches per step.
-  PipelineExecutor(std::vector<ModelChunk*> chunks, const PipeChannels& channels, int p, int rank, int v, int m);
+  // `chunks[c]` is local chunk c (model chunk map.model_chunk(rank, c)); m microbatches per step.
+  PipelineExecutor(std::vector<ModelChunk*> chunks, const PipeChannels& channels, const ChunkMap& map, int rank, int m);
+  // Whether local chunk `c` of a rank fills (B, T) token or target slots of its own: the first model
+  // chunk takes the tokens; the last the targets, unless its rank also holds the first (zb_v's V):
+  // then the first chunk's forward takes both in one read of the loader, which hands out each
+  // microbatch once, and the head's forward reads them there (the first chunk's slot is held
+  // until its backward, after the head's forward of the same microbatch).
+  static bool holds_tokens(const ChunkMap& map, int rank, int c);
+  static bool holds_targets(const ChunkMap& map, int rank, int c);
   // Carves the token/target buffers of every activation slot and the gradient buffers.
   void layout(Arena& a);
   // Runs `list` up to ReduceGradients. The microbatch losses collect in the
@@ -153,6 +166,9 @@ class PipelineExecutor {
     ModelChunk* model;
     int g;  // model chunk index
     bool first, last;
+    int prev_rank = -1, next_rank = -1;  // the ranks of model chunks g - 1 and g + 1 (-1: none)
+    int prev_local = -1, next_local = -1;  // their local index when on this rank (the V's turn), else -1
+    bool own_tokens = false, own_targets = false;  // holds_tokens, holds_targets
     std::vector<Tensor> tokens, targets;  // per slot, (B, T) int32
     std::vector<WorkPtr> slot_send;       // activation send in flight from each slot
     std::vector<int> free_slots;
@@ -208,6 +224,7 @@ class PipelineExecutor {
   Timeline* tl_ = nullptr;          // the step's timeline (null: none)
   StepClock* clock_ = nullptr;      // the step's clock (null: none)
   std::vector<Transfer> transfers_; // the step's transfers, for the timeline
+  ChunkMap map_;
   int p_, rank_, v_, m_;
   int B_ = 0, T_ = 0;  // T_: the rows of each sequence on this rank (T / cp)
   std::map<std::tuple<int, int, int>, WorkPtr> posted_;  // (op, mb, chunk) -> receive in flight

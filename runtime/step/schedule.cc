@@ -114,10 +114,6 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int rank, int m, in
 
 }  // namespace
 
-int schedule_model_chunk(ScheduleKind kind, int p, int rank, int chunk) {
-  return kind == ScheduleKind::ZeroBubbleV ? zbv_model_chunk(p, rank, chunk) : model_chunk(p, rank, chunk);
-}
-
 std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, int v) {
   return make_schedule(kind, p, rank, m, v, PassTimes{});
 }
@@ -127,9 +123,10 @@ std::vector<PipeInstr> make_schedule(ScheduleKind kind, int p, int rank, int m, 
     fail(ErrorKind::Config, "pipeline schedule: p=", p, ", rank=", rank, ", m=", m, ", v=", v, " are out of range");
   if (const std::string problem = schedule_problem(kind, p, v, m); !problem.empty()) fail(ErrorKind::Config, problem);
   const int last = p * v - 1;
+  const ChunkMap map = chunk_map(kind, p, v);
   std::vector<PipeInstr> list;
   for (const Compute& c : compute_order(kind, p, rank, m, v, times)) {
-    const int g = schedule_model_chunk(kind, p, rank, c.chunk);
+    const int g = map.model_chunk(rank, c.chunk);
     if (c.op == PipeOp::Forward) {
       if (g > 0) list.push_back({PipeOp::RecvActivation, c.microbatch, c.chunk});
       list.push_back({PipeOp::Forward, c.microbatch, c.chunk});
@@ -218,7 +215,7 @@ namespace {
 class Simulation {
  public:
   Simulation(ScheduleKind kind, int p, int m, int v, const SimCosts& costs)
-      : kind_(kind), p_(p), m_(m), v_(v), costs_(costs) {
+      : kind_(kind), map_(chunk_map(kind, p, v)), p_(p), m_(m), v_(v), costs_(costs) {
     // zb_v's list is found at the costs it runs at (its scalar ones: per-rank costs do not move it).
     const PassTimes times{costs.forward / v, costs.backward * (1 - costs.weight_share) / v,
                           costs.backward * costs.weight_share / v};
@@ -272,7 +269,7 @@ class Simulation {
   }
 
   Exec execute(int rank, const PipeInstr& in) {
-    const int g = in.chunk >= 0 ? schedule_model_chunk(kind_, p_, rank, in.chunk) : -1;
+    const int g = in.chunk >= 0 ? map_.model_chunk(rank, in.chunk) : -1;
     double& t = clock_[size_t(rank)];
     if (in.op == PipeOp::RecvActivation || in.op == PipeOp::RecvGradient) {
       auto it = mail_.find(MailKey{in.op == PipeOp::RecvActivation ? 0 : 1, in.microbatch, g});
@@ -365,6 +362,7 @@ class Simulation {
   }
 
   const ScheduleKind kind_;
+  const ChunkMap map_;
   const int p_, m_, v_;
   const SimCosts& costs_;
   std::vector<std::vector<PipeInstr>> lists_;  // (p): each rank's list

@@ -6,17 +6,19 @@
 // together with given costs, and the memory plan sizes activation slots from
 // it: one representation for all three.
 //
-// The model is cut into p * v chunks of equal layer counts; model chunk g
-// lives on rank g % p as that rank's local chunk g / p (Megatron's
-// interleaving; v = 1 is the plain pipeline). Instructions name the local
-// chunk; activations flow from model chunk g to g + 1, gradients back.
+// The model is cut into p * v chunks of equal layer counts; chunk_map(kind,
+// p, v) (runtime/config/schedule_rules.h) says which rank holds model chunk
+// g as which local chunk: g % p and g / p (Megatron's interleaving; v = 1
+// is the plain pipeline), or a V under zb_v. Instructions name the local
+// chunk; activations flow from model chunk g to g + 1, gradients back
+// (from one local chunk to the other at the V's turn: no transfer).
 //
 //   auto list = make_schedule(ScheduleKind::OneFOneB, /*p=*/4, /*rank=*/1, /*m=*/8, /*v=*/1);
 //   SimCosts costs;  costs.forward = 1;  costs.backward = 2;
 //   SimResult r = simulate(ScheduleKind::OneFOneB, 4, 8, 1, costs);
 //   // r.bubble_fraction == 3.0 / 11
 //
-// zb_v places its two chunks per rank in a V instead (schedule_model_chunk).
+// zb_v places its two chunks per rank in a V instead (ChunkOrder::V).
 //
 // A zero-bubble schedule (zb_h1; Qi et al., "Zero Bubble Pipeline
 // Parallelism", 2024) splits each backward into BackwardInput (B: the
@@ -65,11 +67,6 @@ struct PipeInstr {
   int microbatch = -1;
   int chunk = -1;  // local chunk (virtual stage) index on this rank
 };
-
-// The model chunk that local chunk `chunk` of `rank` holds under `kind`:
-// model_chunk() (chunk * p + rank) except under zb_v, whose V puts rank r's
-// chunks at r and 2p - 1 - r (runtime/step/schedule_zbv.h).
-int schedule_model_chunk(ScheduleKind kind, int p, int rank, int chunk);
 
 // One chunk's pass times: F, B (a split backward's input part) and W.
 struct PassTimes {

@@ -25,8 +25,6 @@
 
 namespace xirang {
 
-int zbv_model_chunk(int p, int rank, int chunk) { return chunk == 0 ? rank : 2 * p - 1 - rank; }
-
 std::vector<PipeInstr> zbv_compute_order(int p, int rank, int m, const PassTimes& times) {
   XR_CHECK(times.forward > 0 && times.input > 0 && times.weight > 0 && std::isfinite(times.forward) &&
                std::isfinite(times.input) && std::isfinite(times.weight),
@@ -34,6 +32,7 @@ std::vector<PipeInstr> zbv_compute_order(int p, int rank, int m, const PassTimes
            ", W=", times.weight, ")");
   constexpr double kNever = std::numeric_limits<double>::infinity();
   const int chunks = 2 * p, cap = 2 * p;
+  const ChunkMap map{p, 2, ChunkOrder::V};
   // Times are sums of the three costs: equal ones may differ in the last bits.
   const double eps = 1e-9 * (times.forward + times.input + times.weight);
   // (2p, m): when the forward / input part of (model chunk, microbatch) ends.
@@ -57,11 +56,11 @@ std::vector<PipeInstr> zbv_compute_order(int p, int rank, int m, const PassTimes
       Rank& k = ranks[size_t(r)];
       if (k.free_at > t + eps) continue;
       auto ready_b = [&](int c) {
-        const int g = zbv_model_chunk(p, r, c), mb = k.b[size_t(c)];
+        const int g = map.model_chunk(r, c), mb = k.b[size_t(c)];
         return mb < k.f[size_t(c)] && (g == chunks - 1 || b_end[at(g + 1, mb)] <= t + eps);
       };
       auto ready_f = [&](int c) {
-        const int g = zbv_model_chunk(p, r, c), mb = k.f[size_t(c)];
+        const int g = map.model_chunk(r, c), mb = k.f[size_t(c)];
         return mb < m && k.live < cap && (g == 0 || f_end[at(g - 1, mb)] <= t + eps);
       };
       PipeInstr pick{PipeOp::OptimizerStep, -1, -1};  // none ready
@@ -73,7 +72,7 @@ std::vector<PipeInstr> zbv_compute_order(int p, int rank, int m, const PassTimes
       else if (k.w[1] < k.b[1]) pick = {PipeOp::BackwardWeight, k.w[1], 1};
       if (pick.chunk < 0) continue;  // idle until the next event
       const size_t c = size_t(pick.chunk);
-      const int g = zbv_model_chunk(p, r, pick.chunk);
+      const int g = map.model_chunk(r, pick.chunk);
       double end = t;
       if (pick.op == PipeOp::Forward) {
         end += times.forward;

@@ -7,7 +7,6 @@
 // chunk and the last (the embedding and the head), and rank p - 1 hands
 // its first chunk's output to its second without a transfer.
 //
-//   zbv_model_chunk(4, 1, 1)                 // 6
 //   zbv_compute_order(4, 1, 8, PassTimes{})  // Forward, BackwardInput and BackwardWeight only
 #pragma once
 
@@ -16,8 +15,6 @@
 #include "runtime/step/schedule.h"
 
 namespace xirang {
-
-int zbv_model_chunk(int p, int rank, int chunk);
 
 // Rank `rank`'s passes for one step of m microbatches, list-scheduled at
 // `times` (one chunk's F, B and W): each (microbatch, local chunk)'s

@@ -136,6 +136,49 @@ TEST(CheckpointConvert, InterleavedStagesHoldTheTrainersChunks) {
   for (const Parameter& p : s.params) EXPECT_TRUE(bitwise_equal(read_whole(r, "params", p), s.param.at(p.name)));
 }
 
+TEST(CheckpointConvert, VStagesHoldTheTrainersChunks) {
+  // zb_v's V: 4 layers in pp 2 x 2 chunks of one layer; rank r holds model
+  // chunks r and 3 - r, so rank 0 holds layers 0 and 3 with the embedding
+  // and the head (both copies of the tied table: the copy is the head's),
+  // rank 1 layers 1 and 2. The layout's chunk order survives meta.json.
+  CheckpointLayout layout{1, 1, 2, 0, 2, false};
+  layout.chunk_order = ChunkOrder::V;
+  std::vector<std::string> want0{"wte.weight", "wpe.weight"}, want1;
+  for (auto& n : block_names(0)) want0.push_back(n);
+  want0.push_back("wte.weight");
+  for (auto& n : block_names(3)) want0.push_back(n);
+  want0.push_back("ln_f.weight");
+  want0.push_back("ln_f.bias");
+  for (auto& n : block_names(1)) want1.push_back(n);
+  for (auto& n : block_names(2)) want1.push_back(n);
+  std::vector<std::string> got0, got1;
+  int copies = 0;
+  for (const Parameter& p : rank_parameters(test_shape(), layout, 0)) {
+    got0.push_back(p.name);
+    copies += p.tied_copy;
+  }
+  for (const Parameter& p : rank_parameters(test_shape(), layout, 1)) got1.push_back(p.name);
+  EXPECT_EQ(got0, want0);
+  EXPECT_EQ(got1, want1);
+  EXPECT_EQ(copies, 1);
+
+  const std::string dir = fresh_test_dir("ck");
+  const Source s = make_source(2);
+  write_source(s, dir + "/src", 3);
+  ConvertOptions o;
+  o.layout = layout;
+  const CheckpointReader r = CheckpointReader::open(reshard_checkpoint(dir + "/src", dir + "/dst", o).path);
+  EXPECT_EQ(r.meta().layout.chunk_order, ChunkOrder::V);
+  for (const CheckpointEntry& e : r.entries()) {
+    const auto& want = e.rank == 0 ? want0 : want1;
+    EXPECT_NE(std::find(want.begin(), want.end(), e.name), want.end()) << e.name << " on rank " << e.rank;
+  }
+  for (const Parameter& p : s.params) EXPECT_TRUE(bitwise_equal(read_whole(r, "params", p), s.param.at(p.name)));
+  // A V needs two chunks on each of two or more ranks.
+  layout.virtual_stages = 1;
+  EXPECT_THROW(rank_parameters(test_shape(), layout, 0), Error);
+}
+
 TEST(CheckpointConvert, Bf16ParametersRoundLikeConvertElements) {
   const std::string dir = fresh_test_dir("ck");
   const Source s = make_source(3);

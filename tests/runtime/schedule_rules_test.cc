@@ -40,10 +40,15 @@ TEST(ScheduleRules, EachRuleNamesItsKeys) {
   EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleV, 1, 2, 8),
             "parallel.schedule=zb_v needs parallel.pp >= 2 (one stage has no bubble for the split backward to fill)");
   EXPECT_EQ(schedule_problem(ScheduleKind::ZeroBubbleV, 4, 2, 3), "");  // any m
-  EXPECT_EQ(executor_problem(ScheduleKind::ZeroBubbleV).find("parallel.schedule=zb_v is simulated only"), 0u);
+  // zb_v runs over tagged MPI channels on the CPU, without cp; the others anywhere.
+  EXPECT_EQ(executor_problem(ScheduleKind::ZeroBubbleV, false, Backend::CPU, 1), "");
+  EXPECT_EQ(executor_problem(ScheduleKind::ZeroBubbleV, true, Backend::CPU, 1).find("parallel.schedule=zb_v needs comm.ordered_p2p=false"), 0u);
+  EXPECT_EQ(executor_problem(ScheduleKind::ZeroBubbleV, false, Backend::CUDA, 1).find("parallel.schedule=zb_v runs on device.backend=cpu only"), 0u);
+  EXPECT_EQ(executor_problem(ScheduleKind::ZeroBubbleV, false, Backend::CPU, 2),
+            "parallel.schedule=zb_v with parallel.cp=2 is untested: use parallel.cp=1");
   for (ScheduleKind kind : kKinds)
     if (kind != ScheduleKind::ZeroBubbleV) {
-      EXPECT_EQ(executor_problem(kind), "") << schedule_name(kind);
+      EXPECT_EQ(executor_problem(kind, true, Backend::CUDA, 2), "") << schedule_name(kind);
     }
   EXPECT_EQ(schedule_problem(ScheduleKind::OneFOneB, 4, 2, 8),
             "parallel.virtual_stages=2 needs parallel.schedule=interleaved (got 1f1b)");

@@ -2,6 +2,7 @@
 // interleaved 1F1B is well formed, the simulator runs them without deadlock at
 // the bubble the analysis predicts, 1F1B bounds activations in flight, and
 // unsupported combinations are Config errors that name the key.
+#include "runtime/config/schedule_rules.h"
 #include "runtime/step/schedule.h"
 #include "tests/runtime/schedule_costs.h"
 
@@ -223,7 +224,7 @@ void check_list(const Case& c, int rank, const std::vector<PipeInstr>& list) {
     ASSERT_LT(in.chunk, c.v);
     ASSERT_GE(in.microbatch, 0);
     ASSERT_LT(in.microbatch, c.m);
-    const int g = model_chunk(c.p, rank, in.chunk);
+    const int g = chunk_map(c.kind, c.p, c.v).model_chunk(rank, in.chunk);
     const PipeInstr* prev = i > 0 ? &list[i - 1] : nullptr;
     const PipeInstr* next = &list[i + 1];
     switch (in.op) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "runtime/config/schedule_rules.h"
 #include "runtime/step/schedule.h"
 #include "tests/runtime/schedule_costs.h"
 
@@ -29,7 +30,7 @@ TEST(ZeroBubbleV, PlacementIsAV) {
     std::vector<int> owner(size_t(2 * p), -1);
     for (int rank = 0; rank < p; ++rank)
       for (int chunk : {0, 1}) {
-        const int g = schedule_model_chunk(kV, p, rank, chunk);
+        const int g = chunk_map(kV, p, 2).model_chunk(rank, chunk);
         ASSERT_GE(g, 0);
         ASSERT_LT(g, 2 * p);
         EXPECT_EQ(owner[size_t(g)], -1) << "model chunk " << g << " placed twice";
@@ -37,7 +38,17 @@ TEST(ZeroBubbleV, PlacementIsAV) {
       }
     // Rank i holds chunks i and 2p - 1 - i: the first and the last on rank 0.
     for (int g = 0; g < 2 * p; ++g) EXPECT_EQ(owner[size_t(g)], g < p ? g : 2 * p - 1 - g) << "p=" << p;
-    EXPECT_EQ(schedule_model_chunk(ScheduleKind::Interleaved, p, 1, 1), p + 1);  // the others keep c p + r
+    EXPECT_EQ(chunk_map(ScheduleKind::Interleaved, p, 2).model_chunk(1, 1), p + 1);  // the others keep c p + r
+    // rank_of and local_of invert model_chunk, in both orders (the executor finds its neighbours with them).
+    for (ScheduleKind kind : {kV, ScheduleKind::Interleaved}) {
+      const ChunkMap map = chunk_map(kind, p, 2);
+      for (int rank = 0; rank < p; ++rank)
+        for (int chunk : {0, 1}) {
+          const int g = map.model_chunk(rank, chunk);
+          EXPECT_EQ(map.rank_of(g), rank) << schedule_name(kind) << " p=" << p << " g=" << g;
+          EXPECT_EQ(map.local_of(g), chunk) << schedule_name(kind) << " p=" << p << " g=" << g;
+        }
+    }
   }
 }
 
@@ -64,7 +75,7 @@ TEST(ZeroBubbleV, ListsAreWellFormed) {
           const PipeInstr& in = list[i];
           ASSERT_TRUE(in.chunk == 0 || in.chunk == 1);
           EXPECT_NE(in.op, PipeOp::Backward);
-          const int g = schedule_model_chunk(kV, p, rank, in.chunk);
+          const int g = chunk_map(kV, p, 2).model_chunk(rank, in.chunk);
           int& st = stage[{in.chunk, in.microbatch}];
           const size_t c = size_t(in.chunk);
           if (in.op == PipeOp::Forward) {
