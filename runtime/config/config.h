@@ -52,6 +52,7 @@ struct ParallelConfig {
   // cp, their gradients reduced over dp x cp.
   int cp = 1;
   CpSplit cp_split = CpSplit::HeadTail;  // which chunks of a sequence each cp rank holds
+  CpCommKind cp_comm = CpCommKind::AllGather;  // all_gather or ring (CPU backend only)
   int zero = 0;                     // 1: ZeRO-1, optimizer state sharded over dp
   double bucket_mb = 25;            // gradient bucket size for the dp reduction
   bool overlap_grad_reduce = true;  // start each bucket's reduction during the backward pass

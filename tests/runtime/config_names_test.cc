@@ -59,6 +59,7 @@ TEST(ConfigNames, EveryNamedValueRoundTripsWithItsSpellings) {
   expect_round_trip<Recompute>({"none", "selective", "full"});
   expect_round_trip<RopeScaling::Type>({"none", "llama3"});
   expect_round_trip<CpSplit>({"head_tail", "contiguous"});
+  expect_round_trip<CpCommKind>({"all_gather", "ring"});
   // The enums' meanings, not only their positions.
   EXPECT_EQ(config_name(ScheduleKind::ZeroBubbleH1), std::string("zb_h1"));
   EXPECT_EQ(config_name(ScheduleKind::ZeroBubbleH2), std::string("zb_h2"));
@@ -78,6 +79,7 @@ const std::map<std::string, std::function<int(const Config&)>>& named_fields() {
        [](const Config& c) { return !c.model.tie_embeddings ? 0 : *c.model.tie_embeddings ? 1 : 2; }},
       {"parallel.schedule", [](const Config& c) { return int(c.parallel.schedule); }},
       {"parallel.cp_split", [](const Config& c) { return int(c.parallel.cp_split); }},
+      {"parallel.cp_comm", [](const Config& c) { return int(c.parallel.cp_comm); }},
       {"train.recompute", [](const Config& c) { return int(c.train.recompute); }},
       {"precision.dtype", [](const Config& c) { return int(c.precision.dtype); }},
       {"device.backend", [](const Config& c) { return int(c.device.backend); }},
