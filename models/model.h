@@ -69,10 +69,14 @@ struct TpCommTime {
 // every sequence, and its attention gathers keys and values over `group`.
 // Without a group and size > 1, the chunk is laid out as that rank (memory
 // plans) and refuses to run.
+// parallel.cp_comm: keys and values all-gathered, or passed around a ring
+// overlapped with attention (models/layers/cp_comm.h).
+enum class CpExchange { AllGather, Ring };
 struct ContextParallel {
   Communicator* group = nullptr;  // the cp group; null means a group of one
   int size = 1, rank = 0;
   bool head_tail = true;          // parallel.cp_split: head_tail (balanced) or contiguous
+  CpExchange exchange = CpExchange::AllGather;
   ContextSplit split(int64_t seq_len) const { return ContextSplit::of(seq_len, size, head_tail); }
 };
 

@@ -259,7 +259,10 @@ void DecoderChunk::layout_activations(Arena& acts) {
       if (!kept(a.keep, batch_.recompute))
         *a.tensor = acts.alloc(a.shape, act_dtype(a), "recomputed " + a.what);
   tp_.layout(acts, C, dtype_);
-  if (!layers_.blocks.empty()) cp_.layout(acts, layers_.blocks[0].attn.local_kv_width(), dtype_);
+  if (!layers_.blocks.empty()) {
+    const CausalSelfAttention& attn = layers_.blocks[0].attn;
+    cp_.layout(acts, attn.local_kv_width(), int64_t(attn.local_heads()) * attn.head_dim(), dtype_);
+  }
   d_res_ = acts.alloc({R, C}, dtype_, "residual gradient");
   d_c_ = acts.alloc({R, C}, dtype_, "norm output gradient");
   int64_t width = 1;

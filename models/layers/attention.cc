@@ -96,7 +96,9 @@ void CausalSelfAttention::normalize_qk(const KernelContext& ctx, Tensor out, Ten
 
 void CausalSelfAttention::attend(const KernelContext& ctx, const Tensor& qkv, Tensor lse, Tensor y,
                                  CpComm* cp) const {
-  if (cp && cp->split()) {
+  if (cp && cp->split() && cp->ring()) {
+    cp->ring_forward(ctx, y, lse, qkv, local_heads_, local_kv_heads_);
+  } else if (cp && cp->split()) {
     const Tensor kv_all = cp->gather_kv(ctx, qkv, local_heads_, local_kv_heads_);
     cp_attention_forward(ctx, y, lse, qkv, kv_all, cp->context_split(), cp->rank(), local_heads_, local_kv_heads_);
   } else {
@@ -107,7 +109,9 @@ void CausalSelfAttention::attend(const KernelContext& ctx, const Tensor& qkv, Te
 void CausalSelfAttention::backward(const KernelContext& ctx, TpComm& tp, Tensor dqkv, const Tensor& dy,
                                    const AttnActs& a, const Tensor& x_full, const RotaryTables* rope,
                                    WeightGradQueue* later, CpComm* cp) const {
-  if (cp && cp->split()) {
+  if (cp && cp->split() && cp->ring()) {
+    cp->ring_backward(ctx, dqkv, dy, a.qkv, a.y, a.lse, local_heads_, local_kv_heads_);
+  } else if (cp && cp->split()) {
     const Tensor kv_all = cp->gather_kv(ctx, a.qkv, local_heads_, local_kv_heads_);
     cp_attention_backward(ctx, dqkv, cp->kv_grad(), dy, a.qkv, kv_all, a.y, a.lse, cp->context_split(), cp->rank(),
                           local_heads_, local_kv_heads_);

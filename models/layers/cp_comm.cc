@@ -5,7 +5,8 @@
 
 namespace xirang {
 
-CpComm::CpComm(const ContextParallel& cp, int64_t batch, int64_t seq_len) : group_(cp.group), batch_(batch) {
+CpComm::CpComm(const ContextParallel& cp, int64_t batch, int64_t seq_len)
+    : group_(cp.group), exchange_(cp.exchange), batch_(batch) {
   if (group_) {
     size_ = group_->size();
     rank_ = group_->rank();
@@ -19,9 +20,16 @@ CpComm::CpComm(const ContextParallel& cp, int64_t batch, int64_t seq_len) : grou
   split_ = ContextSplit::of(seq_len, size_, cp.head_tail);
 }
 
-void CpComm::layout(Arena& acts, int64_t kv_width, DType dtype) {
+void CpComm::layout(Arena& acts, int64_t kv_width, int64_t q_width, DType dtype) {
   if (!split()) return;
   const int64_t T = local_seq_len(), c = size_;
+  if (ring()) {
+    for (Tensor& t : ring_kv_) t = acts.alloc({batch_, T, kv_width}, dtype, "ring keys and values");
+    for (Tensor& t : ring_dkv_) t = acts.alloc({batch_, T, kv_width}, dtype, "ring key/value gradients");
+    dkv_part_ = acts.alloc({batch_, T, kv_width}, dtype, "ring key/value gradient, this rank's part");
+    acc_ = acts.alloc({batch_, T, q_width}, DType::F32, "ring attention accumulator");
+    return;
+  }
   kv_ = acts.alloc({batch_, T, kv_width}, dtype, "context-parallel keys and values");
   kv_all_ = acts.alloc({c, batch_, T, kv_width}, dtype, "gathered keys and values");
   dkv_all_ = acts.alloc({c, batch_, T, kv_width}, dtype, "gathered key/value gradients");

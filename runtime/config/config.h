@@ -55,6 +55,7 @@ struct ParallelConfig {
   // Expert parallelism: the experts sharded over ep of the dp ranks (ep
   // divides dp; the world size does not change). comm/process_grid.h.
   int ep = 1;
+  CpCommKind cp_comm = CpCommKind::AllGather;  // all_gather or ring (CPU backend only)
   int zero = 0;                     // 1: ZeRO-1, optimizer state sharded over dp
   double bucket_mb = 25;            // gradient bucket size for the dp reduction
   bool overlap_grad_reduce = true;  // start each bucket's reduction during the backward pass

@@ -67,6 +67,7 @@ std::vector<Section> schema(Config& c) {
         {"cp", &p.cp, AtLeast{1}},
         {"cp_split", &p.cp_split},
         {"ep", &p.ep, AtLeast{1}},
+        {"cp_comm", &p.cp_comm},
         {"zero", &p.zero, Within{0, 1}},
         {"bucket_mb", &p.bucket_mb, Positive},
         {"overlap_grad_reduce", &p.overlap_grad_reduce},

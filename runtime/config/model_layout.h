@@ -29,7 +29,10 @@ inline ChunkBatch chunk_batch(const Config& c, int slots, int input_slots = 0, i
                     .split_backward = splits_backward(c.parallel.schedule),
                     .input_slots = input_slots,
                     .weight_slots = weight_slots,
-                    .cp = ContextParallel{.size = c.parallel.cp, .head_tail = c.parallel.cp_split == CpSplit::HeadTail}};
+                    .cp = ContextParallel{.size = c.parallel.cp,
+                                          .head_tail = c.parallel.cp_split == CpSplit::HeadTail,
+                                          .exchange = c.parallel.cp_comm == CpCommKind::Ring ? CpExchange::Ring
+                                                                                              : CpExchange::AllGather}};
 }
 
 // Where the config's schedule places the model chunks (runtime/config/schedule_rules.h).

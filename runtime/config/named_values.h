@@ -40,6 +40,10 @@ enum class Backend { CPU, CUDA };           // device.backend
 // parallel.cp_split: how a cp group cuts each sequence (kernels/context_split.h):
 // head_tail (rank i holds chunks i and 2c-1-i, causal work balanced) or contiguous.
 enum class CpSplit { HeadTail, Contiguous };
+// parallel.cp_comm: how a cp group's attention exchanges keys and values
+// (models/layers/cp_comm.h): all_gather (every block at once, exposed) or
+// ring (blocks passed around the group while attention works on the one in hand).
+enum class CpCommKind { AllGather, Ring };
 // faults.kind (runtime/config/config.h FaultConfig)
 enum class FaultKind { None, Kill, Hang, FailTransfer, KillInSave, SlowRank, NanGrad, IoError };
 // comm.busy_poll (comm/communicator.h BusyPoll)
@@ -65,6 +69,10 @@ struct ConfigNames<Precision> {
 template <>
 struct ConfigNames<CpSplit> {
   static constexpr const char* names[] = {"head_tail", "contiguous"};
+};
+template <>
+struct ConfigNames<CpCommKind> {
+  static constexpr const char* names[] = {"all_gather", "ring"};
 };
 template <>
 struct ConfigNames<Backend> {

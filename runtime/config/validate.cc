@@ -166,6 +166,10 @@ void validate(Config& c, int world_size) {
   check_world(v, c.parallel, world_size);
   check_pipeline(v, c);
   v.check(sharding_problem(c));
+  // The ring's block kernels are CPU code (kernels/cp_ring_attention.h).
+  if (c.parallel.cp_comm == CpCommKind::Ring && c.device.backend == Backend::CUDA)
+    v.fail_rule("parallel.cp_comm=ring runs on the CPU backend only (device.backend=cuda); "
+                "use parallel.cp_comm=all_gather");
   check_bounds(v, c);
   check_faults(v, c.faults, world_size);
   check_datasets(v, c);

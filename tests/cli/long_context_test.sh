@@ -5,6 +5,9 @@
 # with one line before any step; at parallel.cp = 4 each rank holds a quarter
 # of every sequence's rows, its plan (about 38 MiB: the activations per
 # microbatch fall to exactly a quarter) fits and it trains a step.
+# cp4_ring: the same at cp = 4 with parallel.cp_comm = ring, two steps (the
+# second's loss follows the first's gradients) against all_gather: losses
+# within 1e-5 relative (not bitwise: the ring merges per-block softmaxes).
 # Usage: long_context_test.sh XIRANG_BINARY SOURCE_DIR WORK_DIR CASE
 # Exit 77: mpirun is missing.
 set -uo pipefail
@@ -38,5 +41,24 @@ case $case in
     grep -q '^activations per microbatch: none 25.38 MiB' err.txt out.txt ||
       die "activations per microbatch: $(grep -h '^activations per microbatch' err.txt out.txt)"
     echo "ok [$case]: $(grep -h '^  total' err.txt out.txt | head -n 1)" ;;
+  cp4_ring)
+    command -v mpirun >/dev/null || { echo "SKIP [$case]: mpirun is missing"; exit 77; }
+    for mode in all_gather ring; do
+      rm -f "$mode.jsonl"
+      env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 4 --oversubscribe \
+        -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 \
+        "$xirang" train "$cfg" "${common[@]}" --set train.steps=2 --set parallel.cp=4 --set parallel.cp_comm=$mode \
+        --set metrics.jsonl=$mode.jsonl >out.txt 2>err.txt || die "cp=4 $mode failed: $(grep -v '^\[' err.txt | tail -n 3)"
+      grep -q '^trained to step 2 of 2 on 4 ranks' err.txt out.txt || die "$mode: no two steps trained"
+    done
+    python3 - <<'PY' || die "ring and all_gather losses differ"
+import json, sys
+a = [json.loads(l)["loss"] for l in open("all_gather.jsonl")]
+r = [json.loads(l)["loss"] for l in open("ring.jsonl")]
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, r))
+print("losses all_gather %s ring %s, largest relative difference %.3g" % (a, r, worst))
+sys.exit(0 if len(a) == len(r) == 2 and worst <= 1e-5 else 1)
+PY
+    echo "ok [$case]" ;;
   *) die "unknown case" ;;
 esac

@@ -30,6 +30,7 @@
 #include "kernels/attention.h"
 #include "kernels/context_split.h"
 #include "kernels/cp_attention.h"
+#include "tests/kernels/cp_rows.h"
 #include "tests/kernels/gradcheck.h"
 #include "tests/kernels/reference.h"
 #include "tests/kernels/storage_types.h"
@@ -37,48 +38,11 @@
 namespace xirang::test {
 namespace {
 
-struct CpShape {
-  int64_t B, T, H, KV, D;
-  int c;
-  bool head_tail;
-  int64_t C() const { return H * D; }
-  int64_t W() const { return (H + 2 * KV) * D; }
-  int64_t KVW() const { return 2 * KV * D; }
-  ContextSplit split() const { return ContextSplit::of(T, c, head_tail); }
-  std::string str() const {
-    return "B " + std::to_string(B) + " T " + std::to_string(T) + " H " + std::to_string(H) + " KV " +
-           std::to_string(KV) + " D " + std::to_string(D) + " c " + std::to_string(c) +
-           (head_tail ? " head-tail" : " contiguous");
-  }
-};
-
 template <class S>
 struct CpRun {
   std::vector<S> out, dqkv;
   std::vector<StatType<S>> lse;
 };
-
-// Rank r's rows of a (B, T, w) tensor: (B, T / c, w), local row t = position(r, t).
-template <class S>
-std::vector<S> local_rows(const std::vector<S>& full, const CpShape& a, int64_t w, int r) {
-  const ContextSplit s = a.split();
-  const int64_t Tl = s.local_rows();
-  std::vector<S> v(size_t(a.B * Tl * w));
-  for (int64_t b = 0; b < a.B; ++b)
-    for (int64_t t = 0; t < Tl; ++t)
-      std::copy_n(full.begin() + (b * a.T + s.position(r, t)) * w, w, v.begin() + (b * Tl + t) * w);
-  return v;
-}
-
-// The inverse: rank r's rows put back into the full (B, T, w) tensor.
-template <class S>
-void put_rows(std::vector<S>& full, const std::vector<S>& local, const CpShape& a, int64_t w, int r) {
-  const ContextSplit s = a.split();
-  const int64_t Tl = s.local_rows();
-  for (int64_t b = 0; b < a.B; ++b)
-    for (int64_t t = 0; t < Tl; ++t)
-      std::copy_n(local.begin() + (b * Tl + t) * w, w, full.begin() + (b * a.T + s.position(r, t)) * w);
-}
 
 // The whole group on the sequence's qkv and dout; outputs in the sequence's
 // layout (out (B, T, C), lse (B, H, T), dqkv (B, T, W)).

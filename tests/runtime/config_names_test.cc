@@ -61,6 +61,7 @@ TEST(ConfigNames, EveryNamedValueRoundTripsWithItsSpellings) {
   expect_round_trip<CpSplit>({"head_tail", "contiguous"});
   expect_round_trip<RouterScore>({"softmax", "sigmoid"});
   expect_round_trip<MoeAuxLoss>({"none", "seq", "global"});
+  expect_round_trip<CpCommKind>({"all_gather", "ring"});
   // The enums' meanings, not only their positions.
   EXPECT_EQ(config_name(ScheduleKind::ZeroBubbleH1), std::string("zb_h1"));
   EXPECT_EQ(config_name(ScheduleKind::ZeroBubbleH2), std::string("zb_h2"));
@@ -82,6 +83,7 @@ const std::map<std::string, std::function<int(const Config&)>>& named_fields() {
        [](const Config& c) { return !c.model.tie_embeddings ? 0 : *c.model.tie_embeddings ? 1 : 2; }},
       {"parallel.schedule", [](const Config& c) { return int(c.parallel.schedule); }},
       {"parallel.cp_split", [](const Config& c) { return int(c.parallel.cp_split); }},
+      {"parallel.cp_comm", [](const Config& c) { return int(c.parallel.cp_comm); }},
       {"train.recompute", [](const Config& c) { return int(c.train.recompute); }},
       {"precision.dtype", [](const Config& c) { return int(c.precision.dtype); }},
       {"device.backend", [](const Config& c) { return int(c.device.backend); }},

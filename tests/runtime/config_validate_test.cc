@@ -103,6 +103,13 @@ TEST_F(ConfigValidate, ContextParallelRules) {
 
   expect_invalid({"parallel.cp=0"}, 1, {"parallel.cp=0 must be >= 1"});
   expect_config_error([&] { base({"parallel.cp_split=ring"}); }, {"parallel.cp_split='ring'", "head_tail, contiguous"});
+  EXPECT_EQ(c.parallel.cp_comm, CpCommKind::AllGather);  // the default: the exchange Llama 3 chose
+  Config ring = base({"parallel.cp=2", "parallel.cp_comm=ring"});
+  validate(ring, 2);
+  EXPECT_EQ(ring.parallel.cp_comm, CpCommKind::Ring);
+  expect_config_error([&] { base({"parallel.cp_comm=p2p"}); }, {"parallel.cp_comm='p2p'", "all_gather, ring"});
+  expect_invalid({"parallel.cp=2", "parallel.cp_comm=ring", "device.backend=cuda"}, 2,
+                 {"parallel.cp_comm=ring runs on the CPU backend only"});
   expect_invalid({"parallel.cp=4"}, 6,
                  {"world size 6 is not divisible by parallel.cp (4) x parallel.tp (1) x parallel.pp (1) = 4"});
   expect_invalid({"parallel.dp=2", "parallel.cp=2"}, 2,
