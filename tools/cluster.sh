@@ -77,14 +77,15 @@ leftovers() {
   local prefix=$1 p mine
   ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${prefix}(n[0-9]+|sw)$" | sed 's/^/namespace /' || true
   ip -o link show 2>/dev/null | grep -oE "${prefix}(n[0-9]+|sw)\b" | sort -u | sed 's/^/link /' || true
-  ls -d /etc/netns/"${prefix}"n* 2>/dev/null | sed 's/^/hosts file /' || true
+  ls /etc/netns 2>/dev/null | grep -E "^${prefix}n[0-9]+$" | sed 's|^|hosts file /etc/netns/|' || true
   # A process of a node: in another network namespace than ours (named or
   # not: it outlives `ip netns del`) under a node's host name.
+  # (One find for all of /proc: a fork per process would take seconds.)
   mine=$(readlink /proc/self/ns/net)
-  for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/ns/net" 2>/dev/null)" != "$mine" ] || continue
-    nsenter -t "${p#/proc/}" -u hostname 2>/dev/null | grep -qE "^${prefix}n[0-9]+$" &&
-      echo "process ${p#/proc/} $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null | cut -c1-80)"
+  for p in $(find /proc -mindepth 3 -maxdepth 3 -path '/proc/[0-9]*/ns/net' -printf '%h %l\n' 2>/dev/null |
+             awk -v m="$mine" '$2 != m {sub("^/proc/", "", $1); sub("/ns$", "", $1); print $1}'); do
+    nsenter -t "$p" -u hostname 2>/dev/null | grep -qE "^${prefix}n[0-9]+$" &&
+      echo "process $p $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-80)"
   done
   return 0
 }
