@@ -12,6 +12,10 @@
 #              placement line, each node's line (its ranks, CPUs, polling), no
 #              warning; placed round-robin (--map-by node): one warning line
 #              naming the split tp groups
+#   slurm      a Slurm on the nodes (tools/slurm/on_cluster.sh): `sbatch
+#              --nodes=2 tools/slurm/train.sbatch` (srun --mpi=pmix), dp=4:
+#              the placement and node lines, the losses of mpirun on the same
+#              nodes digit for digit; no daemon left (77: no Slurm or munge)
 #   killed     SIGTERM to `cluster.sh run` (with a process left on a node),
 #              then SIGKILL to an owner and `cluster.sh sweep`: nothing left
 #   no_netns   where namespaces are not allowed (an `ip` that refuses them):
@@ -62,6 +66,8 @@ down() {
 
 nothing_left() {
   "$cluster" leftovers "$1" >left.txt
+  # Daemons started outside the nodes by mistake name the cluster's files.
+  pgrep -af -- "$work/cluster/" | sed 's/^/process outside the nodes /' >>left.txt
   [ ! -s left.txt ] || die "left behind by $1: $(tr '\n' ';' <left.txt)"
 }
 
@@ -141,6 +147,33 @@ case $case in
       grep -q '^trained to step 2 of 2 on 4 ranks' "$f" || die "$f: did not train: $(tail -n 3 "$f")"
     done
     echo "ok [$case]: $(grep '^node' slot.txt | tr '\n' ';') by node: $(grep '^warning' node.txt | cut -c1-60)..." ;;
+  slurm)
+    prepare_data
+    up
+    rc=0
+    conf=$("$src/tools/slurm/on_cluster.sh" cluster 2>slurm_err.txt) || rc=$?
+    cp cluster/slurm/*.log cluster/slurm/*.out . 2>/dev/null
+    [ "$rc" = 77 ] && skip "$(cat slurm_err.txt)"
+    [ "$rc" = 0 ] || die "on_cluster.sh: $(cat slurm_err.txt)"
+    # srun's ranks talk over the nodes' eth0 as mpirun's do.
+    export OMPI_MCA_btl=tcp,vader,self OMPI_MCA_btl_tcp_if_include=eth0 XIRANG=$xirang
+    args=("$src/configs/gpt2_debug.yaml" --set data.train=data/train --set train.steps=4 --set parallel.dp=4)
+    timeout 120 "$cluster" exec cluster 0 env SLURM_CONF="$conf" sbatch --wait --nodes=2 --ntasks-per-node=2 \
+      --output=sbatch.out "$src/tools/slurm/train.sbatch" "${args[@]}" --set metrics.jsonl=sbatch.jsonl >sbatch.txt 2>&1 ||
+      die "sbatch: $(cat sbatch.txt) $(tail -n 5 sbatch.out 2>/dev/null)"
+    timeout 120 "$cluster" mpirun cluster -np 4 --bind-to none "$xirang" train "${args[@]}" \
+      --set metrics.jsonl=mpirun.jsonl >mpirun.out 2>&1 || die "mpirun: $(tail -n 5 mpirun.out)"
+    down
+    grep -qE '^ranks: 4 on 2 nodes \(2 per node\), started by srun in Slurm job [0-9]+$' sbatch.out ||
+      die "sbatch: placement line: $(grep '^ranks' sbatch.out)"
+    for i in 0 1; do
+      grep -qxF "node ${prefix}n$i: ranks $((2 * i)),$((2 * i + 1)), 2 compute threads on 2 CPUs, communication waits busy-poll" sbatch.out ||
+        die "sbatch: node $i's line: $(grep '^node' sbatch.out)"
+    done
+    losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+    [ "$(losses sbatch.jsonl | wc -l)" = 4 ] || die "sbatch.jsonl has $(losses sbatch.jsonl | wc -l) losses, expected 4"
+    diff <(losses sbatch.jsonl) <(losses mpirun.jsonl) >diff.txt || die "losses differ from mpirun's: $(tr '\n' ' ' <diff.txt)"
+    echo "ok [$case]: sbatch --nodes=2 (srun --mpi=pmix) and mpirun on the cluster: the same 4 losses; nothing left" ;;
   killed)
     # SIGTERM: `run` removes the cluster, the process left on node 1 included.
     "$cluster" run 2 -- sh -c '"$0" exec "$XR_CLUSTER" 1 sleep 300 & sleep 300' "$cluster" >run.txt 2>&1 &
