@@ -174,7 +174,8 @@ rsh() {
 # (only over eth0: lo would connect a rank to itself), shared memory within
 # one; the daemons' own traffic over eth0 too.
 mpirun_on() {
-  local dir=$1
+  local dir
+  dir=$(cd "$1" && pwd)  # the agent and hostfile are read from other directories too
   shift
   exec_on "$dir" 0 mpirun --hostfile "$dir/hostfile" --mca plm_rsh_agent "$dir/rsh" \
     --mca btl tcp,vader,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 "$@"
