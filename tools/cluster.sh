@@ -77,7 +77,10 @@ leftovers() {
   local prefix=$1 p mine
   ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${prefix}(n[0-9]+|sw)$" | sed 's/^/namespace /' || true
   ip -o link show 2>/dev/null | grep -oE "${prefix}(n[0-9]+|sw)\b" | sort -u | sed 's/^/link /' || true
-  ls /etc/netns 2>/dev/null | grep -E "^${prefix}n[0-9]+$" | sed 's|^|hosts file /etc/netns/|' || true
+  local h
+  for h in /etc/netns/*; do
+    [[ ${h#/etc/netns/} =~ ^${prefix}n[0-9]+$ ]] && echo "hosts file $h"
+  done
   # A process of a node: in another network namespace than ours (named or
   # not: it outlives `ip netns del`) under a node's host name.
   # (One find for all of /proc: a fork per process would take seconds.)
@@ -111,7 +114,8 @@ up() {
   ip -n "${prefix}sw" link set br0 up
   : >"$dir/nodes"
   : >"$dir/hostfile"
-  local cpus=(${XR_CLUSTER_CPUS:-})
+  local cpus
+  read -r -a cpus <<<"${XR_CLUSTER_CPUS:-}"
   [ ${#cpus[@]} = 0 ] || [ ${#cpus[@]} = "$n" ] ||
     die "up: XR_CLUSTER_CPUS names ${#cpus[@]} CPU lists for $n nodes"
   for i in $(seq 0 $((n - 1))); do

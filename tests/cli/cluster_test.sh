@@ -44,12 +44,12 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
-# up [N]: a cluster of N (2) nodes owned by this script, in ./cluster; its
-# prefix in $prefix. Skips where namespaces cannot be made; down on any exit.
+# up: a cluster of 2 nodes owned by this script, in ./cluster; its prefix
+# in $prefix. Skips where namespaces cannot be made; down on any exit.
 prefix=
 up() {
   local rc=0
-  "$cluster" up "${1:-2}" cluster >up.txt 2>&1 || rc=$?
+  "$cluster" up 2 cluster >up.txt 2>&1 || rc=$?
   [ "$rc" = 77 ] && skip "$(cat up.txt)"
   [ "$rc" = 0 ] || die "cluster.sh up: $(cat up.txt)"
   prefix=$(sed -n 's/^PREFIX=//p' cluster/cluster.env)

@@ -26,7 +26,7 @@ for tool in munged mungekey slurmctld slurmd sinfo; do
   command -v "$tool" >/dev/null || skip "$tool is not installed (munge, slurmctld, slurmd, slurm-client)"
 done
 s=$dir/slurm
-mkdir -p "$s/state" "$s/spool" && mkdir -m 700 -p "$s/munge"
+mkdir -p "$s/state" "$s/spool" && mkdir -m 700 "$s/munge"
 sock=$s/munge/munge.socket
 [ ${#sock} -lt 100 ] || die "munged's socket path '$sock' is too long for a unix socket: use a shorter DIR"
 
