@@ -76,9 +76,12 @@ NodeLayout world_node_layout(int compute_threads) {
   std::vector<uint64_t> mine = affinity_words();
   int words = int(mine.size()), max_words = 0, quota = cgroup_cpu_quota(), min_quota = 0;
   const int threads = std::max(1, compute_threads);
-  int rc[6];
+  int rc[7];
   rc[0] = MPI_Comm_rank(node, &at.local_rank);
   rc[1] = MPI_Comm_size(node, &at.local_size);
+  // Which world ranks share the node (the split's key keeps them in world order).
+  at.node_ranks.assign(size_t(std::max(1, at.local_size)), world_rank);
+  rc[6] = MPI_Allgather(&world_rank, 1, MPI_INT, at.node_ranks.data(), 1, MPI_INT, node);
   rc[2] = MPI_Allreduce(&words, &max_words, 1, MPI_INT, MPI_MAX, node);
   mine.resize(size_t(std::max(words, max_words)), 0);
   std::vector<uint64_t> all(mine.size(), 0);

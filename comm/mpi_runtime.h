@@ -13,6 +13,8 @@
 //   auto grid = ProcessGrid::create_mpi(shape, options);
 #pragma once
 
+#include <vector>
+
 namespace xirang {
 
 // The ranks of MPI_COMM_WORLD grouped by the node (shared-memory domain) they run on.
@@ -20,6 +22,7 @@ struct NodeLayout {
   int nodes = 1;         // nodes the job spans
   int local_rank = 0;    // this rank's index among its node's ranks (world order)
   int local_size = 1;    // ranks on this rank's node
+  std::vector<int> node_ranks;  // (local_size) world ranks on this rank's node, ascending
   int min_per_node = 1;  // fewest and most ranks on any node: equal when the
   int max_per_node = 1;  //   launcher placed the same number on every node
   int node_cpus = 1;     // CPUs this rank's node's ranks may run on: the union of their affinity masks, capped by a CPU quota

@@ -21,6 +21,13 @@ GridCoords grid_coords(const GridShape& s, int world_rank) {
   return c;
 }
 
+std::vector<int> tp_group_ranks(const GridShape& s, const GridCoords& c) {
+  std::vector<int> ranks(size_t(s.tp));
+  GridCoords at = c;
+  for (at.tp = 0; at.tp < s.tp; ++at.tp) ranks[size_t(at.tp)] = grid_rank(s, at);
+  return ranks;
+}
+
 namespace {
 
 class SingleGrid final : public ProcessGrid {

@@ -27,6 +27,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/simulated_link.h"
@@ -53,6 +54,10 @@ struct GridCoords {
 
 int grid_rank(const GridShape& s, const GridCoords& c);
 GridCoords grid_coords(const GridShape& s, int world_rank);
+// The world ranks of the tensor-parallel group at `c` (tp index order):
+// consecutive ranks, so a launcher that places each node's ranks
+// consecutively keeps the group inside a node when tp divides its ranks.
+std::vector<int> tp_group_ranks(const GridShape& s, const GridCoords& c);
 
 class ProcessGrid {
  public:

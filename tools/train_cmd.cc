@@ -10,13 +10,16 @@
 // Under Slurm, `srun --mpi=pmix` (or mpirun inside the allocation) starts the
 // ranks. A multi-task srun step whose tasks got no process-management
 // interface is refused before MPI starts, since every task would otherwise
-// train alone as a world of one; rank 0 prints how the ranks lie on the nodes.
+// train alone as a world of one; rank 0 prints how the ranks lie on the nodes
+// (and on several nodes, each node's first rank that node's line).
 //
 // SIGTERM or SIGUSR1 to any rank (or to mpirun, which forwards them) stops
 // the run after the current step with a checkpoint and exit status 75
 // (runtime/preemption.h); a second signal ends the process at once.
 #include <omp.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,30 +106,63 @@ void check_world(const Launch& launch, int world) {
          "(`srun --mpi=list` shows the plugins) or mpirun inside the allocation");
 }
 
+// "ranks 0,1": the world ranks of a node.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += str_cat(s.empty() ? "" : ",", r);
+  return s;
+}
+
 // "ranks: 4 on 2 nodes (2 per node), started by srun in Slurm job 17", and
 // where a node runs more compute threads than it has CPUs, which and what
 // that does to communication waits: what `grid`'s channels do there, as
 // ProcessGrid::create_mpi decided it (comm.busy_poll=auto: sleep between
-// polls), not what the config asked for.
+// polls), not what the config asked for. On several nodes, each node's
+// first rank then prints that node's line (its ranks, threads, CPUs and
+// polling: the decision is per node), and rank 0 one warning when
+// tensor-parallel groups span nodes (their all-reduce, every layer, would
+// cross the network: the grid puts tp on consecutive ranks, so it is the
+// launcher's placement that split them).
 void print_placement(const Launch& launch, const MpiRuntime& mpi, int compute_threads, ProcessGrid& grid) {
   const NodeLayout at = mpi.node_layout(compute_threads);  // collective: every rank computes it
   const double crowded_polling =  // ranks on crowded nodes whose channels busy-poll (collective too)
       grid.world().all_reduce_sum(at.crowded() && grid.busy_poll() == BusyPoll::On ? 1 : 0);
-  if (mpi.world_rank() != 0) return;
-  const std::string per_node = at.min_per_node == at.max_per_node
-                                   ? str_cat(at.max_per_node, " per node")
-                                   : str_cat(at.min_per_node, " to ", at.max_per_node, " per node");
-  const char* by = launch.mpirun ? "mpirun" : launch.srun_tasks > 0 ? "srun" : "an MPI launcher";
-  const std::string job = launch.slurm_job.empty() ? "" : str_cat(" in Slurm job ", launch.slurm_job);
-  std::string crowded;
-  if (at.crowded_nodes > 0)
-    crowded = str_cat("; more compute threads than CPUs on ", at.crowded_nodes, " node", at.crowded_nodes > 1 ? "s" : "",
-                      " (", at.worst_ranks, " rank", at.worst_ranks > 1 ? "s" : "", ", ", at.worst_threads, " thread",
-                      at.worst_threads > 1 ? "s" : "", ", ", at.worst_cpus, " CPU", at.worst_cpus > 1 ? "s" : "", ")",
-                      crowded_polling == 0 ? ", so communication waits there sleep between polls" : "");
-  std::printf("ranks: %d on %d node%s (%s), started by %s%s%s\n", mpi.world_size(), at.nodes, at.nodes > 1 ? "s" : "",
-              per_node.c_str(), by, job.c_str(), crowded.c_str());
-  std::fflush(stdout);
+  bool tp_off_node = false;  // a peer of this rank's tp group runs on another node
+  for (int r : tp_group_ranks(grid.shape(), grid.coords()))
+    tp_off_node |= std::find(at.node_ranks.begin(), at.node_ranks.end(), r) == at.node_ranks.end();
+  // Every member of a split group sees a peer elsewhere: the sum counts each such group tp times.
+  const int split_tp_groups = int(grid.world().all_reduce_sum(tp_off_node ? 1 : 0)) / grid.shape().tp;
+  if (mpi.world_rank() == 0) {
+    const std::string per_node = at.min_per_node == at.max_per_node
+                                     ? str_cat(at.max_per_node, " per node")
+                                     : str_cat(at.min_per_node, " to ", at.max_per_node, " per node");
+    const char* by = launch.mpirun ? "mpirun" : launch.srun_tasks > 0 ? "srun" : "an MPI launcher";
+    const std::string job = launch.slurm_job.empty() ? "" : str_cat(" in Slurm job ", launch.slurm_job);
+    std::string crowded;
+    if (at.crowded_nodes > 0)
+      crowded = str_cat("; more compute threads than CPUs on ", at.crowded_nodes, " node", at.crowded_nodes > 1 ? "s" : "",
+                        " (", at.worst_ranks, " rank", at.worst_ranks > 1 ? "s" : "", ", ", at.worst_threads, " thread",
+                        at.worst_threads > 1 ? "s" : "", ", ", at.worst_cpus, " CPU", at.worst_cpus > 1 ? "s" : "", ")",
+                        crowded_polling == 0 ? ", so communication waits there sleep between polls" : "");
+    std::printf("ranks: %d on %d node%s (%s), started by %s%s%s\n", mpi.world_size(), at.nodes, at.nodes > 1 ? "s" : "",
+                per_node.c_str(), by, job.c_str(), crowded.c_str());
+    const int tp_groups = mpi.world_size() / grid.shape().tp;
+    if (split_tp_groups > 0)
+      std::printf("warning: %d of %d tensor-parallel groups (tp=%d) span nodes, so their all-reduces (every layer) "
+                  "cross the network: give each node a multiple of %d consecutive ranks (mpirun --map-by slot, "
+                  "srun --distribution=block)\n",
+                  split_tp_groups, tp_groups, grid.shape().tp, grid.shape().tp);
+    std::fflush(stdout);
+  }
+  if (at.nodes > 1 && at.local_rank == 0) {
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    std::printf("node %s: ranks %s, %d compute thread%s on %d CPU%s, communication waits %s\n", host,
+                rank_list(at.node_ranks).c_str(), at.node_threads, at.node_threads > 1 ? "s" : "", at.node_cpus,
+                at.node_cpus > 1 ? "s" : "",
+                grid.busy_poll() == BusyPoll::On ? "busy-poll" : "sleep between polls");
+    std::fflush(stdout);
+  }
 }
 
 // comm.trace_dir, else where the run's other files go (runtime/config/config.h).

@@ -52,6 +52,21 @@ TEST(GridMath, CoordinatesRoundTripWithTpFastestThenCpThenDpThenPp) {
   EXPECT_EQ(c4.dp, 0);
 }
 
+// A tp group is tp consecutive world ranks starting at a multiple of tp
+// (what lets a launcher's consecutive placement keep it inside a node), in
+// tp index order, and every member of it names the same group.
+TEST(GridMath, TpGroupIsConsecutiveRanks) {
+  for (GridShape s : {GridShape{1, 1, 1}, GridShape{2, 2, 1}, GridShape{3, 2, 2}, GridShape{2, 4, 3},
+                      GridShape{2, 2, 2, 3}}) {
+    SCOPED_TRACE(shape_str(s));
+    for (int r = 0; r < s.world(); ++r) {
+      const std::vector<int> group = tp_group_ranks(s, grid_coords(s, r));
+      ASSERT_EQ(int(group.size()), s.tp);
+      for (int t = 0; t < s.tp; ++t) EXPECT_EQ(group[size_t(t)], r - r % s.tp + t);
+    }
+  }
+}
+
 TEST(ProcessGridSingle, EveryGroupIsOneRank) {
   auto g = ProcessGrid::single();
   EXPECT_EQ(g->shape().world(), 1);
@@ -262,6 +277,9 @@ TEST(NodeLayout, CountsTheNodesRanksThreadsAndCpus) {
     EXPECT_EQ(at.nodes, 1);
     EXPECT_EQ(at.local_size, w);
     EXPECT_EQ(at.local_rank, r);
+    std::vector<int> all(size_t(w), 0);
+    for (int i = 0; i < w; ++i) all[size_t(i)] = i;
+    EXPECT_EQ(at.node_ranks, all);
     EXPECT_EQ(at.min_per_node, w);
     EXPECT_EQ(at.max_per_node, w);
     EXPECT_EQ(at.node_threads, threads * w);
